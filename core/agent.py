@@ -1,0 +1,303 @@
+"""The LlamaGym ``Agent``: subclass it, say how to prompt, then ``act`` in your own loop.
+
+    class BlackjackAgent(Agent):
+        action_names = ["stick", "hit"]
+        def get_system_prompt(self): ...
+        def format_observation(self, observation): ...
+        def extract_action(self, response): ...      # optional
+
+    agent = BlackjackAgent(model, tokenizer, device)   # or BlackjackAgent() for tiny
+    action = agent.act(observation); agent.assign_reward(reward)
+    stats = agent.terminate_episode()                  # trains when a batch is full
+
+Env plugins register subclasses that also declare ``env_id``, ``defaults`` and
+``baselines``; ``llamagym run`` then drives many envs at once through the same engine.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
+
+from llamagym.config import RunConfig, algorithm_options, build_config
+from llamagym.errors import ConfigError, LlamaGymError
+from llamagym.plugin_manager import Plugins, get_plugins
+
+logger = logging.getLogger(__name__)
+
+Baseline = Callable[[Any, dict, Sequence[str], Any], str]
+"""A baseline policy: ``(observation, info, legal_actions, rng) -> action name``."""
+
+# Keys of the original LlamaGym's ``ppo_config_dict`` / ``generate_config_dict``, and
+# where they live now.
+_LEGACY_PPO_KEYS = {
+    "batch_size": "episodes_per_update",
+    "mini_batch_size": "minibatch_size",
+    "learning_rate": "lr",
+    "ppo_epochs": "epochs",
+    "gamma": "gamma",
+    "lam": "gae_lambda",
+    "cliprange": "clip_range",
+    "vf_coef": "value_coef",
+    "init_kl_coef": "kl_coef",
+    "target_kl": "target_kl",
+    "max_grad_norm": "max_grad_norm",
+}
+_LEGACY_GENERATE_KEYS = {
+    "max_new_tokens": "max_new_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "do_sample": None,  # always sampled when training, greedy when evaluating
+}
+
+
+class Agent:
+    """An LLM agent for one kind of environment. Subclasses say how to talk to it."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    env_id: ClassVar[str | None] = None
+    env_kwargs: ClassVar[Mapping[str, Any]] = {}
+    action_names: ClassVar[Sequence[str] | None] = None
+    defaults: ClassVar[Mapping[str, Any]] = {}
+    baselines: ClassVar[Mapping[str, Baseline]] = {}
+
+    def __init__(
+        self,
+        model: Any = None,
+        tokenizer: Any = None,
+        device: Any = None,
+        generate_config_dict: Mapping[str, Any] | None = None,
+        ppo_config_dict: Mapping[str, Any] | None = None,
+        *,
+        env: Any = None,
+        config: RunConfig | Mapping[str, Any] | None = None,
+        plugins: Plugins | None = None,
+    ):
+        self.plugins = plugins or get_plugins()
+        self.config = self._resolve_config(config, generate_config_dict, ppo_config_dict)
+        self.env = env
+        self._model, self._tokenizer, self._device = model, tokenizer, device
+        self._policy = None
+        self._engine = None
+        self._algorithm = None
+        self._slot = None
+        self._pending_turn = None
+        self._finished: list[Any] = []
+
+    # -- what subclasses override -----------------------------------------------------
+    def get_system_prompt(self) -> str:
+        return "You are an agent acting in an environment. Reply with the action to take."
+
+    def format_observation(self, observation: Any) -> str:
+        return str(observation)
+
+    def extract_action(self, response: str) -> Any:
+        """Return the action in ``response`` (an action index, or an action name), or None."""
+        return None
+
+    def legal_actions(self, observation: Any, info: dict) -> Sequence[str]:
+        """Names of the actions allowed now. Default: ``action_names``, else the env's
+        ``admissible_commands``, else the indices of a ``Discrete`` action space."""
+        if self.action_names is not None:
+            return self.action_names
+        if "admissible_commands" in info:
+            return info["admissible_commands"]
+        space = getattr(self.env, "action_space", None)
+        if space is not None and hasattr(space, "n"):
+            return [str(i) for i in range(int(space.n))]
+        raise LlamaGymError(
+            f"{type(self).__name__} does not know its legal actions: set "
+            "action_names = [...] on the class, pass env=..., or override legal_actions()"
+        )
+
+    def env_action(self, index: int, legal_actions: Sequence[str]) -> Any:
+        """The value passed to ``env.step`` for the chosen legal action."""
+        if self.action_names is not None or legal_actions == [
+            str(i) for i in range(len(legal_actions))
+        ]:
+            return index  # a Discrete space: actions are numbered in order
+        return legal_actions[index]
+
+    def make_env(self) -> Any:
+        """A new environment for this agent (default: ``gymnasium.make(env_id)``)."""
+        import gymnasium
+
+        if self.env_id is None:
+            raise LlamaGymError(f"{type(self).__name__} sets no env_id; override make_env()")
+        self.plugins.register_envs()
+        return gymnasium.make(self.env_id, **self.env_kwargs)
+
+    # -- how the engine talks to the subclass -------------------------------------------
+    def observation_text(self, observation: Any, info: dict) -> str:
+        if _takes_info(type(self).format_observation):
+            return self.format_observation(observation, info)  # type: ignore[call-arg]
+        return self.format_observation(observation)
+
+    def action_index(self, value: Any, legal_actions: Sequence[str]) -> int | None:
+        """Map what ``extract_action`` returned to an index into ``legal_actions``."""
+        if value is None or isinstance(value, bool):
+            return None
+        if isinstance(value, str):
+            wanted = value.strip().lower()
+            for index, name in enumerate(legal_actions):
+                if name.lower() == wanted:
+                    return index
+            return None
+        try:
+            index = int(value)
+        except (TypeError, ValueError, OverflowError):
+            return None
+        if index != value:
+            return None
+        return index if 0 <= index < len(legal_actions) else None
+
+    # -- the run's machinery, built on first use ---------------------------------------
+    @property
+    def policy(self):
+        if self._policy is None:
+            from llamagym.models import load_model_and_tokenizer
+            from llamagym.policy import Policy
+
+            settings = self.config.model
+            if self._model is None or isinstance(self._model, str):
+                name = self._model or settings.name
+                self._model, self._tokenizer = load_model_and_tokenizer(
+                    name,
+                    device=str(self._device) if self._device else settings.device,
+                    dtype=None if settings.dtype == "auto" else settings.dtype,
+                    quantize=settings.quantize,
+                    lora=settings.lora,
+                    lora_rank=settings.lora_rank,
+                    trust_remote_code=settings.trust_remote_code,
+                    seed=self.config.training.seed,
+                )
+            elif self._tokenizer is None:
+                raise ConfigError("a model object was given without its tokenizer")
+            self._policy = Policy(self._model, self._tokenizer, self._device)
+        return self._policy
+
+    @property
+    def engine(self):
+        if self._engine is None:
+            from llamagym.engine import RolloutEngine
+
+            self._engine = RolloutEngine(
+                self, self.policy, self.config.rollout, seed=self.config.training.seed
+            )
+        return self._engine
+
+    @property
+    def algorithm(self):
+        if self._algorithm is None:
+            self._algorithm = make_algorithm(self.config, self.policy, self.plugins)
+        return self._algorithm
+
+    # -- the LlamaGym loop ----------------------------------------------------------
+    def act(self, observation: Any, info: dict | None = None) -> Any:
+        """Choose an action for ``observation`` (always a legal one)."""
+        if self._slot is None:
+            self._slot = self.engine.new_slot(observation, dict(info or {}), None, None)
+        elif self._pending_turn is not None:
+            self._commit_turn()
+        self._slot.observation, self._slot.info = observation, dict(info or {})
+        turn = self.engine.decide([self._slot])[0]
+        self._pending_turn = turn
+        return self.env_action(turn.action_index, turn.legal_actions)
+
+    def assign_reward(self, reward: float) -> None:
+        """Credit ``reward`` to the latest action."""
+        if self._pending_turn is None and not (self._slot and self._slot.episode.turns):
+            raise LlamaGymError("assign_reward() was called before act(): nothing to reward")
+        turn = self._pending_turn or self._slot.episode.turns[-1]
+        turn.reward += float(reward)
+        self._slot.episode.env_return += float(reward)
+
+    def terminate_episode(self) -> dict[str, float]:
+        """End the episode; train when ``episodes_per_update`` episodes are stored.
+
+        Returns the update's metrics, or an empty dict when no update ran.
+        """
+        if self._slot is None:
+            return {}
+        if self._pending_turn is not None:
+            self._commit_turn()
+        episode = self._slot.episode
+        self._slot = None
+        if not episode.turns:
+            return {}
+        self._finished.append(episode)
+        self.plugins.episode_end(self, episode)
+        if len(self._finished) < self.algorithm.episodes_per_update:
+            return {}
+        batch, self._finished = self._finished, []
+        return self.algorithm.update(batch)
+
+    def _commit_turn(self) -> None:
+        turn, self._pending_turn = self._pending_turn, None
+        slot = self._slot
+        slot.episode.turns.append(turn)
+        slot.episode.length += 1
+        slot.history += [
+            {"role": "user", "content": turn.user_text},
+            {"role": "assistant", "content": turn.reply},
+        ]
+
+    # -- configuration -------------------------------------------------------------
+    def _resolve_config(
+        self,
+        config: RunConfig | Mapping[str, Any] | None,
+        generate_config: Mapping[str, Any] | None,
+        ppo_config: Mapping[str, Any] | None,
+    ) -> RunConfig:
+        if isinstance(config, RunConfig):
+            base = config.model_dump(exclude_unset=False)
+            layers: list[Mapping[str, Any]] = [base]
+        else:
+            layers = [{"agent": {"name": self.name}}, dict(self.defaults), dict(config or {})]
+        legacy: dict[str, Any] = {}
+        for key, value in (generate_config or {}).items():
+            if key not in _LEGACY_GENERATE_KEYS:
+                raise ConfigError(
+                    f"generate_config_dict key {key!r} is not supported; "
+                    f"allowed: {', '.join(_LEGACY_GENERATE_KEYS)}"
+                )
+            if _LEGACY_GENERATE_KEYS[key]:
+                legacy.setdefault("rollout", {})[_LEGACY_GENERATE_KEYS[key]] = value
+        for key, value in (ppo_config or {}).items():
+            if key not in _LEGACY_PPO_KEYS:
+                raise ConfigError(
+                    f"ppo_config_dict key {key!r} is not supported; "
+                    f"allowed: {', '.join(_LEGACY_PPO_KEYS)}"
+                )
+            legacy.setdefault("algorithm", {})[_LEGACY_PPO_KEYS[key]] = value
+        return build_config(*layers, legacy)
+
+
+def make_algorithm_config(config: RunConfig, plugins: Plugins) -> tuple[type, Any]:
+    """The configured algorithm's class and its validated plugin-owned settings."""
+    from pydantic import ValidationError
+
+    from llamagym.config import format_validation_error
+
+    algorithm_class = plugins.get("algorithm", config.algorithm.name).load()
+    try:
+        return algorithm_class, algorithm_class.Config(**algorithm_options(config))
+    except ValidationError as error:
+        raise ConfigError(format_validation_error(error, prefix="algorithm.")) from None
+
+
+def make_algorithm(config: RunConfig, policy: Any, plugins: Plugins) -> Any:
+    algorithm_class, settings = make_algorithm_config(config, plugins)
+    return algorithm_class(policy, settings, config.rollout)
+
+
+@functools.cache
+def _takes_info(method: Callable) -> bool:
+    parameters = list(inspect.signature(method).parameters.values())[1:]
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2 or any(p.name == "info" for p in parameters)

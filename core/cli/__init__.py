@@ -1,0 +1,31 @@
+"""The ``llamagym`` command line. Commands are split by topic into sibling modules;
+plugins add their own through the ``llamagym_register_commands`` hook."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import typer
+
+from llamagym.cli import inspect_commands, run_commands  # noqa: F401  (attach commands)
+from llamagym.cli.app import app
+from llamagym.errors import LlamaGymError
+
+__all__ = ["app", "main"]
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("llamagym.plugin_manager").setLevel(logging.ERROR)  # shown once, below
+    try:
+        from llamagym.plugin_manager import get_plugins
+
+        get_plugins().register_commands(app)
+        app()
+    except LlamaGymError as error:
+        typer.secho(f"error: {error}", fg="red", err=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        typer.secho("interrupted", fg="yellow", err=True)
+        sys.exit(130)

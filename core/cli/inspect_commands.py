@@ -1,0 +1,42 @@
+"""Commands that look at what is installed: ``list`` and ``plugins``."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from llamagym.cli.app import app, report_plugin_problems
+
+
+@app.command("list")
+def list_command() -> None:
+    """List the agents and algorithms every installed plugin registered."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from llamagym.plugin_manager import get_plugins
+
+    plugins = get_plugins()
+    report_plugin_problems()
+    console = Console()
+    for kind, registry in (("agents", plugins.agents()), ("algorithms", plugins.algorithms())):
+        table = Table(title=kind.capitalize(), title_justify="left")
+        table.add_column("name", style="bold")
+        table.add_column("description")
+        table.add_column("distribution")
+        for name, registration in sorted(registry.items()):
+            table.add_row(name, registration.description, registration.distribution)
+        console.print(table)
+
+
+@app.command("plugins")
+def plugins_command() -> None:
+    """Print every loaded plugin as JSON: name, distribution, version, hooks."""
+    from dataclasses import asdict
+
+    from llamagym.plugin_manager import get_plugins
+
+    plugins = get_plugins()
+    report_plugin_problems()
+    typer.echo(json.dumps([asdict(info) for info in plugins.plugin_infos()], indent=2))

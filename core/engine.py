@@ -1,0 +1,330 @@
+"""The rollout engine: N environments in lockstep, one batched forward pass per step.
+
+Each step renders every active env's prompt through the hooks and the tokenizer's chat
+template, asks the policy once for all of them (score or generate mode), turns replies
+into legal actions (extraction chain, then the invalid-action policy), and steps the
+envs. The LlamaGym-style ``Agent.act`` drives the same :meth:`RolloutEngine.decide`
+with one env, so there is one code path.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from llamagym.config import RolloutSettings
+from llamagym.errors import EnvFailureError
+from llamagym.trajectory import Episode, Turn
+
+if TYPE_CHECKING:
+    from llamagym.agent import Agent
+    from llamagym.policy import Policy
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Slot:
+    """One environment's episode in progress."""
+
+    observation: Any
+    info: dict
+    episode: Episode
+    system_prompt: str
+    history: list[dict[str, str]] = field(default_factory=list)
+
+
+@dataclass
+class RolloutStats:
+    env_steps: int = 0
+    env_failures: int = 0
+    seconds_model: float = 0.0
+    seconds_total: float = 0.0
+
+
+class RolloutEngine:
+    def __init__(self, agent: Agent, policy: Policy, settings: RolloutSettings, seed: int = 0):
+        self.agent = agent
+        self.policy = policy
+        self.settings = settings
+        self.plugins = agent.plugins
+        self.rng = np.random.default_rng(seed)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.stats = RolloutStats()
+        self._candidate_cache: dict[str, list[int]] = {}
+        self.max_failures_in_a_row = 10
+
+    # -- prompts ---------------------------------------------------------------------
+    def new_slot(self, observation: Any, info: dict, seed: int | None, group: int | None) -> Slot:
+        return Slot(
+            observation=observation,
+            info=info,
+            episode=Episode(seed=seed, group=group),
+            system_prompt=self.plugins.system_prompt(self.agent),
+        )
+
+    def _messages(self, slot: Slot, user_text: str, history: list[dict]) -> list[dict]:
+        messages = [{"role": "system", "content": slot.system_prompt}] if slot.system_prompt else []
+        return messages + history + [{"role": "user", "content": user_text}]
+
+    def _history(self, slot: Slot) -> list[dict]:
+        keep = self.settings.history_turns
+        if keep is None:
+            return list(slot.history)
+        return list(slot.history[len(slot.history) - 2 * keep :]) if keep else []
+
+    def render_prompts(self, slots: Sequence[Slot]) -> tuple[list[str], list[list[int]]]:
+        """User texts and prompt token ids; the oldest history turns go first if too long."""
+        tokenizer = self.policy.tokenizer
+        user_texts = [
+            self.plugins.format_observation(self.agent, slot.observation, slot.info)
+            for slot in slots
+        ]
+        histories = [self._history(slot) for slot in slots]
+        conversations = [
+            self._messages(slot, text, history)
+            for slot, text, history in zip(slots, user_texts, histories, strict=True)
+        ]
+        texts = tokenizer.apply_chat_template(
+            conversations, add_generation_prompt=True, tokenize=False
+        )
+        ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        budget = self.policy.max_context - (
+            self.settings.max_new_tokens if self.settings.mode == "generate" else 16
+        )
+        for row, prompt in enumerate(ids):
+            # Never cut the system prompt or the current observation: drop old turns.
+            while len(prompt) > budget and histories[row]:
+                histories[row] = histories[row][2:]
+                text = tokenizer.apply_chat_template(
+                    self._messages(slots[row], user_texts[row], histories[row]),
+                    add_generation_prompt=True,
+                    tokenize=False,
+                )
+                prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
+            ids[row] = prompt
+        return user_texts, ids
+
+    def _candidate_tokens(self, name: str) -> list[int]:
+        tokens = self._candidate_cache.get(name)
+        if tokens is None:
+            tokens = self.policy.tokenizer(name, add_special_tokens=False)["input_ids"]
+            if len(self._candidate_cache) < 100_000:
+                self._candidate_cache[name] = tokens
+        return tokens
+
+    # -- one decision for every active env --------------------------------------------
+    @torch.no_grad()
+    def decide(self, slots: Sequence[Slot], greedy: bool = False) -> list[Turn]:
+        user_texts, prompts = self.render_prompts(slots)
+        legal = [list(self.agent.legal_actions(s.observation, s.info)) for s in slots]
+        for row, actions in enumerate(legal):
+            if not actions:
+                raise EnvFailureError(
+                    f"agent {self.agent.name!r} returned no legal actions for observation "
+                    f"{slots[row].observation!r}"
+                )
+        started = time.perf_counter()
+        if self.settings.mode == "score":
+            turns = self._decide_by_score(prompts, legal, greedy)
+        else:
+            turns = self._decide_by_generation(prompts, legal, greedy)
+        self.stats.seconds_model += time.perf_counter() - started
+        for turn, text in zip(turns, user_texts, strict=True):
+            turn.user_text = text
+        return turns
+
+    def _decide_by_score(
+        self, prompts: list[list[int]], legal: list[list[str]], greedy: bool
+    ) -> list[Turn]:
+        candidates = [[self._candidate_tokens(name) for name in names] for names in legal]
+        scores, values = self.policy.score(prompts, candidates)
+        log_policy = (scores / self.settings.temperature).log_softmax(-1).cpu()
+        if greedy:
+            chosen = log_policy.argmax(-1)
+        else:
+            chosen = torch.multinomial(log_policy.exp(), 1, generator=self.generator).squeeze(-1)
+        turns = []
+        for row, index in enumerate(chosen.tolist()):
+            turns.append(
+                Turn(
+                    prompt_tokens=prompts[row],
+                    legal_actions=legal[row],
+                    action_index=index,
+                    reply=legal[row][index],
+                    logprobs=[float(log_policy[row, index])],
+                    value=float(values[row]),
+                    candidates=candidates[row],
+                )
+            )
+        return turns
+
+    def _decide_by_generation(
+        self, prompts: list[list[int]], legal: list[list[str]], greedy: bool
+    ) -> list[Turn]:
+        settings = self.settings
+        replies = self.policy.generate(
+            prompts,
+            max_new_tokens=settings.max_new_tokens,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            top_k=settings.top_k,
+            greedy=greedy,
+        )
+        evaluation = self.policy.evaluate_replies(prompts, replies)
+        tokenizer = self.policy.tokenizer
+        turns = []
+        for row, reply_tokens in enumerate(replies):
+            text = tokenizer.decode(reply_tokens, skip_special_tokens=True)
+            index = self.plugins.extract_action(self.agent, text, legal[row])
+            count = len(reply_tokens)
+            turns.append(
+                Turn(
+                    prompt_tokens=prompts[row],
+                    legal_actions=legal[row],
+                    action_index=index,
+                    reply=text,
+                    logprobs=evaluation.logprobs[row, :count].tolist(),
+                    value=float(evaluation.values[row]),
+                    action_tokens=reply_tokens,
+                    valid=index is not None,
+                )
+            )
+        for turn in turns:
+            if not turn.valid:
+                self._apply_invalid_action_policy(turn)
+        return turns
+
+    def _apply_invalid_action_policy(self, turn: Turn) -> None:
+        """Choose a legal action for an unparsable reply; ``None`` never reaches env.step."""
+        policy = self.settings.invalid_action
+        turn.reward += policy.penalty
+        if policy.policy == "random":
+            turn.action_index = int(self.rng.integers(len(turn.legal_actions)))
+        elif policy.fallback_action in turn.legal_actions:
+            turn.action_index = turn.legal_actions.index(policy.fallback_action)
+        else:
+            turn.action_index = 0
+        if policy.policy == "end_episode":
+            turn.ends_episode = True
+
+    # -- episodes over N envs ---------------------------------------------------------
+    def collect(
+        self,
+        envs: list[Any],
+        num_episodes: int,
+        greedy: bool = False,
+        group_size: int = 1,
+        seeds: Sequence[int] | None = None,
+        on_episode: Callable[[Episode], None] | None = None,
+    ) -> list[Episode]:
+        """Run ``num_episodes`` fresh episodes over ``envs`` and return them finished.
+
+        Episode ``k`` resets with seed ``seeds[k]`` (default: drawn from the engine's
+        seeded generator), and episodes ``k`` with the same ``k // group_size`` share a
+        seed, so a group starts from the same state.
+        """
+        started_at = time.perf_counter()
+        if seeds is None:
+            group_seeds = self.rng.integers(0, 2**31 - 1, size=-(-num_episodes // group_size))
+            seeds = [int(group_seeds[k // group_size]) for k in range(num_episodes)]
+        slots: list[Slot | None] = [None] * len(envs)
+        finished: list[Episode] = []
+        next_episode = 0
+        failures_in_a_row = 0
+
+        def start(position: int) -> None:
+            nonlocal next_episode, failures_in_a_row
+            while next_episode < num_episodes:
+                k = next_episode
+                next_episode += 1
+                try:
+                    observation, info = envs[position].reset(seed=seeds[k])
+                except Exception as error:  # an env that raises must not end the run
+                    failures_in_a_row = self._env_failed(envs, position, error, failures_in_a_row)
+                    continue
+                slots[position] = self.new_slot(observation, dict(info), seeds[k], k // group_size)
+                return
+            slots[position] = None
+
+        for position in range(len(envs)):
+            start(position)
+
+        while any(slot is not None for slot in slots):
+            active = [p for p, slot in enumerate(slots) if slot is not None]
+            turns = self.decide([slots[p] for p in active], greedy=greedy)
+            for position, turn in zip(active, turns, strict=True):
+                slot = slots[position]
+                action_name = turn.legal_actions[turn.action_index]
+                env_action = self.agent.env_action(turn.action_index, turn.legal_actions)
+                try:
+                    observation, reward, terminated, truncated, info = envs[position].step(
+                        env_action
+                    )
+                except Exception as error:
+                    failures_in_a_row = self._env_failed(envs, position, error, failures_in_a_row)
+                    start(position)  # the partial episode is dropped, never trained on
+                    continue
+                failures_in_a_row = 0
+                self.stats.env_steps += 1
+                reward = float(reward)
+                shaped = reward
+                if self.settings.reward_shaping:
+                    shaped += self.plugins.shape_reward(
+                        self.agent, slot.observation, action_name, reward, info
+                    )
+                turn.reward += shaped
+                episode = slot.episode
+                episode.turns.append(turn)
+                episode.env_return += reward
+                episode.length += 1
+                slot.history += [
+                    {"role": "user", "content": turn.user_text},
+                    {"role": "assistant", "content": turn.reply},
+                ]
+                slot.observation, slot.info = observation, dict(info)
+                if terminated or truncated or turn.ends_episode:
+                    episode.info = {"terminated": bool(terminated), **_summary(info)}
+                    finished.append(episode)
+                    self.plugins.episode_end(self.agent, episode)
+                    if on_episode is not None:
+                        on_episode(episode)
+                    start(position)
+        self.stats.seconds_total += time.perf_counter() - started_at
+        return finished
+
+    def _env_failed(self, envs: list[Any], position: int, error: Exception, count: int) -> int:
+        count += 1
+        self.stats.env_failures += 1
+        logger.warning(
+            "environment %d raised %s: %s; episode dropped, environment recreated",
+            position,
+            type(error).__name__,
+            error,
+        )
+        if count > self.max_failures_in_a_row:
+            raise EnvFailureError(
+                f"the environment raised {count} times in a row (last: {type(error).__name__}: "
+                f"{error}); stopping the run"
+            ) from error
+        try:
+            envs[position].close()
+        except Exception:  # a broken env may fail to close too; it is replaced anyway
+            pass
+        envs[position] = self.agent.make_env()
+        return count
+
+
+def _summary(info: dict) -> dict:
+    """The JSON-friendly scalars of a final ``info`` (won/lost/score and the like)."""
+    return {
+        key: value
+        for key, value in info.items()
+        if isinstance(value, (bool, int, float, str)) and not key.startswith("_")
+    }

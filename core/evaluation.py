@@ -1,0 +1,99 @@
+"""Evaluation: the trained agent and its baselines on the same episode seeds."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from llamagym.trajectory import Episode
+
+EVAL_SEED_OFFSET = 1_000_003  # evaluation episodes never reuse training seeds
+
+
+@dataclass
+class EvalResult:
+    name: str
+    episodes: int
+    mean: float
+    ci95: float
+    invalid_rate: float = 0.0
+    outcomes: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def line(self) -> str:
+        text = f"{self.name:<16} {self.mean:+.3f} ± {self.ci95:.3f}  ({self.episodes} episodes)"
+        if self.outcomes:
+            text += "  " + " ".join(f"{k} {v:.1%}" for k, v in self.outcomes.items())
+        return text
+
+
+def summarise(name: str, returns: Sequence[float], invalid_rate: float = 0.0) -> EvalResult:
+    values = np.asarray(returns, dtype=float)
+    n = len(values)
+    mean = float(values.mean()) if n else float("nan")
+    ci95 = float(1.96 * values.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
+    outcomes = {}
+    if n and set(np.unique(values)).issubset({-1.0, 0.0, 1.0, 1.5}):
+        outcomes = {
+            "win": float((values > 0).mean()),
+            "draw": float((values == 0).mean()),
+            "loss": float((values < 0).mean()),
+        }
+    return EvalResult(name, n, mean, ci95, invalid_rate, outcomes)
+
+
+def evaluation_seeds(seed: int, episodes: int) -> list[int]:
+    return [EVAL_SEED_OFFSET + seed * 100_003 + k for k in range(episodes)]
+
+
+def evaluate_agent(agent: Any, episodes: int, seed: int = 0, greedy: bool = True) -> EvalResult:
+    """Run the agent's policy (greedy by default) on ``episodes`` seeded episodes."""
+    import torch
+
+    envs = [agent.make_env() for _ in range(agent.config.rollout.num_envs)]
+    policy = agent.policy
+    was_training = policy.training
+    policy.eval()
+    try:
+        with torch.no_grad():
+            finished: list[Episode] = agent.engine.collect(
+                envs, episodes, greedy=greedy, seeds=evaluation_seeds(seed, episodes)
+            )
+    finally:
+        policy.train(was_training)
+        for env in envs:
+            env.close()
+    turns = sum(len(e.turns) for e in finished)
+    invalid = sum(e.invalid_replies for e in finished) / max(1, turns)
+    return summarise("agent", [e.env_return for e in finished], invalid)
+
+
+def evaluate_baseline(agent: Any, name: str, episodes: int, seed: int = 0) -> EvalResult:
+    """Play one of the agent's baseline policies on the evaluation seeds."""
+    baseline = agent.baselines[name]
+    rng = np.random.default_rng(seed)
+    env = agent.make_env()
+    returns = []
+    try:
+        for episode_seed in evaluation_seeds(seed, episodes):
+            observation, info = env.reset(seed=episode_seed)
+            if hasattr(baseline, "reset"):
+                baseline.reset()  # stateful baselines (e.g. a walkthrough) start over
+            total, done = 0.0, False
+            while not done:
+                legal = list(agent.legal_actions(observation, info))
+                action_name = baseline(observation, info, legal, rng)
+                action = agent.env_action(legal.index(action_name), legal)
+                observation, reward, terminated, truncated, info = env.step(action)
+                total += float(reward)
+                done = terminated or truncated
+            returns.append(total)
+    finally:
+        env.close()
+    return summarise(name, returns)

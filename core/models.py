@@ -1,0 +1,444 @@
+"""Loading a causal LM and its tokenizer, ready for LlamaGym's RL training.
+
+``load_model_and_tokenizer`` turns a model name into a ``(model, tokenizer)``
+pair: ``"tiny"`` (built locally, see :mod:`llamagym.tiny_model`), a local
+directory, or a Hugging Face Hub id. On top of plain ``from_pretrained`` it
+picks a device and dtype, optionally quantizes with bitsandbytes, decides
+between LoRA and full fine-tuning, and makes sure the tokenizer has a pad
+token and a chat template. Problems a user can fix come out as one-line
+:class:`~llamagym.errors.ModelLoadError` messages rather than stack traces.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from llamagym.errors import ModelLoadError
+from llamagym.model_registry import GENERIC_CHAT_TEMPLATE, ModelEntry, get_model_entry
+
+if TYPE_CHECKING:
+    import torch
+    from peft import PeftModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
+
+TINY_MODEL_NAME = "tiny"
+QUANTIZE_CHOICES: tuple[str, ...] = ("4bit", "8bit")
+DTYPE_CHOICES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+# Above this many parameters full fine-tuning stops being practical on the
+# machines LlamaGym targets, so lora=None switches LoRA on.
+LORA_AUTO_THRESHOLD = 50_000_000
+DEFAULT_LORA_RANK = 16
+
+# Linear layer names that LoRA commonly adapts, across the architectures on the
+# Hub (Llama/Mistral/Qwen, Phi, Phi-3, GPT-2, GPT-NeoX, MPT, Falcon, Baichuan).
+# Used only when the registry has no entry for the model.
+KNOWN_LORA_TARGETS: tuple[str, ...] = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+    "qkv_proj",
+    "gate_up_proj",
+    "dense",
+    "fc1",
+    "fc2",
+    "Wqkv",
+    "out_proj",
+    "c_attn",
+    "c_proj",
+    "c_fc",
+    "query_key_value",
+    "dense_h_to_4h",
+    "dense_4h_to_h",
+    "W_pack",
+)
+
+_DTYPE_ALIASES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+}
+
+
+# --------------------------------------------------------------------------
+# Device and dtype
+# --------------------------------------------------------------------------
+
+
+def resolve_device(device: str = "auto") -> str:
+    """``"auto"`` becomes cuda, else mps, else cpu; explicit devices are checked."""
+    import torch
+
+    if device == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        if torch.backends.mps.is_available():
+            return "mps"
+        return "cpu"
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ModelLoadError(
+            f"unknown device {device!r}: use auto, cpu, cuda, cuda:N or mps"
+        ) from exc
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(
+            f"device {device!r} requested but CUDA is not available; use --device cpu or auto"
+        )
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise ModelLoadError(
+            f"device {device!r} requested but MPS is not available; use --device cpu or auto"
+        )
+    return device
+
+
+def resolve_dtype(dtype: str | None, device: str, preferred: str | None = None) -> torch.dtype:
+    """The torch dtype to load weights in.
+
+    An explicit ``dtype`` wins (``"auto"`` counts as not given). Otherwise
+    CPU and MPS use float32 (half precision is slow or unsupported there);
+    CUDA uses the registry's preferred dtype if any, else bfloat16 where the
+    GPU supports it, else float16.
+    """
+    import torch
+
+    if dtype is not None and dtype.strip().lower() != "auto":
+        canonical = _DTYPE_ALIASES.get(dtype.strip().lower())
+        if canonical is None:
+            raise ModelLoadError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPE_CHOICES)}")
+        return getattr(torch, canonical)
+    if not device.startswith("cuda"):
+        return torch.float32
+    bf16_ok = torch.cuda.is_bf16_supported()
+    if preferred is not None:
+        canonical = _DTYPE_ALIASES.get(preferred.lower(), "float32")
+        if canonical != "bfloat16" or bf16_ok:
+            return getattr(torch, canonical)
+    return torch.bfloat16 if bf16_ok else torch.float16
+
+
+# --------------------------------------------------------------------------
+# Resolving names
+# --------------------------------------------------------------------------
+
+
+def _dtype_kwarg() -> str:
+    # transformers 4.56 renamed from_pretrained's torch_dtype to dtype; 5.x
+    # warns on the old name and older releases ignore the new one.
+    import transformers
+
+    major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
+    return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~", ".\\", "..\\")) or Path(name).is_absolute()
+
+
+def _resolve_source(name_or_path: str, seed: int) -> tuple[str, ModelEntry | None, bool]:
+    """Map the user's model argument to ``(from_pretrained source, entry, is_local)``."""
+    if name_or_path.strip().lower() == TINY_MODEL_NAME:
+        from llamagym.tiny_model import build_tiny_model
+
+        return str(build_tiny_model(seed=seed)), get_model_entry(TINY_MODEL_NAME), True
+
+    local = Path(name_or_path).expanduser()
+    if local.is_dir():
+        return str(local), get_model_entry(name_or_path), True
+    if _looks_like_path(name_or_path):
+        raise ModelLoadError(f"could not load model {name_or_path!r}: no such directory")
+
+    entry = get_model_entry(name_or_path)
+    hub_id = entry.hub_id if entry is not None and entry.hub_id else name_or_path
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(hub_id)
+    except HFValidationError as exc:
+        raise ModelLoadError(
+            f"could not load model {name_or_path!r}: not a local directory and not a valid "
+            "Hugging Face Hub id (expected owner/name). Use --model tiny or a local path."
+        ) from exc
+    return hub_id, entry, False
+
+
+def _exception_chain(exc: BaseException) -> list[BaseException]:
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    return chain
+
+
+def _load_error(name: str, source: str, is_local: bool, exc: BaseException) -> ModelLoadError:
+    """Turn a transformers / huggingface_hub failure into one readable line."""
+    if is_local:
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return ModelLoadError(f"could not load model from local directory {source!r}: {first_line}")
+    type_names = {type(e).__name__ for e in _exception_chain(exc)}
+    # Registry short names resolve to a Hub id; show both so the user sees
+    # what was actually requested.
+    label = repr(name) if source == name else f"{name!r} ({source})"
+    if "GatedRepoError" in type_names:
+        return ModelLoadError(
+            f"could not load model {label}: the repository is gated on the Hugging Face Hub. "
+            "Accept its licence on the model page and run `hf auth login`."
+        )
+    if "RepositoryNotFoundError" in type_names:
+        return ModelLoadError(
+            f"could not load model {label}: not found on the Hugging Face Hub "
+            "(check the spelling; private repos need `hf auth login`). "
+            "Use --model tiny or a local path."
+        )
+    offline_markers = {
+        "LocalEntryNotFoundError",
+        "OfflineModeIsEnabled",
+        "ConnectError",
+        "ConnectTimeout",
+        "ConnectionError",
+        "TimeoutException",
+        "ReadTimeout",
+    }
+    if type_names & offline_markers or "couldn't connect" in str(exc).lower():
+        return ModelLoadError(
+            f"could not load model {label}: not a local directory and not reachable on the "
+            "Hugging Face Hub (offline?). Use --model tiny or a local path."
+        )
+    first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return ModelLoadError(f"could not load model {label} from the Hugging Face Hub: {first_line}")
+
+
+# --------------------------------------------------------------------------
+# Tokenizer fix-ups
+# --------------------------------------------------------------------------
+
+
+def _prepare_tokenizer(
+    tokenizer: PreTrainedTokenizerBase, entry: ModelEntry | None, name: str
+) -> bool:
+    """Ensure a pad token and a chat template; returns True if the vocabulary grew."""
+    grew = False
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is not None:
+            # Padding is always masked out, so reusing eos is harmless and
+            # avoids resizing the embeddings.
+            tokenizer.pad_token = tokenizer.eos_token
+        else:
+            logger.warning("tokenizer of %s has neither pad nor eos token; adding <|pad|>", name)
+            tokenizer.add_special_tokens({"pad_token": "<|pad|>"})
+            grew = True
+    if not getattr(tokenizer, "chat_template", None):
+        if entry is not None and entry.chat_template_fallback:
+            tokenizer.chat_template = entry.chat_template_fallback
+        else:
+            logger.warning(
+                "tokenizer of %s has no chat template; using a generic plain-text "
+                "'User:/Assistant:' format",
+                name,
+            )
+            tokenizer.chat_template = GENERIC_CHAT_TEMPLATE
+    return grew
+
+
+def _sync_special_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    # generate() warns (and guesses) when pad_token_id is unset.
+    if getattr(model.config, "pad_token_id", None) is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    generation_config = getattr(model, "generation_config", None)
+    if generation_config is not None:
+        if generation_config.pad_token_id is None:
+            generation_config.pad_token_id = tokenizer.pad_token_id
+        if generation_config.eos_token_id is None and tokenizer.eos_token_id is not None:
+            generation_config.eos_token_id = tokenizer.eos_token_id
+
+
+# --------------------------------------------------------------------------
+# LoRA
+# --------------------------------------------------------------------------
+
+
+def linear_module_names(model: Any) -> set[str]:
+    """Leaf names of all ``nn.Linear`` modules (bitsandbytes layers included)."""
+    from torch import nn
+
+    return {
+        name.rsplit(".", 1)[-1]
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear)
+    }
+
+
+def infer_lora_target_modules(model: Any) -> list[str]:
+    """The known LoRA target names that exist as linear layers in ``model``."""
+    present = linear_module_names(model)
+    return [name for name in KNOWN_LORA_TARGETS if name in present]
+
+
+def _choose_lora_targets(model: Any, entry: ModelEntry | None, name: str) -> list[str]:
+    present = linear_module_names(model)
+    if entry is not None:
+        targets = [target for target in entry.lora_target_modules if target in present]
+        if targets:
+            missing = sorted(set(entry.lora_target_modules) - set(targets))
+            if missing:
+                logger.warning(
+                    "LoRA targets %s from the %r entry are not in the model; skipping them",
+                    missing,
+                    name,
+                )
+            return targets
+        logger.warning(
+            "none of the registry's LoRA targets exist in %s; inferring them instead", name
+        )
+    targets = infer_lora_target_modules(model)
+    if not targets:
+        raise ModelLoadError(
+            f"could not find LoRA target modules in {name!r}; register a ModelEntry with "
+            "lora_target_modules for this architecture, or use --no-lora for full fine-tuning"
+        )
+    return targets
+
+
+def _count_parameters(model: Any) -> int:
+    try:
+        return int(model.num_parameters())
+    except Exception:  # noqa: BLE001 - a count is only advisory; fall back to numel
+        return sum(p.numel() for p in model.parameters())
+
+
+# --------------------------------------------------------------------------
+# Public entry point
+# --------------------------------------------------------------------------
+
+
+def load_model_and_tokenizer(
+    name_or_path: str = TINY_MODEL_NAME,
+    *,
+    device: str = "auto",
+    dtype: str | None = None,
+    quantize: str | None = None,
+    lora: bool | None = None,
+    lora_rank: int | None = None,
+    trust_remote_code: bool = False,
+    seed: int = 0,
+) -> tuple[PreTrainedModel | PeftModel, PreTrainedTokenizerBase]:
+    """Load ``(model, tokenizer)`` ready for training.
+
+    ``lora=None`` picks LoRA for models above 50M parameters (and always for
+    quantized models, whose base weights cannot be trained) and full
+    fine-tuning otherwise. ``seed`` seeds the tiny model's weights and the
+    LoRA adapter's initialisation. The tokenizer's ``padding_side`` is left as
+    the checkpoint has it.
+    """
+    if quantize is not None and quantize not in QUANTIZE_CHOICES:
+        raise ModelLoadError(
+            f"unknown quantize value {quantize!r}: use one of {', '.join(QUANTIZE_CHOICES)} or none"
+        )
+    if quantize is not None and lora is False:
+        raise ModelLoadError(
+            "a quantized model cannot be fully fine-tuned: drop --quantize or allow LoRA"
+        )
+    if lora_rank is not None and lora_rank < 1:
+        raise ModelLoadError(f"lora_rank must be a positive integer, got {lora_rank}")
+    if quantize is not None and importlib.util.find_spec("bitsandbytes") is None:
+        raise ModelLoadError(f"--quantize {quantize} needs bitsandbytes: pip install bitsandbytes")
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
+
+    resolved_device = resolve_device(device)
+    source, entry, is_local = _resolve_source(name_or_path, seed)
+    torch_dtype = resolve_dtype(dtype, resolved_device, entry.dtype if entry is not None else None)
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except Exception as exc:  # noqa: BLE001 - every loader failure becomes one readable line
+        raise _load_error(name_or_path, source, is_local, exc) from exc
+
+    model_kwargs: dict[str, Any] = {
+        _dtype_kwarg(): torch_dtype,
+        "trust_remote_code": trust_remote_code,
+    }
+    if quantize == "4bit":
+        model_kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=torch_dtype,
+        )
+    elif quantize == "8bit":
+        model_kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
+    if quantize is not None or resolved_device != "cpu":
+        # Quantized weights must be created on their final device; for GPUs
+        # this also avoids a full copy in host memory first.
+        model_kwargs["device_map"] = {"": resolved_device}
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, **model_kwargs)
+    except Exception as exc:  # noqa: BLE001 - see above
+        raise _load_error(name_or_path, source, is_local, exc) from exc
+
+    if _prepare_tokenizer(tokenizer, entry, name_or_path):
+        model.resize_token_embeddings(len(tokenizer))
+    _sync_special_ids(model, tokenizer)
+
+    n_params = _count_parameters(model)
+    use_lora = (
+        lora if lora is not None else (quantize is not None or n_params > LORA_AUTO_THRESHOLD)
+    )
+
+    if quantize is not None:
+        from peft import prepare_model_for_kbit_training
+
+        # Non-reentrant checkpointing works with frozen inputs on CPU and GPU
+        # and saves the activation memory that quantization is chosen for.
+        model = prepare_model_for_kbit_training(
+            model,
+            use_gradient_checkpointing=True,
+            gradient_checkpointing_kwargs={"use_reentrant": False},
+        )
+
+    if use_lora:
+        from peft import LoraConfig, get_peft_model
+
+        rank = lora_rank or (entry.lora_rank if entry is not None else DEFAULT_LORA_RANK)
+        targets = _choose_lora_targets(model, entry, name_or_path)
+        lora_config = LoraConfig(
+            r=rank,
+            lora_alpha=2 * rank,
+            lora_dropout=0.05,
+            bias="none",
+            target_modules=targets,
+            task_type="CAUSAL_LM",
+        )
+        # Seed the adapter init without disturbing the caller's RNG stream.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = get_peft_model(model, lora_config)
+        logger.info("LoRA r=%d on %s", rank, ", ".join(targets))
+    elif lora_rank is not None:
+        logger.warning("lora_rank=%d ignored: full fine-tuning was selected", lora_rank)
+
+    logger.info(
+        "loaded %s (%s parameters) on %s as %s%s, %s",
+        name_or_path,
+        f"{n_params:,}",
+        resolved_device,
+        str(torch_dtype).removeprefix("torch."),
+        f" ({quantize})" if quantize else "",
+        "LoRA" if use_lora else "full fine-tuning",
+    )
+    return model, tokenizer

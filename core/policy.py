@@ -1,0 +1,276 @@
+"""The trainable policy: a causal LM, its tokenizer and a value head, with the batched
+forward passes the rollout engine and the algorithms share.
+
+Both action modes come out as the same shape so every algorithm has one code path:
+per turn, log-probabilities of its "action units" with a mask (one unit, the chosen
+candidate, in score mode; the reply tokens in generate mode), a value and an entropy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass
+class Evaluation:
+    """Per-turn quantities a loss needs; ``logprobs``/``entropy``/``mask`` are [N, T]."""
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
+    mask: torch.Tensor
+    values: torch.Tensor
+
+
+def _is_peft(model: nn.Module) -> bool:
+    return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
+
+
+class Policy(nn.Module):
+    def __init__(self, model: nn.Module, tokenizer, device: torch.device | str | None = None):
+        super().__init__()
+        # A TRL value-head wrapper (the original LlamaGym's model) holds the LM inside.
+        model = getattr(model, "pretrained_model", model)
+        self.model = model
+        self.tokenizer = tokenizer
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        self.pad_id = tokenizer.pad_token_id
+        self.eos_id = tokenizer.eos_token_id
+        self.device = torch.device(device) if device is not None else _model_device(model)
+        hidden_size = _hidden_size(model)
+        self.value_head = nn.Linear(hidden_size, 1).to(self.device)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+        self._reference: nn.Module | None = None
+        self.max_context = _max_context(model, tokenizer)
+
+    # -- parameters ----------------------------------------------------------------
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+    @property
+    def uses_adapter(self) -> bool:
+        return _is_peft(self.model)
+
+    # -- forward passes --------------------------------------------------------------
+    def _forward(
+        self, sequences: Sequence[Sequence[int]], keep: int, reference: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Left-padded forward: logits of the last ``keep`` positions [M, keep, V] and,
+        unless ``reference``, the last layer's hidden states [M, L, H].
+
+        Sequences end at the same column, so the tokens being scored line up at the
+        end and the vocabulary projection is computed only where it is needed.
+        """
+        width = max(len(s) for s in sequences)
+        input_ids = torch.full((len(sequences), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
+        for row, sequence in enumerate(sequences):
+            input_ids[row, width - len(sequence) :] = torch.tensor(sequence, dtype=torch.long)
+            attention_mask[row, width - len(sequence) :] = 1
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        with self._reference_context(reference) as model:
+            output = model(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention_mask.to(self.device),
+                position_ids=position_ids.to(self.device),
+                output_hidden_states=not reference,
+                use_cache=False,
+                logits_to_keep=keep,
+            )
+        logits = output.logits[:, -keep:].float()
+        return logits, (None if reference else output.hidden_states[-1])
+
+    @contextlib.contextmanager
+    def _reference_context(self, reference: bool) -> Iterator[nn.Module]:
+        if not reference:
+            yield self.model
+        elif self.uses_adapter:
+            # The reference policy is the same weights with the adapter switched off:
+            # no second copy of the model in memory.
+            with self.model.disable_adapter():
+                yield self.model
+        else:
+            if self._reference is None:
+                self._reference = copy.deepcopy(self.model).eval()
+                for parameter in self._reference.parameters():
+                    parameter.requires_grad_(False)
+            yield self._reference
+
+    def _continuations(
+        self,
+        prompts: Sequence[Sequence[int]],
+        pairs: Sequence[tuple[int, Sequence[int]]],
+        reference: bool = False,
+        entropy: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Log-probabilities of continuation tokens, for (prompt index, tokens) pairs.
+
+        Returns per-token logprobs [P, T], their mask [P, T], per-token entropy [P, T]
+        (if asked) and the hidden state at each pair's last prompt token [P, H].
+        Pairs whose inputs coincide (e.g. single-token actions after the same prompt)
+        share one sequence, so scoring two one-token actions costs one forward row.
+        """
+        rows: dict[tuple[int, tuple[int, ...]], int] = {}
+        sequences: list[list[int]] = []
+        pair_rows = []
+        for prompt_index, tokens in pairs:
+            key = (prompt_index, tuple(tokens[:-1]))
+            if key not in rows:
+                rows[key] = len(sequences)
+                sequences.append(list(prompts[prompt_index]) + list(tokens[:-1]))
+            pair_rows.append(rows[key])
+        lengths = torch.tensor([len(tokens) for _, tokens in pairs])
+        keep = int(lengths.max())
+        logits, hidden = self._forward(sequences, keep, reference=reference)
+        log_dist = logits.log_softmax(-1)  # [M, keep, V]
+        # Pair p's tokens are the last len_p of the window, right-aligned.
+        offsets = torch.arange(keep)
+        positions = (keep - lengths[:, None] + offsets[None, :]).clamp(max=keep - 1)
+        mask = (offsets[None, :] < lengths[:, None]).float()
+        aligned = torch.zeros(len(pairs), keep, dtype=torch.long)
+        for p, (_, tokens) in enumerate(pairs):
+            aligned[p, keep - len(tokens) :] = torch.tensor(tokens, dtype=torch.long)
+        row_index = torch.tensor(pair_rows, device=self.device)
+        dist = log_dist[row_index]  # [P, keep, V]
+        token_logprobs = dist.gather(-1, aligned.to(self.device)[..., None]).squeeze(-1)
+        # Back to left-aligned [P, T] so unit t of every pair is column t.
+        gather_back = positions.to(self.device)
+        token_logprobs = token_logprobs.gather(1, gather_back) * mask.to(self.device)
+        token_entropy = None
+        if entropy:
+            per_position = -(dist.exp() * dist).sum(-1)
+            token_entropy = per_position.gather(1, gather_back) * mask.to(self.device)
+        state_hidden = None
+        if hidden is not None:
+            width = hidden.shape[1]
+            last_prompt = (width - lengths).to(self.device)  # column of the prompt's last token
+            state_hidden = hidden[row_index, last_prompt]
+        return token_logprobs, mask.to(self.device), token_entropy, state_hidden
+
+    def _values(self, state_hidden: torch.Tensor) -> torch.Tensor:
+        return self.value_head(state_hidden.float()).squeeze(-1)
+
+    def score(
+        self,
+        prompts: Sequence[Sequence[int]],
+        candidates: Sequence[Sequence[Sequence[int]]],
+        reference: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Score each legal action string after its prompt.
+
+        Returns ``scores`` [N, A] (mean log-likelihood per token, -inf where a prompt has
+        fewer than A candidates) and ``values`` [N].
+        """
+        pairs = [(i, option) for i, options in enumerate(candidates) for option in options]
+        owners = [(i, j) for i, options in enumerate(candidates) for j in range(len(options))]
+        token_logprobs, mask, _, state_hidden = self._continuations(prompts, pairs, reference)
+        option_scores = token_logprobs.sum(-1) / mask.sum(-1)
+        num_actions = max(len(options) for options in candidates)
+        scores = torch.full((len(prompts), num_actions), float("-inf"), device=self.device)
+        owner_rows = torch.tensor([i for i, _ in owners], device=self.device)
+        owner_cols = torch.tensor([j for _, j in owners], device=self.device)
+        scores = scores.index_put((owner_rows, owner_cols), option_scores)
+        if reference:
+            return scores, torch.zeros(len(prompts), device=self.device)
+        first_option = torch.tensor([owners.index((i, 0)) for i in range(len(prompts))])
+        return scores, self._values(state_hidden[first_option.to(self.device)])
+
+    def evaluate_choices(
+        self,
+        prompts: Sequence[Sequence[int]],
+        candidates: Sequence[Sequence[Sequence[int]]],
+        chosen: Sequence[int],
+        temperature: float = 1.0,
+    ) -> Evaluation:
+        """Score mode: log-probability of the chosen candidate among all of them."""
+        scores, values = self.score(prompts, candidates)
+        log_policy = (scores / temperature).log_softmax(-1)
+        index = torch.tensor(chosen, device=self.device)[:, None]
+        logprobs = log_policy.gather(-1, index)
+        probs = log_policy.exp()
+        entropy = -(probs * log_policy.nan_to_num(neginf=0.0)).sum(-1, keepdim=True)
+        mask = torch.ones_like(logprobs)
+        return Evaluation(logprobs, entropy, mask, values)
+
+    def evaluate_replies(
+        self,
+        prompts: Sequence[Sequence[int]],
+        replies: Sequence[Sequence[int]],
+        reference: bool = False,
+    ) -> Evaluation:
+        """Generate mode: per-token log-probabilities of each reply after its prompt."""
+        pairs = [(i, reply) for i, reply in enumerate(replies)]
+        logprobs, mask, entropy, state_hidden = self._continuations(
+            prompts, pairs, reference, entropy=not reference
+        )
+        if reference:
+            zeros = torch.zeros(len(replies), device=self.device)
+            return Evaluation(logprobs, torch.zeros_like(logprobs), mask, zeros)
+        return Evaluation(logprobs, entropy, mask, self._values(state_hidden))
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        greedy: bool = False,
+    ) -> list[list[int]]:
+        """Sample one reply per prompt in one batched ``generate`` (left padding)."""
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            attention_mask[row, width - len(prompt) :] = 1
+        sampling = {} if greedy else {"temperature": temperature, "top_p": top_p, "top_k": top_k}
+        output = self.model.generate(
+            input_ids=input_ids.to(self.device),
+            attention_mask=attention_mask.to(self.device),
+            max_new_tokens=max_new_tokens,
+            do_sample=not greedy,
+            pad_token_id=self.pad_id,
+            eos_token_id=self.eos_id,
+            **sampling,
+        )
+        replies = []
+        for row in output[:, width:].tolist():
+            reply = []
+            for token in row:
+                reply.append(token)
+                if token == self.eos_id:
+                    break  # the end-of-turn token is part of the action: it learns to stop
+            replies.append(reply)
+        return replies
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except StopIteration:
+        return torch.device("cpu")
+
+
+def _hidden_size(model: nn.Module) -> int:
+    config = model.config
+    for attribute in ("hidden_size", "n_embd", "d_model"):
+        if getattr(config, attribute, None):
+            return int(getattr(config, attribute))
+    return int(model.get_input_embeddings().embedding_dim)
+
+
+def _max_context(model: nn.Module, tokenizer) -> int:
+    limit = getattr(model.config, "max_position_embeddings", None) or 2048
+    tokenizer_limit = getattr(tokenizer, "model_max_length", None)
+    if tokenizer_limit and tokenizer_limit < 1_000_000:
+        limit = min(limit, tokenizer_limit)
+    return int(limit)

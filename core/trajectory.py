@@ -1,0 +1,48 @@
+"""What a rollout records: turns, episodes and the batch an algorithm trains on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Turn:
+    """One model decision and what the environment said about it.
+
+    In score mode ``action_tokens`` is empty and ``logprobs`` holds one number, the
+    log-probability of the chosen candidate among ``candidates``; in generate mode
+    ``action_tokens`` are the sampled reply tokens and ``logprobs`` one per token.
+    """
+
+    prompt_tokens: list[int]
+    legal_actions: list[str]
+    action_index: int | None
+    reply: str
+    logprobs: list[float]
+    value: float
+    action_tokens: list[int] = field(default_factory=list)
+    candidates: list[list[int]] = field(default_factory=list)
+    reward: float = 0.0
+    valid: bool = True
+    user_text: str = ""
+    ends_episode: bool = False
+
+
+@dataclass
+class Episode:
+    turns: list[Turn] = field(default_factory=list)
+    env_return: float = 0.0
+    seed: int | None = None
+    group: int | None = None
+    length: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def invalid_replies(self) -> int:
+        return sum(not turn.valid for turn in self.turns)
+
+    @property
+    def total_reward(self) -> float:
+        """The reward the learner saw: the env's plus penalties and shaping."""
+        return sum(turn.reward for turn in self.turns)

@@ -1,0 +1,1 @@
+"""LlamaGym's Blackjack plugin: agent ``blackjack`` on Gymnasium's ``Blackjack-v1``."""

@@ -1,0 +1,76 @@
+"""The Blackjack agent: prompts, action names, learning defaults and baselines."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from llamagym.agent import Agent
+
+STICK, HIT = "stick", "hit"
+
+
+def always_stick(observation: Any, info: dict, legal: Sequence[str], rng: Any) -> str:
+    return STICK
+
+
+def hit_below_17(observation: Any, info: dict, legal: Sequence[str], rng: Any) -> str:
+    return HIT if int(observation[0]) < 17 else STICK
+
+
+def random_action(observation: Any, info: dict, legal: Sequence[str], rng: Any) -> str:
+    return legal[int(rng.integers(len(legal)))]
+
+
+def basic_strategy(observation: Any, info: dict, legal: Sequence[str], rng: Any) -> str:
+    """Thorp's basic strategy restricted to stick/hit (no doubling or splitting here).
+
+    The dealer's card is 1 for an ace and 10 for any face card.
+    """
+    total, dealer, usable_ace = int(observation[0]), int(observation[1]), bool(observation[2])
+    if usable_ace:
+        if total >= 19:
+            return STICK
+        if total == 18:
+            return STICK if 2 <= dealer <= 8 else HIT
+        return HIT
+    if total >= 17:
+        return STICK
+    if total >= 13:
+        return STICK if 2 <= dealer <= 6 else HIT
+    if total == 12:
+        return STICK if 4 <= dealer <= 6 else HIT
+    return HIT
+
+
+class BlackjackAgent(Agent):
+    name = "blackjack"
+    description = "Blackjack-v1: stick or hit against the dealer"
+    env_id = "Blackjack-v1"
+    action_names = (STICK, HIT)  # index 0 sticks, 1 hits: Blackjack-v1's Discrete(2)
+    baselines = {
+        "random": random_action,
+        "always-stick": always_stick,
+        "hit-below-17": hit_below_17,
+        "basic-strategy": basic_strategy,
+    }
+    defaults = {
+        "rollout": {"mode": "score", "num_envs": 64, "history_turns": 0},
+        "algorithm": {"name": "ppo", "lr": 1e-3, "episodes_per_update": 256,
+                      "minibatch_size": 128, "epochs": 4, "entropy_coef": 0.003},
+        "training": {"episodes": 60_000, "eval_episodes": 20_000},
+    }
+
+    def get_system_prompt(self) -> str:
+        return "You play blackjack against the dealer. Each turn, reply stick or hit."
+
+    def format_observation(self, observation: Any) -> str:
+        total, dealer, usable_ace = observation
+        ace = "yes" if usable_ace else "no"
+        return f"Your sum: {int(total)}. Dealer shows: {int(dealer)}. Usable ace: {ace}."
+
+    def extract_action(self, response: str) -> str | None:
+        words = response.lower().split()
+        if "stay" in words or "stand" in words:
+            return STICK
+        return None
