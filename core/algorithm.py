@@ -33,6 +33,21 @@ class Algorithm:
         self.rollout = rollout
         self.skipped_updates = 0
         self.updates = 0
+        self.optimizer: torch.optim.Optimizer | None = None  # set by each algorithm
+
+    def state_dict(self) -> dict:
+        """What a checkpoint needs to resume this algorithm exactly."""
+        return {
+            "optimizer": self.optimizer.state_dict() if self.optimizer else None,
+            "counters": {"updates": self.updates, "skipped_updates": self.skipped_updates},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.optimizer is not None and state.get("optimizer") is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        counters = state.get("counters", {})
+        self.updates = counters.get("updates", 0)
+        self.skipped_updates = counters.get("skipped_updates", 0)
 
     @property
     def episodes_per_update(self) -> int:

@@ -111,10 +111,11 @@ class RolloutEngine:
             ids[row] = prompt
         return user_texts, ids
 
-    def _candidate_tokens(self, name: str) -> list[int]:
+    def candidate_tokens(self, name: str) -> list[int]:
         tokens = self._candidate_cache.get(name)
         if tokens is None:
             tokens = self.policy.tokenizer(name, add_special_tokens=False)["input_ids"]
+            tokens = tokens or [self.policy.eos_id]  # an empty name still gets a score
             if len(self._candidate_cache) < 100_000:
                 self._candidate_cache[name] = tokens
         return tokens
@@ -143,7 +144,7 @@ class RolloutEngine:
     def _decide_by_score(
         self, prompts: list[list[int]], legal: list[list[str]], greedy: bool
     ) -> list[Turn]:
-        candidates = [[self._candidate_tokens(name) for name in names] for names in legal]
+        candidates = [[self.candidate_tokens(name) for name in names] for names in legal]
         scores, values = self.policy.score(prompts, candidates)
         log_policy = (scores / self.settings.temperature).log_softmax(-1).cpu()
         if greedy:

@@ -150,9 +150,17 @@ def _looks_like_path(name: str) -> bool:
 def _resolve_source(name_or_path: str, seed: int) -> tuple[str, ModelEntry | None, bool]:
     """Map the user's model argument to ``(from_pretrained source, entry, is_local)``."""
     if name_or_path.strip().lower() == TINY_MODEL_NAME:
+        from llamagym.paths import CACHE_ENV_VAR
         from llamagym.tiny_model import build_tiny_model
 
-        return str(build_tiny_model(seed=seed)), get_model_entry(TINY_MODEL_NAME), True
+        try:
+            path = build_tiny_model(seed=seed)
+        except OSError as exc:
+            raise ModelLoadError(
+                f"could not build the tiny model: {exc}. "
+                f"Set {CACHE_ENV_VAR} to a writable directory."
+            ) from exc
+        return str(path), get_model_entry(TINY_MODEL_NAME), True
 
     local = Path(name_or_path).expanduser()
     if local.is_dir():
@@ -419,13 +427,20 @@ def load_model_and_tokenizer(
         lora_config = LoraConfig(
             r=rank,
             lora_alpha=2 * rank,
-            lora_dropout=0.05,
+            # No dropout: RL compares log-probs taken at rollout time (eval
+            # mode) with ones recomputed in train mode; adapter dropout would
+            # make them differ even before any update and skew PPO ratios.
+            lora_dropout=0.0,
             bias="none",
             target_modules=targets,
             task_type="CAUSAL_LM",
         )
-        # Seed the adapter init without disturbing the caller's RNG stream.
-        with torch.random.fork_rng(devices=[]):
+        # Seed the adapter init without disturbing the caller's RNG stream
+        # (on CUDA the adapter weights are initialised with the GPU's RNG).
+        rng_devices = (
+            [torch.device(resolved_device).index or 0] if torch.cuda.is_available() else []
+        )
+        with torch.random.fork_rng(devices=rng_devices):
             torch.manual_seed(seed)
             model = get_peft_model(model, lora_config)
         logger.info("LoRA r=%d on %s", rank, ", ".join(targets))

@@ -157,7 +157,7 @@ class Plugins:
     def _collect(self, hook_name: str, kind: str) -> dict[str, Registration]:
         registry: dict[str, Registration] = {}
         caller = getattr(self.manager.hook, hook_name)
-        for impl in reversed(caller.get_hookimpls()):  # registration order
+        for impl in caller.get_hookimpls():  # registration order
             plugin_name = impl.plugin_name
             distribution = self._distributions.get(plugin_name, ("", ""))[0]
 

@@ -83,7 +83,7 @@ MODEL_CONFIG: dict[str, Any] = {
 }
 
 # A marker written last inside the build directory; a target directory without
-# it was not produced by a finished build and gets rebuilt.
+# it (or with another version or seed in it) is rebuilt.
 _BUILD_INFO_FILE = "llamagym_tiny.json"
 # Seeding torch's global RNG is process-wide, so two threads building at once
 # could interleave their draws; processes are kept apart by the atomic rename.
@@ -449,6 +449,14 @@ def _build_into(directory: Path, seed: int) -> None:
     )
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
+    # transformers 5 records its internal class name (TokenizersBackend);
+    # PreTrainedTokenizerFast names the same thing and older releases know it.
+    tokenizer_config_path = directory / "tokenizer_config.json"
+    tokenizer_config = json.loads(tokenizer_config_path.read_text(encoding="utf-8"))
+    tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    tokenizer_config_path.write_text(
+        json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
     info = {
         "name": "tiny",
         "version": TINY_MODEL_VERSION,
@@ -460,8 +468,13 @@ def _build_into(directory: Path, seed: int) -> None:
     (directory / _BUILD_INFO_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
 
 
-def _is_complete(directory: Path) -> bool:
-    return (directory / _BUILD_INFO_FILE).is_file()
+def _is_complete(directory: Path, seed: int) -> bool:
+    """True if ``directory`` holds a finished build of this version and seed."""
+    try:
+        info = json.loads((directory / _BUILD_INFO_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return info.get("version") == TINY_MODEL_VERSION and info.get("seed") == seed
 
 
 def _remove_stale_temp_dirs(parent: Path, prefix: str) -> None:
@@ -486,7 +499,7 @@ def build_tiny_model(
     """
     target = Path(directory) if directory is not None else default_tiny_model_dir(seed)
     target = target.expanduser()
-    if _is_complete(target) and not overwrite:
+    if _is_complete(target, seed) and not overwrite:
         return target
 
     parent = target.parent
@@ -498,7 +511,10 @@ def build_tiny_model(
     tmp = Path(tempfile.mkdtemp(prefix=tmp_prefix, dir=parent))
     try:
         _build_into(tmp, seed)
-        if target.exists() and (overwrite or not _is_complete(target)):
+        # mkdtemp makes the directory private (0700); the finished model is
+        # ordinary readable data like the rest of the cache.
+        tmp.chmod(0o755)
+        if target.exists() and (overwrite or not _is_complete(target, seed)):
             # Move the old directory aside first: renaming onto a non-empty
             # directory fails, and a rename keeps the swap close to atomic.
             trash = Path(tempfile.mkdtemp(prefix=tmp_prefix, dir=parent))
@@ -511,7 +527,7 @@ def build_tiny_model(
         except OSError:
             # Another builder renamed its copy into place first; theirs is as
             # good as ours (same seed, same bytes).
-            if not _is_complete(target):
+            if not _is_complete(target, seed):
                 raise
             logger.debug("tiny model already built at %s by another process", target)
     finally:

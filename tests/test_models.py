@@ -126,6 +126,23 @@ def test_incomplete_target_is_rebuilt(tmp_path: Path) -> None:
     AutoModelForCausalLM.from_pretrained(target)
 
 
+def test_directory_with_another_seed_is_rebuilt(tmp_path: Path, tiny_dir: Path) -> None:
+    target = tmp_path / "tiny"
+    build_tiny_model(target, seed=5)
+    build_tiny_model(target, seed=0)
+    assert (target / "model.safetensors").read_bytes() == (
+        tiny_dir / "model.safetensors"
+    ).read_bytes()
+
+
+def test_unwritable_cache_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("LLAMAGYM_CACHE", str(blocker / "cache"))
+    with pytest.raises(ModelLoadError, match="could not build the tiny model.*LLAMAGYM_CACHE"):
+        load_model_and_tokenizer("tiny")
+
+
 def test_concurrent_builders_do_not_corrupt_each_other(tmp_path: Path, tiny_dir: Path) -> None:
     target = tmp_path / "shared"
     errors: list[BaseException] = []

@@ -62,7 +62,7 @@ class BlackjackAgent(Agent):
     }
 
     def get_system_prompt(self) -> str:
-        return "You play blackjack against the dealer. Each turn, reply stick or hit."
+        return "Blackjack: reply stick or hit."
 
     def format_observation(self, observation: Any) -> str:
         total, dealer, usable_ace = observation

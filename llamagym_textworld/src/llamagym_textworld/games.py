@@ -164,15 +164,16 @@ def _generate_into(
     from textworld.generator import QuestGenerationError
 
     options = textworld.GameOptions()
-    # An int seed makes TextWorld derive the map/objects/quest/grammar seeds from it,
-    # exactly as ``tw-make --seed`` does, so our games match the CLI's for the same input.
+    # An int seed makes TextWorld derive its map/objects/quest/grammar seeds from it (as
+    # ``tw-make --seed`` does), so one number pins down the whole game.
     options.seeds = seed
     options.nb_rooms = world_size
     options.nb_objects = nb_objects
     options.chaining.min_length = quest[0]
     options.chaining.max_length = quest[1]
-    # The quest is a single chain (breadth 1), so its depth bound is its length bound;
-    # tw-make's --quest-length sets max_depth the same way.
+    # GameOptions keeps TextWorld's Python default of one linear quest (breadth 1; the
+    # tw-make CLI defaults to up to 5 sub-quests instead), so depth bound = length bound,
+    # which is also how tw-make's --quest-length sets max_depth.
     options.chaining.max_depth = quest[1]
     options.path = str(folder / _STORY_NAME)
     options.force_recompile = True
@@ -247,6 +248,9 @@ def make_game(
         record = _generate_into(tmp, world_size, nb_objects, quest, seed)
         # The record is written last: its presence marks a complete folder.
         (tmp / GAME_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        # mkdtemp makes the folder owner-only; a game is not secret, and a cache shared
+        # between users (LLAMAGYM_CACHE on a shared disk) must stay readable.
+        os.chmod(tmp, 0o755)
         try:
             os.rename(tmp, final)
         except OSError:

@@ -18,23 +18,13 @@ from gymnasium.utils.env_checker import check_env
 
 pytest.importorskip("textworld")
 
-# pytest's importlib mode imports this file as "llamagym_textworld.tests.test_env" and,
-# unless the real package was imported earlier in the session, first registers the
-# *distribution folder* (the parent of tests/) as the package "llamagym_textworld", which
-# hides the installed package. Drop that stand-in so the imports below find the real one.
-_stand_in = sys.modules.get("llamagym_textworld")
-if _stand_in is not None and not hasattr(_stand_in, "games"):
-    _here = Path(__file__).resolve().parents[1]
-    if _here in {Path(p).resolve() for p in getattr(_stand_in, "__path__", [])}:
-        del sys.modules["llamagym_textworld"]
-
-from llamagym_textworld.baselines import (  # noqa: E402
+from llamagym_textworld.baselines import (
     RandomAdmissiblePolicy,
     WalkthroughPolicy,
     play_episode,
 )
-from llamagym_textworld.env import TextWorldEnv, clean_feedback  # noqa: E402
-from llamagym_textworld.games import (  # noqa: E402
+from llamagym_textworld.env import TextWorldEnv, clean_feedback
+from llamagym_textworld.games import (
     GAME_RECORD,
     MissingDependencyError,
     game_hash,
@@ -42,8 +32,6 @@ from llamagym_textworld.games import (  # noqa: E402
     make_game,
     make_games,
 )
-
-from llamagym_textworld import games  # noqa: E402
 
 # Small enough to build fast, big enough that seed 0 and 1 both have a 2-step quest.
 TINY = {"world_size": 2, "nb_objects": 3, "quest_length": 2}
@@ -150,7 +138,7 @@ def test_missing_textworld_raises_a_helpful_error(
     def not_installed(name: str) -> str:
         raise metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(games.metadata, "version", not_installed)
+    monkeypatch.setattr(metadata, "version", not_installed)  # what games.py looks up
     with pytest.raises(MissingDependencyError, match="pip install"):
         make_game(seed=0, **TINY)
 

@@ -1,0 +1,30 @@
+"""Shared fixtures. Nothing here reaches the network; caches go to a temp directory."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(tmp_path_factory):
+    """Build the tiny model once per session in a temp cache, never in the user's home."""
+    if "LLAMAGYM_CACHE" not in os.environ:
+        os.environ["LLAMAGYM_CACHE"] = str(tmp_path_factory.mktemp("llamagym-cache"))
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plugins(monkeypatch):
+    """Every test starts from a freshly loaded plugin runtime."""
+    from llamagym import plugin_manager
+
+    monkeypatch.delenv("LLAMAGYM_DISABLE_PLUGINS", raising=False)
+    monkeypatch.delenv("LLAMAGYM_LOAD_PLUGINS", raising=False)
+    plugin_manager.reset_plugins()
+    yield
+    plugin_manager.reset_plugins()

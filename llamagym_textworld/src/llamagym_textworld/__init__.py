@@ -1,0 +1,1 @@
+"""LlamaGym's TextWorld plugin: agent ``textworld`` on locally generated TextWorld games."""

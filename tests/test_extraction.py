@@ -1,0 +1,82 @@
+"""The extraction chain: JSON first, the agent's own parser, a regex last."""
+
+from __future__ import annotations
+
+import pytest
+
+from llamagym.agent import Agent
+from llamagym.plugin_manager import get_plugins
+
+CARDS = ["stick", "hit"]
+COMMANDS = ["go north", "go", "open red door", "take key"]
+
+
+class CardAgent(Agent):
+    action_names = CARDS
+
+    def extract_action(self, response: str):
+        return 0 if "stay" in response.lower() else None
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [
+        ('{"action": 1}', 1),
+        ('{"action": "hit"}', 1),
+        ('{"action": "STICK"}', 0),
+        ('Sure! {"action": 0} is my move', 0),
+        ('{"action": 99}', None),  # out of range: not legal
+        ('{"action": "9e999"}', None),
+        ('{"action": null}', None),
+        ('{"action": true}', None),
+        ('{"action": 1.5}', None),
+        ('{"action": [1]}', None),
+        ('{"action": "hit"', 1),  # truncated JSON: the regex still finds the name
+        ("Action: 1", 1),
+        ("Action: -1", None),
+        ("action=stick", 0),
+        ("I think I should hit now.", 1),
+        ("I stay.", 0),  # the agent's own parser
+        ("white", None),  # 'hit' inside a word is not the action
+        ("hit? no, stick", 0),  # the last action named wins
+        ("garbage \x00\x1b[31m ✓", None),
+        ("", None),
+        ("x" * 1_000_000, None),
+        ("x" * 1_000_000 + " hit", 1),
+        ('{"action": ' * 5000, None),  # deeply nested, truncated
+    ],
+)
+def test_discrete_replies(reply: str, expected: int | None) -> None:
+    plugins = get_plugins()
+    assert plugins.extract_action(CardAgent(), reply, CARDS) == expected
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [
+        ('{"command": "take key"}', 3),
+        ('{"command": "Open  Red Door"}', 2),
+        ("I will go north now", 0),  # the longest matching name wins over "go"
+        ("go", 1),
+        ("open the door", None),
+    ],
+)
+def test_text_command_replies(reply: str, expected: int | None) -> None:
+    assert get_plugins().extract_action(Agent(), reply, COMMANDS) == expected
+
+
+def test_json_before_agent_before_regex() -> None:
+    # JSON says hit, the agent's parser would say stick, the regex would say stick.
+    reply = 'I stay and stick... {"action": "hit"}'
+    assert get_plugins().extract_action(CardAgent(), reply, CARDS) == 1
+    # Without JSON the agent's own parser beats the regex.
+    assert get_plugins().extract_action(CardAgent(), "stay, do not hit", CARDS) == 0
+
+
+def test_disabling_the_json_parser(monkeypatch) -> None:
+    from llamagym import plugin_manager
+
+    monkeypatch.setenv("LLAMAGYM_DISABLE_PLUGINS", "json-action")
+    plugin_manager.reset_plugins()
+    # With JSON off, the regex finds the last name in the raw text.
+    assert get_plugins().extract_action(CardAgent(), '{"action": "hit"} stick', CARDS) == 0
