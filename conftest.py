@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import pytest
+
+# Each env plugin's folder has the same name as its package (llamagym_blackjack/ holds
+# src/llamagym_blackjack/). Import the installed packages before pytest walks those
+# folders, so a folder is never mistaken for the package it contains.
+for _package in ("llamagym_blackjack", "llamagym_cartpole", "llamagym_textworld"):
+    try:
+        importlib.import_module(_package)
+    except ImportError:
+        pass  # not installed: its tests skip or fail on their own imports
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

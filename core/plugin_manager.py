@@ -14,6 +14,7 @@ import importlib
 import importlib.metadata
 import logging
 import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +61,7 @@ class PluginInfo:
     distribution: str
     version: str
     hooks: list[str]
+    location: str = ""
 
 
 def _names_from_env(variable: str) -> set[str] | None:
@@ -214,7 +216,9 @@ class Plugins:
             hooks = sorted(
                 caller.name for caller in self.manager.get_hookcallers(plugin) or []
             )
-            infos.append(PluginInfo(name, distribution, version, hooks))
+            module = sys.modules.get(getattr(plugin, "__module__", None) or "") or plugin
+            location = getattr(module, "__file__", None) or ""
+            infos.append(PluginInfo(name, distribution, version, hooks, location))
         return infos
 
     # -- typed facades over the hooks ----------------------------------------------

@@ -98,10 +98,20 @@ class Policy(nn.Module):
                 yield self.model
         else:
             if self._reference is None:
-                self._reference = copy.deepcopy(self.model).eval()
-                for parameter in self._reference.parameters():
-                    parameter.requires_grad_(False)
+                raise RuntimeError("call policy.freeze_reference() before training starts")
             yield self._reference
+
+    def freeze_reference(self) -> None:
+        """Fix the KL reference policy at the current weights.
+
+        With a LoRA adapter this costs nothing (the adapter is switched off instead);
+        for full fine-tuning it keeps a frozen copy, affordable for small models only.
+        """
+        if self.uses_adapter or self._reference is not None:
+            return
+        self._reference = copy.deepcopy(self.model).eval()
+        for parameter in self._reference.parameters():
+            parameter.requires_grad_(False)
 
     def _continuations(
         self,

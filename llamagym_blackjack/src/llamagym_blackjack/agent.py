@@ -62,12 +62,12 @@ class BlackjackAgent(Agent):
     }
 
     def get_system_prompt(self) -> str:
-        return "Blackjack: reply stick or hit."
+        return "Play blackjack: stick or hit."
 
     def format_observation(self, observation: Any) -> str:
         total, dealer, usable_ace = observation
         ace = "yes" if usable_ace else "no"
-        return f"Your sum: {int(total)}. Dealer shows: {int(dealer)}. Usable ace: {ace}."
+        return f"Sum {int(total)}, dealer {int(dealer)}, usable ace {ace}."
 
     def extract_action(self, response: str) -> str | None:
         words = response.lower().split()

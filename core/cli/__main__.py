@@ -1,0 +1,3 @@
+from llamagym.cli import main
+
+main()

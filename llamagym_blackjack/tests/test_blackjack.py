@@ -1,0 +1,117 @@
+"""The Blackjack plugin: prompts, parsing, baselines, and the classic LlamaGym loop."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from llamagym import Agent, load_model_and_tokenizer
+from llamagym.evaluation import evaluate_baseline
+from llamagym.plugin_manager import get_plugins
+from llamagym_blackjack.agent import BlackjackAgent, basic_strategy, hit_below_17
+
+
+def test_registered_through_the_plugin() -> None:
+    registration = get_plugins().get("agent", "blackjack")
+    assert registration.distribution == "llamagym-blackjack"
+    assert registration.load() is BlackjackAgent
+
+
+def test_prompt_text() -> None:
+    agent = BlackjackAgent()
+    text = agent.format_observation((np.int64(14), np.int64(10), np.int64(1)))
+    assert text == "Sum 14, dealer 10, usable ace yes."
+    assert "stick" in agent.get_system_prompt() and "hit" in agent.get_system_prompt()
+
+
+@pytest.mark.parametrize(
+    ("reply", "action"),
+    [('{"action": "hit"}', 1), ("I stand", 0), ("stay", 0), ("hit me", 1), ("fold", None)],
+)
+def test_reply_parsing(reply: str, action: int | None) -> None:
+    agent = BlackjackAgent()
+    assert get_plugins().extract_action(agent, reply, list(agent.action_names)) == action
+
+
+@pytest.mark.parametrize(
+    ("observation", "expected"),
+    [
+        ((16, 10, 0), "hit"),
+        ((16, 6, 0), "stick"),
+        ((12, 2, 0), "hit"),
+        ((12, 5, 0), "stick"),
+        ((11, 10, 0), "hit"),
+        ((18, 9, 1), "hit"),
+        ((18, 7, 1), "stick"),
+        ((17, 1, 0), "stick"),
+    ],
+)
+def test_basic_strategy_table(observation, expected) -> None:
+    assert basic_strategy(observation, {}, ["stick", "hit"], None) == expected
+
+
+def test_baselines_rank_as_known() -> None:
+    agent = BlackjackAgent()
+    results = {
+        name: evaluate_baseline(agent, name, 4000, seed=1).mean
+        for name in ("random", "always-stick", "basic-strategy")
+    }
+    assert results["random"] < results["always-stick"] < results["basic-strategy"]
+    assert hit_below_17((16, 2, 0), {}, [], None) == "hit"
+
+
+class UserBlackjackAgent(Agent):
+    """Written the way the original LlamaGym README shows."""
+
+    action_names = ["stay", "hit"]
+
+    def get_system_prompt(self) -> str:
+        return "You are an expert blackjack player."
+
+    def format_observation(self, observation) -> str:
+        return f"Your current total is {observation[0]}"
+
+    def extract_action(self, response: str):
+        return 0 if "stay" in response else 1
+
+
+def test_classic_llamagym_loop_trains() -> None:
+    model, tokenizer = load_model_and_tokenizer("tiny")
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    agent = UserBlackjackAgent(
+        model,
+        tokenizer,
+        "cpu",
+        generate_config_dict={"max_new_tokens": 8, "do_sample": True, "top_p": 0.9},
+        ppo_config_dict={"batch_size": 4, "mini_batch_size": 4},
+    )
+    env = gym.make("Blackjack-v1")
+    updates = []
+    for episode in range(8):
+        observation, info = env.reset(seed=episode)
+        done = False
+        while not done:
+            action = agent.act(observation)
+            assert action in (0, 1)
+            observation, reward, terminated, truncated, info = env.step(action)
+            agent.assign_reward(reward)
+            done = terminated or truncated
+        stats = agent.terminate_episode()
+        if stats:
+            updates.append(stats)
+    assert len(updates) == 2  # a batch of 4 episodes, twice
+    assert all(np.isfinite(s["policy_loss"]) for s in updates)
+    assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())
+
+
+def test_assign_reward_before_act_is_a_clear_error() -> None:
+    agent = UserBlackjackAgent()
+    with pytest.raises(Exception, match="before act"):
+        agent.assign_reward(1.0)
+
+
+def test_unknown_legacy_option_is_a_clear_error() -> None:
+    with pytest.raises(Exception, match="ppo_config_dict key 'ppo_steps'"):
+        UserBlackjackAgent(ppo_config_dict={"ppo_steps": 3})

@@ -1,0 +1,61 @@
+"""The batched forward passes give the same numbers as one sequence at a time."""
+
+from __future__ import annotations
+
+import torch
+
+from llamagym.models import load_model_and_tokenizer
+from llamagym.policy import Policy
+
+
+def naive_logprob(model, prompt: list[int], continuation: list[int]) -> float:
+    ids = torch.tensor([prompt + continuation])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].log_softmax(-1)
+    return sum(
+        float(logits[len(prompt) - 1 + k, token]) for k, token in enumerate(continuation)
+    )
+
+
+def test_scores_match_unbatched_forward() -> None:
+    model, tokenizer = load_model_and_tokenizer("tiny")
+    policy = Policy(model, tokenizer)
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    prompts = [encode("Your sum: 15. Dealer shows: 10."), encode("Which lever?")]
+    candidates = [
+        [encode("stick"), encode("hit"), encode("go north now")],
+        [encode("left"), encode("right")],
+    ]
+    with torch.no_grad():
+        scores, values = policy.score(prompts, candidates)
+    assert scores.shape == (2, 3) and values.shape == (2,)
+    assert scores[1, 2] == float("-inf")  # the second prompt has two candidates
+    for i, options in enumerate(candidates):
+        for j, option in enumerate(options):
+            expected = naive_logprob(model, prompts[i], option) / len(option)
+            assert abs(float(scores[i, j]) - expected) < 1e-4
+
+
+def test_reply_logprobs_match_unbatched_forward() -> None:
+    model, tokenizer = load_model_and_tokenizer("tiny")
+    policy = Policy(model, tokenizer)
+    prompts = [[5, 6, 7, 8, 9], [10, 11]]
+    replies = [[20, 21, 22], [30]]
+    with torch.no_grad():
+        evaluation = policy.evaluate_replies(prompts, replies)
+    assert evaluation.mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+    for row in range(2):
+        total = float(evaluation.logprobs[row].sum())
+        assert abs(total - naive_logprob(model, prompts[row], replies[row])) < 1e-4
+    assert torch.all(evaluation.entropy[0] > 0) and float(evaluation.entropy[1, 1:].sum()) == 0
+
+
+def test_generate_returns_replies_that_stop_at_end_of_turn() -> None:
+    model, tokenizer = load_model_and_tokenizer("tiny")
+    policy = Policy(model, tokenizer)
+    torch.manual_seed(0)
+    replies = policy.generate([[5, 6, 7], [8, 9]], max_new_tokens=6)
+    assert len(replies) == 2
+    for reply in replies:
+        assert 1 <= len(reply) <= 6
+        assert tokenizer.eos_token_id not in reply[:-1]
