@@ -19,6 +19,12 @@ for _package in ("llamagym_blackjack", "llamagym_cartpole", "llamagym_textworld"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+# The tiny model is faster on one thread than on two contending ones, and one thread
+# keeps CPU results bit-for-bit repeatable.
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory):

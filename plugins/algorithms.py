@@ -22,3 +22,18 @@ ppo = AlgorithmPlugin(
     "llamagym.plugins.ppo:PPO",
     "PPO: value head, GAE over turns, KL to the adapter-off reference, target-KL stop",
 )
+grpo = AlgorithmPlugin(
+    "grpo",
+    "llamagym.plugins.grpo:GRPO",
+    "GRPO: returns normalised within groups of episodes from one seed, no value head",
+)
+rloo = AlgorithmPlugin(
+    "rloo",
+    "llamagym.plugins.rloo:RLOO",
+    "RLOO: leave-one-out baseline over K episodes from one seed, no value head",
+)
+reinforce = AlgorithmPlugin(
+    "reinforce",
+    "llamagym.plugins.rloo:REINFORCE",
+    "REINFORCE with a batch-mean baseline, no value head",
+)

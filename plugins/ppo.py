@@ -1,22 +1,37 @@
 """PPO over turns: clipped surrogate on the action/response tokens, a value head on the
 policy's hidden state, GAE across turns, optional KL to the reference policy (the same
-weights with the LoRA adapter switched off) and an enforced target-KL early stop.
+weights with the LoRA adapter switched off) with a fixed or adaptive weight, an enforced
+target-KL early stop, and the optional SFT warm-start (``llamagym.plugins.sft``).
 """
 
 from __future__ import annotations
 
-import random
-
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from llamagym.algorithm import Algorithm, AlgorithmConfig, masked_mean, rollout_metrics
-from llamagym.credit import CreditRule, gae, turn_returns
+from llamagym.algorithm import (
+    Algorithm,
+    KLController,
+    Stateful,
+    check_adaptive_kl,
+    clipped_surrogate,
+    masked_mean,
+    passes_target_kl,
+    reference_kl,
+    rollout_metrics,
+)
+from llamagym.config import RolloutSettings
+from llamagym.credit import CREDIT_RULES, CreditRule, gae, turn_returns
+from llamagym.plugins.sft import SFTWarmStartConfig, WarmStart
+from llamagym.policy import Policy
 from llamagym.trajectory import Episode
 
 
-class PPOConfig(AlgorithmConfig):
+class PPOConfig(SFTWarmStartConfig):
+    credit_rules = CREDIT_RULES
+
     lr: float = Field(1e-3, gt=0, description="Adam learning rate.")
+    anneal_lr: bool = Field(True, description="Decay the learning rate linearly over the run.")
     episodes_per_update: int = Field(64, ge=1, description="Episodes collected per update.")
     epochs: int = Field(4, ge=1, description="Passes over each batch.")
     minibatch_size: int = Field(64, ge=1, description="Turns per gradient step.")
@@ -24,6 +39,12 @@ class PPOConfig(AlgorithmConfig):
     value_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
     entropy_coef: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
     kl_coef: float = Field(0.0, ge=0, description="Weight of KL to the reference policy.")
+    adaptive_kl_target: float | None = Field(
+        None, gt=0, description="Adapt kl_coef so KL to the reference stays near this."
+    )
+    adaptive_kl_horizon: int = Field(
+        10_000, ge=1, description="Samples over which the adaptive kl_coef moves <= 20%."
+    )
     target_kl: float | None = Field(
         None, gt=0, description="Stop the update's epochs when KL(rollout||new) > 1.5x this."
     )
@@ -33,19 +54,32 @@ class PPOConfig(AlgorithmConfig):
     normalize_advantages: bool = Field(True, description="Per-batch advantage normalisation.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
 
+    _adaptive_needs_coef = field_validator("adaptive_kl_target")(check_adaptive_kl)
+
 
 class PPO(Algorithm):
     Config = PPOConfig
-    credit_rules = ("gae", "discounted", "equal", "terminal")
+    credit_rules = PPOConfig.credit_rules
 
-    def __init__(self, policy, config: PPOConfig, rollout):
+    def __init__(self, policy: Policy, config: PPOConfig, rollout: RolloutSettings):
         super().__init__(policy, config, rollout)
         self.optimizer = torch.optim.Adam(policy.trainable_parameters(), lr=config.lr)
-        self.early_stops = 0
-        self._shuffle = random.Random(0)
+        self.kl = KLController(
+            config.kl_coef, config.adaptive_kl_target, config.adaptive_kl_horizon
+        )
+        if config.kl_coef > 0:
+            policy.freeze_reference()  # the reference is the policy before any training
+        self.warm_start = WarmStart.create(self, config)
+        if self.warm_start is not None:
+            self.warm_start.train_on_demonstrations()
+
+    def stateful_parts(self) -> dict[str, Stateful | None]:
+        return {"kl_controller": self.kl, "warm_start": self.warm_start}
 
     def update(self, episodes: list[Episode]) -> dict[str, float]:
         config = self.config
+        lr = self.annealed_lr(config.lr, config.anneal_lr)
+        # 1. Advantages and value targets per turn, under the credit rule.
         turns, advantages, returns = [], [], []
         for episode in episodes:
             rewards = [turn.reward for turn in episode.turns]
@@ -66,73 +100,68 @@ class PPO(Algorithm):
         if config.normalize_advantages and len(turns) > 1:
             advantages_t = (advantages_t - advantages_t.mean()) / (advantages_t.std() + 1e-8)
 
+        # 2. The reference never moves during the update: score it once.
+        reference = None
+        if self.kl.coef > 0:
+            reference = self.reference_logprob_lists(turns, config.minibatch_size)
+
+        # 3. Clipped-surrogate epochs over minibatches of turns, stopped by target-KL.
         sums = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "kl_ref": 0.0,
                 "approx_kl": 0.0, "clip_fraction": 0.0}
-        steps, stopped, epochs_run = 0, False, 0
+        steps, epochs_run, stopped = 0, 0, False
         order = list(range(len(turns)))
         for _ in range(config.epochs):
-            self._shuffle.shuffle(order)
-            epoch_kl, epoch_steps = 0.0, 0
+            epochs_run += 1
+            self.rng.shuffle(order)
             for start in range(0, len(order), config.minibatch_size):
                 index = order[start : start + config.minibatch_size]
                 batch = [turns[i] for i in index]
                 new = self.evaluate(batch)
-                old = self.old_logprobs(batch, new.logprobs.shape[1])
-                log_ratio = (new.logprobs - old) * new.mask
-                ratio = log_ratio.exp()
-                advantage = advantages_t[index][:, None]
-                surrogate = torch.max(
-                    -advantage * ratio,
-                    -advantage * ratio.clamp(1 - config.clip_range, 1 + config.clip_range),
+                width = new.logprobs.shape[1]
+                surrogate = clipped_surrogate(
+                    new, self.old_logprobs(batch, width), advantages_t[index], config.clip_range
                 )
-                policy_loss = masked_mean(surrogate, new.mask)
+                if passes_target_kl(surrogate.approx_kl, config.target_kl):
+                    stopped = True  # this step would move further from the rollout policy
+                    break
                 value_loss = 0.5 * (new.values - returns_t[index]).pow(2).mean()
                 entropy = masked_mean(new.entropy, new.mask)
-                loss = policy_loss + config.value_coef * value_loss - config.entropy_coef * entropy
+                loss = (
+                    surrogate.loss + config.value_coef * value_loss - config.entropy_coef * entropy
+                )
                 kl_ref = torch.zeros((), device=device)
-                if config.kl_coef > 0:
-                    with torch.no_grad():
-                        reference = self.reference_logprobs(batch)
-                    delta = (reference - new.logprobs) * new.mask
-                    kl_ref = masked_mean(delta.exp() - 1 - delta, new.mask)
-                    loss = loss + config.kl_coef * kl_ref
+                if reference is not None:
+                    reference_t = self.padded([reference[i] for i in index], width)
+                    kl_ref = reference_kl(new.logprobs, reference_t, new.mask)
+                    loss = loss + self.kl.coef * kl_ref
                 self.step(self.optimizer, loss, config.max_grad_norm)
-                with torch.no_grad():
-                    approx_kl = masked_mean((ratio - 1) - log_ratio, new.mask).item()
-                    clipped = ((ratio - 1).abs() > config.clip_range).float()
-                    sums["clip_fraction"] += masked_mean(clipped, new.mask).item()
-                sums["policy_loss"] += policy_loss.item()
+                steps += 1
+                sums["policy_loss"] += surrogate.loss.item()
                 sums["value_loss"] += value_loss.item()
                 sums["entropy"] += entropy.item()
                 sums["kl_ref"] += kl_ref.item()
-                sums["approx_kl"] += approx_kl
-                epoch_kl += approx_kl
-                epoch_steps += 1
-                steps += 1
-            epochs_run += 1
-            if config.target_kl is not None and epoch_kl / epoch_steps > 1.5 * config.target_kl:
-                self.early_stops += 1
-                stopped = True
+                sums["approx_kl"] += surrogate.approx_kl
+                sums["clip_fraction"] += surrogate.clip_fraction
+            if stopped:
+                self.target_kl_stops += 1
                 break
-        self.updates += 1
         metrics = {key: value / max(1, steps) for key, value in sums.items()}
+        if reference is not None:
+            self.kl.update(metrics["kl_ref"], len(turns))
+        self.updates += 1
+
+        # 4. Optional supervised steps on the best episodes seen so far.
+        if self.warm_start is not None:
+            metrics.update(self.warm_start.after_update(episodes))
         metrics.update(rollout_metrics(episodes))
         metrics.update(
+            policy_steps=float(steps),
             epochs_run=float(epochs_run),
             target_kl_stop=float(stopped),
-            target_kl_stops=float(self.early_stops),
+            target_kl_stops=float(self.target_kl_stops),
+            kl_coef=self.kl.coef,
             skipped_steps=float(self.skipped_updates),
             value_mean=float(returns_t.mean()),
+            lr=lr,
         )
         return metrics
-
-    def reference_logprobs(self, turns) -> torch.Tensor:
-        prompts = [turn.prompt_tokens for turn in turns]
-        if turns[0].candidates:
-            scores, _ = self.policy.score(prompts, [t.candidates for t in turns], reference=True)
-            log_policy = (scores / self.rollout.temperature).log_softmax(-1)
-            chosen = torch.tensor([t.action_index for t in turns], device=self.policy.device)
-            return log_policy.gather(-1, chosen[:, None])
-        replies = [turn.action_tokens for turn in turns]
-        return self.policy.evaluate_replies(prompts, replies, reference=True).logprobs
-

@@ -1,0 +1,221 @@
+"""Every algorithm on Blackjack with the tiny model, for a fixed wall-clock budget.
+
+    python benchmarks/algorithms.py            # 5 min x 3 seeds x 5 runs, 20,000 eval episodes
+    python benchmarks/algorithms.py --quick    # a smoke run, under 2 minutes in all
+
+Each run is the CLI a user would type (``llamagym run blackjack --algorithm X --minutes M
+--seed S --eval-episodes N --output DIR --quiet``), one after another so runs never
+share the cores. The greedy evaluation's mean, 95% CI and invalid-reply rate, the
+episodes trained and the wall time go to ``benchmarks/results/algorithms.json``, per
+seed and as a summary over seeds (mean of the seed means, with a t-based 95% CI over
+seeds), beside the issue's target for each row. ``--quick`` checks that every row runs
+end to end (its numbers mean nothing after 8 s of training) and writes
+``algorithms-quick.json`` instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results" / "algorithms.json"
+QUICK_RESULTS = RESULTS.with_name("algorithms-quick.json")
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One row of the table: an algorithm, a mode and the settings it runs with."""
+
+    name: str
+    algorithm: str
+    mode: str = "score"
+    settings: tuple[str, ...] = ()  # extra ``--set KEY=VALUE`` on top of the agent defaults
+    target: float | None = None  # mean return over seeds the issue asks for
+    max_invalid_rate: float | None = None
+
+
+SETUPS = (
+    Setup("ppo", "ppo", target=-0.055),
+    Setup("grpo", "grpo", settings=("algorithm.group_size=8",), target=-0.09),
+    Setup("rloo", "rloo", settings=("algorithm.group_size=4",), target=-0.09),
+    Setup("reinforce", "reinforce"),
+    Setup("ppo-generate", "ppo", mode="generate", target=-0.08, max_invalid_rate=0.01),
+)
+ALWAYS_STICK = -0.180  # what every trained row must beat by a clear margin
+
+
+@dataclass
+class RunResult:
+    setup: str
+    seed: int
+    mean: float
+    ci95: float
+    invalid_rate: float
+    episodes: int
+    train_seconds: float
+    wall_seconds: float
+    baselines: dict[str, float] = field(default_factory=dict)
+
+
+def command(
+    setup: Setup, seed: int, minutes: float, eval_episodes: int, output: Path, quick: bool
+) -> list[str]:
+    executable = shutil.which("llamagym", path=str(Path(sys.executable).parent)) or "llamagym"
+    line = [
+        executable, "run", "blackjack",
+        "--algorithm", setup.algorithm,
+        "--mode", setup.mode,
+        "--minutes", str(minutes),
+        "--seed", str(seed),
+        "--eval-episodes", str(eval_episodes),
+        "--output", str(output),
+        "--quiet",
+    ]
+    for assignment in setup.settings:
+        line += ["--set", assignment]
+    if quick:  # a smoke run needs no report, picture or TensorBoard events
+        line += ["--set", "output.report=false", "--set", "output.tensorboard=false"]
+    return line
+
+
+def read_run(setup: Setup, seed: int, output: Path, wall_seconds: float) -> RunResult:
+    records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    updates = [r for r in records if r.get("kind") == "update"]
+    evaluation = next(r for r in reversed(records) if r.get("kind") == "evaluation")
+    return RunResult(
+        setup=setup.name,
+        seed=seed,
+        mean=evaluation["mean"],
+        ci95=evaluation["ci95"],
+        invalid_rate=evaluation.get("invalid_rate", 0.0),
+        episodes=int(evaluation.get("total_episodes") or updates[-1]["total_episodes"]),
+        train_seconds=float(updates[-1]["seconds"]) if updates else 0.0,
+        wall_seconds=wall_seconds,
+        baselines={b["name"]: b["mean"] for b in evaluation.get("baselines", [])},
+    )
+
+
+def run_one(
+    setup: Setup, seed: int, minutes: float, eval_episodes: int, runs_dir: Path, quick: bool
+) -> RunResult:
+    output = runs_dir / f"{setup.name}-seed{seed}"
+    shutil.rmtree(output, ignore_errors=True)
+    started = time.perf_counter()
+    completed = subprocess.run(
+        command(setup, seed, minutes, eval_episodes, output, quick),
+        capture_output=True,
+        text=True,
+    )
+    wall = time.perf_counter() - started
+    if completed.returncode != 0:
+        raise RuntimeError(
+            f"{setup.name} seed {seed} failed ({completed.returncode}):\n{completed.stderr[-2000:]}"
+        )
+    return read_run(setup, seed, output, wall)
+
+
+# Two-sided 95% Student t quantiles by degrees of freedom (a CI over 2-5 seeds).
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776}
+
+
+def summarise(setup: Setup, runs: list[RunResult]) -> dict[str, Any]:
+    means = [run.mean for run in runs]
+    n = len(means)
+    mean = statistics.fmean(means)
+    # Over seeds when there are several; one seed: its own evaluation's CI.
+    spread = T95.get(n - 1, 1.96) * statistics.stdev(means) / math.sqrt(n) if n > 1 else None
+    ci95 = spread if spread is not None else runs[0].ci95
+    invalid = statistics.fmean(run.invalid_rate for run in runs)
+    summary = {
+        "algorithm": setup.algorithm,
+        "mode": setup.mode,
+        "settings": list(setup.settings),
+        "seeds": n,
+        "mean": mean,
+        "ci95": ci95,
+        "invalid_rate": invalid,
+        "episodes": statistics.fmean(run.episodes for run in runs),
+        "wall_seconds": statistics.fmean(run.wall_seconds for run in runs),
+        "target": setup.target,
+        "beats_always_stick": mean > ALWAYS_STICK,
+    }
+    if setup.target is not None:
+        summary["meets_target"] = mean >= setup.target and (
+            setup.max_invalid_rate is None or invalid < setup.max_invalid_rate
+        )
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="One seed, 8 s of training and 500 eval episodes per row.")
+    parser.add_argument("--minutes", type=float, default=5.0, help="Training budget per run.")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--eval-episodes", type=int, default=20_000)
+    parser.add_argument("--only", nargs="+", choices=[s.name for s in SETUPS],
+                        help="Run only these rows.")
+    parser.add_argument("--output", type=Path, default=None,
+                        help=f"Where the JSON goes (default {RESULTS.name}, or "
+                        f"{QUICK_RESULTS.name} with --quick).")
+    parser.add_argument("--runs-dir", type=Path, default=None,
+                        help="Keep the run directories here (default: a temporary directory).")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.minutes, args.seeds, args.eval_episodes = 8 / 60, [0], 500
+    # A smoke run never overwrites the real results.
+    args.output = args.output or (QUICK_RESULTS if args.quick else RESULTS)
+    setups = [s for s in SETUPS if not args.only or s.name in args.only]
+
+    runs_dir = args.runs_dir or Path(tempfile.mkdtemp(prefix="llamagym-bench-"))
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    results: dict[str, list[RunResult]] = {}
+    for setup in setups:
+        for seed in args.seeds:
+            run = run_one(setup, seed, args.minutes, args.eval_episodes, runs_dir, args.quick)
+            results.setdefault(setup.name, []).append(run)
+            print(
+                f"{setup.name:<13} seed {seed}: {run.mean:+.3f} ± {run.ci95:.3f}  "
+                f"invalid {run.invalid_rate:.1%}  {run.episodes} episodes  "
+                f"{run.wall_seconds:.0f}s",
+                flush=True,
+            )
+    if args.runs_dir is None:
+        shutil.rmtree(runs_dir, ignore_errors=True)
+
+    report = {
+        "benchmark": "blackjack, tiny model, greedy evaluation",
+        "quick": args.quick,
+        "minutes_per_run": args.minutes,
+        "eval_episodes": args.eval_episodes,
+        "seeds": args.seeds,
+        "total_wall_seconds": time.perf_counter() - started,
+        "command": "python benchmarks/algorithms.py" + (" --quick" if args.quick else ""),
+        "summary": {s.name: summarise(s, results[s.name]) for s in setups},
+        "runs": [vars(run) for runs in results.values() for run in runs],
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\n{'row':<13} {'mean':>7} {'ci95':>6} {'invalid':>8} {'episodes':>9}  target")
+    for name, row in report["summary"].items():
+        target = "" if row["target"] is None else f"{row['target']:+.3f}"
+        verdict = {True: " met", False: " missed"}.get(row.get("meets_target"), "")
+        print(f"{name:<13} {row['mean']:+7.3f} {row['ci95']:6.3f} {row['invalid_rate']:8.2%} "
+              f"{row['episodes']:9.0f}  {target}{verdict}")
+    print(f"written to {args.output} in {report['total_wall_seconds']:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

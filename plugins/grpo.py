@@ -1,0 +1,221 @@
+"""GRPO over turns: Group Relative Policy Optimisation (Shao et al., 2024), no value head.
+
+Each update's episodes come in seed groups of G: the engine resets the first G episodes
+of a batch with one seed, the next G with another, so a group shares its start state and
+its returns are directly comparable. A turn's advantage is its return minus the group's
+mean start return, over the group's std (see ``llamagym.credit``: with the default
+``discounted`` rule, gamma 1 and a reward only at the end, every turn of an episode gets
+``(R - mean) / (std + eps)``).
+
+The loss is PPO's clipped surrogate on exactly the tokens the engine sampled (or the
+chosen candidate in score mode): the rewards being normalised belong to those very
+completions. Optional KL penalty to the reference policy (the adapter switched off, or a
+frozen copy of a fully fine-tuned model), with a fixed or adaptive weight, and an
+enforced target-KL stop. A group whose returns are all equal says nothing about which
+completion was better: it adds no policy gradient, is counted, and the share of such
+groups is logged as ``zero_variance_fraction`` (its turns still carry the entropy bonus
+and KL penalty when those are on, see ``update``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from pydantic import Field, field_validator
+
+from llamagym.algorithm import (
+    Algorithm,
+    KLController,
+    Stateful,
+    check_adaptive_kl,
+    check_multiple_of_group,
+    clipped_surrogate,
+    masked_mean,
+    passes_target_kl,
+    reference_kl,
+    rollout_metrics,
+    seed_groups,
+)
+from llamagym.config import RolloutSettings
+from llamagym.credit import RULES_WITHOUT_VALUES, CreditRule, group_normalized, turn_returns
+from llamagym.plugins.sft import SFTWarmStartConfig, WarmStart
+from llamagym.policy import Policy
+from llamagym.trajectory import Episode, Turn
+
+logger = logging.getLogger(__name__)
+
+STD_EPS = 1e-4  # keeps a group with a tiny spread from blowing its advantages up
+
+
+class GRPOConfig(SFTWarmStartConfig):
+    credit_rules = RULES_WITHOUT_VALUES
+
+    lr: float = Field(1e-3, gt=0, description="Adam learning rate.")
+    anneal_lr: bool = Field(True, description="Decay the learning rate linearly over the run.")
+    group_size: int = Field(8, ge=2, description="Episodes per group sharing a start seed (G).")
+    episodes_per_update: int = Field(
+        64, ge=2, description="Episodes collected per update; a multiple of group_size."
+    )
+    epochs: int = Field(2, ge=1, description="Passes over each batch.")
+    minibatch_size: int = Field(64, ge=1, description="Turns per gradient step.")
+    clip_range: float = Field(0.2, gt=0, description="Ratio clip epsilon.")
+    entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
+    kl_coef: float = Field(0.0, ge=0, description="Weight of KL to the reference (0 = off).")
+    adaptive_kl_target: float | None = Field(
+        None, gt=0, description="Adapt kl_coef so KL to the reference stays near this."
+    )
+    adaptive_kl_horizon: int = Field(
+        10_000, ge=1, description="Samples over which the adaptive kl_coef moves <= 20%."
+    )
+    target_kl: float | None = Field(
+        None, gt=0, description="Stop the update's epochs when KL(rollout||new) > 1.5x this."
+    )
+    credit: CreditRule = Field("discounted", description="Credit rule across turns.")
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount across turns.")
+    scale_by_std: bool = Field(
+        True, description="Divide by the group's std (off: only subtract the mean)."
+    )
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+
+    _episodes_fit_groups = field_validator("episodes_per_update")(check_multiple_of_group)
+    _adaptive_needs_coef = field_validator("adaptive_kl_target")(check_adaptive_kl)
+
+
+class GRPO(Algorithm):
+    Config = GRPOConfig
+    credit_rules = GRPOConfig.credit_rules
+
+    def __init__(self, policy: Policy, config: GRPOConfig, rollout: RolloutSettings):
+        super().__init__(policy, config, rollout)
+        self.optimizer = torch.optim.Adam(self.model_parameters(), lr=config.lr)
+        self.kl = KLController(
+            config.kl_coef, config.adaptive_kl_target, config.adaptive_kl_horizon
+        )
+        if config.kl_coef > 0:
+            policy.freeze_reference()  # the reference is the policy before any training
+        self.warm_start = WarmStart.create(self, config)
+        if self.warm_start is not None:
+            self.warm_start.train_on_demonstrations()
+
+    @property
+    def group_size(self) -> int:
+        return self.config.group_size
+
+    def stateful_parts(self) -> dict[str, Stateful | None]:
+        return {"kl_controller": self.kl, "warm_start": self.warm_start}
+
+    def group_returns(self, group: list[Episode]) -> list[list[float]]:
+        """Each episode's per-turn returns under the credit rule."""
+        config = self.config
+        return [
+            turn_returns([turn.reward for turn in episode.turns], config.credit, config.gamma)
+            for episode in group
+        ]
+
+    def advantages(self, group: list[Episode]) -> list[list[float]] | None:
+        """Per-turn advantages of one seed group, or None if it carries no signal."""
+        return group_normalized(self.group_returns(group), STD_EPS, self.config.scale_by_std)
+
+    def groups(self, episodes: list[Episode]) -> list[list[Episode]]:
+        groups = seed_groups(episodes)
+        if any(episode.group is None for episode in episodes) and self.updates == 0:
+            logger.warning(
+                "%s: episodes without a seed group (the act/terminate_episode loop); the "
+                "whole batch is used as one group",
+                type(self).__name__,
+            )
+        return groups
+
+    def update(self, episodes: list[Episode]) -> dict[str, float]:
+        config = self.config
+        lr = self.annealed_lr(config.lr, config.anneal_lr)
+        # 1. Advantages per seed group. A group without signal gets none (no policy
+        # gradient); its turns stay in the batch only if a regulariser (entropy bonus,
+        # KL penalty) should still act on them: without that pull, states where the
+        # policy is already deterministic never produce a varied group again, and the
+        # policy collapses there (seen on Blackjack: always-stick after ~20 updates).
+        keep_masked = config.entropy_coef > 0 or self.kl.coef > 0
+        turns: list[Turn] = []
+        advantages: list[float] = []
+        groups = self.groups(episodes)
+        masked = signal_turns = 0
+        for group in groups:
+            group_advantages = self.advantages(group)
+            if group_advantages is None:
+                masked += 1
+                if not keep_masked:
+                    continue
+                group_advantages = [[0.0] * len(episode.turns) for episode in group]
+            else:
+                signal_turns += sum(len(episode.turns) for episode in group)
+            for episode, episode_advantages in zip(group, group_advantages, strict=True):
+                turns += episode.turns
+                advantages += episode_advantages
+        device = self.policy.device
+        advantages_t = torch.tensor(advantages, device=device)
+
+        # 2. The reference never moves during the update: score it once.
+        reference = None
+        if self.kl.coef > 0 and turns:
+            reference = self.reference_logprob_lists(turns, config.minibatch_size)
+
+        # 3. Clipped-surrogate epochs over minibatches of turns, stopped by target-KL.
+        sums = {"policy_loss": 0.0, "entropy": 0.0, "kl_ref": 0.0, "approx_kl": 0.0,
+                "clip_fraction": 0.0}
+        steps, epochs_run, stopped = 0, 0, False
+        order = list(range(len(turns)))
+        for _ in range(config.epochs if turns else 0):
+            epochs_run += 1
+            self.rng.shuffle(order)
+            for start in range(0, len(order), config.minibatch_size):
+                index = order[start : start + config.minibatch_size]
+                batch = [turns[i] for i in index]
+                new = self.evaluate(batch)
+                width = new.logprobs.shape[1]
+                surrogate = clipped_surrogate(
+                    new, self.old_logprobs(batch, width), advantages_t[index], config.clip_range
+                )
+                if passes_target_kl(surrogate.approx_kl, config.target_kl):
+                    stopped = True  # this step would move further from the rollout policy
+                    break
+                entropy = masked_mean(new.entropy, new.mask)
+                loss = surrogate.loss - config.entropy_coef * entropy
+                kl_ref = torch.zeros((), device=device)
+                if reference is not None:
+                    reference_t = self.padded([reference[i] for i in index], width)
+                    kl_ref = reference_kl(new.logprobs, reference_t, new.mask)
+                    loss = loss + self.kl.coef * kl_ref
+                self.step(self.optimizer, loss, config.max_grad_norm)
+                steps += 1
+                sums["policy_loss"] += surrogate.loss.item()
+                sums["entropy"] += entropy.item()
+                sums["kl_ref"] += kl_ref.item()
+                sums["approx_kl"] += surrogate.approx_kl
+                sums["clip_fraction"] += surrogate.clip_fraction
+            if stopped:
+                self.target_kl_stops += 1
+                break
+        metrics = {key: value / max(1, steps) for key, value in sums.items()}
+        if reference is not None:
+            self.kl.update(metrics["kl_ref"], len(turns))
+        self.updates += 1
+
+        # 4. Optional supervised steps on the best episodes seen so far.
+        if self.warm_start is not None:
+            metrics.update(self.warm_start.after_update(episodes))
+        metrics.update(rollout_metrics(episodes))
+        metrics.update(
+            zero_variance_groups=float(masked),
+            zero_variance_fraction=masked / max(1, len(groups)),
+            signal_turns=float(signal_turns),
+            trained_turns=float(len(turns)),
+            policy_steps=float(steps),
+            epochs_run=float(epochs_run),
+            target_kl_stop=float(stopped),
+            target_kl_stops=float(self.target_kl_stops),
+            kl_coef=self.kl.coef,
+            skipped_steps=float(self.skipped_updates),
+            lr=lr,
+        )
+        return metrics

@@ -1,0 +1,321 @@
+"""SFT warm-start: supervised steps on the best episodes seen so far, between RL updates,
+and on a JSONL file of demonstrations before RL starts.
+
+Every built-in algorithm's config inherits :class:`SFTWarmStartConfig`; an algorithm
+builds a :class:`WarmStart` from it and calls ``after_update`` at the end of each update.
+
+The loss is the masked cross-entropy of the action only, through the same forward pass
+RL uses (``Algorithm.evaluate``): in score mode ``-log pi(chosen | legal actions)``, a
+cross-entropy over the candidates; in generate mode the mean ``-log p`` of the reply
+tokens, the prompt never being a target.
+
+Why not TRL's ``SFTTrainer``: each call builds a full ``transformers.Trainer`` (a
+``datasets.Dataset``, accelerate state, its own optimizer, scheduler, callbacks and
+logging) for what is here a handful of steps on a few dozen turns, several times a
+minute; it would also wrap the model again (PEFT), and it has no way to say "the
+cross-entropy over these legal actions", which is score mode's loss. A small masked-loss
+step on the same model object costs nothing extra, works for LoRA and full fine-tuning
+alike, and keeps all its state (its own Adam, the buffer) in the algorithm's
+``state_dict``.
+
+Demonstration file, one JSON object per line (blank lines are skipped)::
+
+    {"messages": [{"role": "system", "content": "..."}, {"role": "user", "content": "..."},
+                  {"role": "assistant", "content": "hit"}]}
+    {"prompt": "Your sum: 12. Dealer shows: 10. Usable ace: no.", "response": "hit"}
+    {"system": "Blackjack: reply stick or hit.", "prompt": "...", "response": "stick"}
+
+The last message must be the assistant's. Everything before it is rendered with the
+tokenizer's chat template and a generation prompt, exactly as the rollout engine renders
+an observation; the target is the response's tokens followed by the end-of-turn token,
+exactly what a sampled reply looks like.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from pydantic import Field, field_validator
+
+from llamagym.algorithm import AlgorithmConfig, masked_mean
+from llamagym.errors import ConfigError
+from llamagym.trajectory import Episode, Turn
+
+if TYPE_CHECKING:
+    from llamagym.algorithm import Algorithm
+
+logger = logging.getLogger(__name__)
+
+
+class SFTWarmStartConfig(AlgorithmConfig):
+    sft_warm_start: bool = Field(
+        False, description="After each RL update, supervised steps on the best episodes so far."
+    )
+    sft_buffer_size: int = Field(256, ge=1, description="Episodes the replay buffer keeps.")
+    sft_top_k: int = Field(16, ge=1, description="Best episodes of each batch offered to it.")
+    sft_min_return: float | None = Field(
+        None, description="Only episodes with a return above this enter the buffer."
+    )
+    sft_steps: int = Field(1, ge=0, description="Supervised steps after each RL update.")
+    sft_batch_size: int = Field(32, ge=1, description="Turns per supervised step.")
+    sft_lr: float = Field(1e-4, gt=0, description="Learning rate of the supervised Adam.")
+    sft_demonstrations: Path | None = Field(
+        None, description="JSONL of demonstrations to train on before RL starts."
+    )
+    sft_demonstration_epochs: int = Field(
+        1, ge=1, description="Passes over the demonstrations before RL."
+    )
+
+    @field_validator("sft_demonstrations")
+    @classmethod
+    def _file_exists(cls, path: Path | None) -> Path | None:
+        if path is not None and not path.is_file():
+            raise ValueError(f"no demonstrations file at {str(path)!r}")
+        return path
+
+
+# -- the replay buffer -----------------------------------------------------------------
+def episode_return(episode: Episode) -> float:
+    """What the buffer ranks by: the learner's return (env reward plus penalties), so a
+    win reached through an unparsable reply ranks below a clean one."""
+    return episode.total_reward
+
+
+class ReplayBuffer:
+    """The best episodes seen so far, at most ``capacity`` of them.
+
+    A min-heap keyed by (return, arrival): when full, the worst episode leaves, and among
+    equals the oldest, so the buffer drifts towards what the current policy does.
+    """
+
+    def __init__(self, capacity: int, min_return: float | None = None):
+        self.capacity, self.min_return = capacity, min_return
+        self._heap: list[tuple[float, int, Episode]] = []
+        self._arrivals = 0
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def offer(self, episodes: Sequence[Episode], top_k: int) -> int:
+        """Add the ``top_k`` best of ``episodes`` that pass the bar; returns how many stayed."""
+        ranked = sorted(episodes, key=episode_return, reverse=True)[:top_k]
+        added = []
+        for episode in ranked:
+            score = episode_return(episode)
+            if self.min_return is not None and score <= self.min_return:
+                continue
+            if not any(turn.valid for turn in episode.turns):
+                continue  # nothing in it worth imitating
+            entry = (score, self._arrivals, episode)
+            self._arrivals += 1
+            heapq.heappush(self._heap, entry)
+            added.append(entry[1])
+        while len(self._heap) > self.capacity:
+            heapq.heappop(self._heap)
+        kept = {arrival for _, arrival, _ in self._heap}
+        return sum(arrival in kept for arrival in added)
+
+    def returns(self) -> list[float]:
+        return sorted((score for score, _, _ in self._heap), reverse=True)
+
+    def turns(self) -> list[Turn]:
+        """The valid turns of every kept episode (an unparsable reply is never a target)."""
+        return [turn for _, _, episode in self._heap for turn in episode.turns if turn.valid]
+
+    def state_dict(self) -> dict:
+        return {
+            "arrivals": self._arrivals,
+            "entries": [
+                {"return": score, "arrival": arrival, "episode": dataclasses.asdict(episode)}
+                for score, arrival, episode in self._heap
+            ],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self._arrivals = int(state["arrivals"])
+        self._heap = []
+        for entry in state["entries"]:
+            fields = dict(entry["episode"])
+            fields["turns"] = [Turn(**turn) for turn in fields["turns"]]
+            self._heap.append((float(entry["return"]), int(entry["arrival"]), Episode(**fields)))
+        heapq.heapify(self._heap)
+
+
+# -- demonstrations --------------------------------------------------------------------
+def load_demonstrations(path: Path) -> list[list[dict[str, str]]]:
+    """Read a JSONL demonstrations file into conversations (lists of messages) whose last
+    message is the assistant's. A bad line is a ConfigError naming its number."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"no demonstrations file at {str(path)!r}")
+    conversations = []
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}: line {number}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ConfigError(f"{where}: not valid JSON ({error.msg})") from None
+            conversations.append(_conversation(record, where))
+    if not conversations:
+        raise ConfigError(f"{path}: no demonstrations in the file")
+    return conversations
+
+
+def _conversation(record: Any, where: str) -> list[dict[str, str]]:
+    expected = 'expected {"messages": [...]} or {"prompt": "...", "response": "..."}'
+    if not isinstance(record, dict):
+        raise ConfigError(f"{where}: {expected}, got {type(record).__name__}")
+    if "messages" in record:
+        messages = record["messages"]
+        if not isinstance(messages, list) or len(messages) < 2:
+            raise ConfigError(f"{where}: 'messages' must be a list of at least two messages")
+        for index, message in enumerate(messages):
+            if not (
+                isinstance(message, dict)
+                and isinstance(message.get("role"), str)
+                and isinstance(message.get("content"), str)
+            ):
+                raise ConfigError(
+                    f"{where}: message {index} must be an object with string 'role' and "
+                    f"'content', got {message!r}"
+                )
+        if messages[-1]["role"] != "assistant":
+            raise ConfigError(
+                f"{where}: the last message must be the assistant's (the response to learn), "
+                f"got role {messages[-1]['role']!r}"
+            )
+        return [{"role": m["role"], "content": m["content"]} for m in messages]
+    if isinstance(record.get("prompt"), str) and isinstance(record.get("response"), str):
+        system = record.get("system")
+        if system is not None and not isinstance(system, str):
+            raise ConfigError(f"{where}: 'system' must be a string")
+        head = [{"role": "system", "content": system}] if system else []
+        return head + [
+            {"role": "user", "content": record["prompt"]},
+            {"role": "assistant", "content": record["response"]},
+        ]
+    raise ConfigError(f"{where}: {expected}; keys given: {sorted(record)}")
+
+
+def demonstration_turns(
+    conversations: Sequence[list[dict[str, str]]], tokenizer: Any, max_context: int
+) -> list[Turn]:
+    """Conversations as generate-mode turns: prompt tokens and target reply tokens."""
+    turns, too_long = [], 0
+    for messages in conversations:
+        text = tokenizer.apply_chat_template(
+            messages[:-1], add_generation_prompt=True, tokenize=False
+        )
+        prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
+        response = messages[-1]["content"]
+        reply = tokenizer(response, add_special_tokens=False)["input_ids"]
+        reply = reply + [tokenizer.eos_token_id]  # a sampled reply ends with it too
+        if len(prompt) + len(reply) > max_context:
+            too_long += 1
+            continue
+        turns.append(
+            Turn(
+                prompt_tokens=prompt,
+                legal_actions=[],
+                action_index=None,
+                reply=response,
+                logprobs=[],
+                value=0.0,
+                action_tokens=reply,
+            )
+        )
+    if too_long:
+        logger.warning("%d demonstrations longer than the model's context were skipped", too_long)
+    if not turns:
+        raise ConfigError("every demonstration is longer than the model's context")
+    return turns
+
+
+# -- the supervised steps --------------------------------------------------------------
+class WarmStart:
+    """The replay buffer and the supervised optimizer of one algorithm."""
+
+    def __init__(self, algorithm: Algorithm, config: SFTWarmStartConfig):
+        self.algorithm = algorithm
+        self.config = config
+        self.buffer = ReplayBuffer(config.sft_buffer_size, config.sft_min_return)
+        # Its own Adam: the supervised loss has another scale than the RL one, and
+        # sharing moment estimates would let one disturb the other's step sizes.
+        self.optimizer = torch.optim.Adam(algorithm.model_parameters(), lr=config.sft_lr)
+        self.steps = 0
+        self.demonstrations_done = False
+
+    @classmethod
+    def create(cls, algorithm: Algorithm, config: SFTWarmStartConfig) -> WarmStart | None:
+        if not config.sft_warm_start and config.sft_demonstrations is None:
+            return None
+        return cls(algorithm, config)
+
+    def supervised_step(self, turns: Sequence[Turn]) -> float:
+        """One masked cross-entropy step on the actions of ``turns``; returns the loss."""
+        evaluation = self.algorithm.evaluate(turns)
+        loss = -masked_mean(evaluation.logprobs, evaluation.mask)
+        max_grad_norm = float(getattr(self.config, "max_grad_norm", 1.0))
+        if self.algorithm.step(self.optimizer, loss, max_grad_norm):
+            self.steps += 1
+        return loss.item()
+
+    def train_on_demonstrations(self) -> dict[str, float]:
+        """Before RL: ``sft_demonstration_epochs`` passes over the demonstrations file."""
+        path = self.config.sft_demonstrations
+        if path is None or self.demonstrations_done:
+            return {}
+        policy = self.algorithm.policy
+        turns = demonstration_turns(load_demonstrations(path), policy.tokenizer, policy.max_context)
+        losses = []
+        for _ in range(self.config.sft_demonstration_epochs):
+            order = list(range(len(turns)))
+            self.algorithm.rng.shuffle(order)
+            for start in range(0, len(order), self.config.sft_batch_size):
+                batch = [turns[i] for i in order[start : start + self.config.sft_batch_size]]
+                losses.append(self.supervised_step(batch))
+        self.demonstrations_done = True
+        logger.info(
+            "warm start on %d demonstrations: loss %.3f -> %.3f", len(turns), losses[0], losses[-1]
+        )
+        return {"sft_demo_loss_first": losses[0], "sft_demo_loss_last": losses[-1]}
+
+    def after_update(self, episodes: Sequence[Episode]) -> dict[str, float]:
+        """Offer the batch's best episodes to the buffer, then ``sft_steps`` steps on it."""
+        if not self.config.sft_warm_start:
+            return {}
+        self.buffer.offer(episodes, self.config.sft_top_k)
+        turns = self.buffer.turns()
+        losses = []
+        for _ in range(self.config.sft_steps if turns else 0):
+            size = min(self.config.sft_batch_size, len(turns))
+            losses.append(self.supervised_step(self.algorithm.rng.sample(turns, size)))
+        metrics = {"sft_buffer_episodes": float(len(self.buffer))}
+        if losses:
+            metrics["sft_loss"] = sum(losses) / len(losses)
+            metrics["sft_buffer_min_return"] = self.buffer.returns()[-1]
+        return metrics
+
+    def state_dict(self) -> dict:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "buffer": self.buffer.state_dict(),
+            "steps": self.steps,
+            "demonstrations_done": self.demonstrations_done,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.buffer.load_state_dict(state["buffer"])
+        self.steps = int(state["steps"])
+        self.demonstrations_done = bool(state["demonstrations_done"])

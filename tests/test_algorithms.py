@@ -1,0 +1,348 @@
+"""The algorithm plugins on the tiny model: each one moves every parameter it trains and
+learns the bandit; target-KL, zero-variance groups, config errors, SFT warm-start and
+the state a checkpoint needs."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import gymnasium
+import pytest
+import torch
+
+from llamagym.agent import make_algorithm_config
+from llamagym.errors import ConfigError
+from llamagym.plugin_manager import get_plugins
+from llamagym.plugins.sft import ReplayBuffer, load_demonstrations
+from llamagym.testing import BanditAgent, action_probabilities, tiny_agent
+from llamagym.trajectory import Episode, Turn
+
+ALGORITHMS = ("ppo", "grpo", "rloo", "reinforce")
+GROUPED = {"grpo": {"group_size": 4}, "rloo": {"group_size": 4}}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One torch thread: these models are tiny, and the cores are shared."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def agent_for(name: str, rollout: dict | None = None, **algorithm):
+    settings = {"name": name, **GROUPED.get(name, {}), **algorithm}
+    return tiny_agent(BanditAgent, rollout=rollout or {}, algorithm=settings)
+
+
+def collect(agent, episodes: int) -> list[Episode]:
+    envs = [agent.make_env() for _ in range(agent.config.rollout.num_envs)]
+    return agent.engine.collect(envs, episodes, group_size=agent.algorithm.group_size)
+
+
+def trained_parameters(algorithm) -> dict[str, torch.Tensor]:
+    """Every parameter in the algorithm's optimizer, by name, as a copy."""
+    in_optimizer = {id(p) for group in algorithm.optimizer.param_groups for p in group["params"]}
+    return {
+        name: parameter.detach().clone()
+        for name, parameter in algorithm.policy.named_parameters()
+        if id(parameter) in in_optimizer
+    }
+
+
+def assert_every_parameter_moved(algorithm, before: dict[str, torch.Tensor]) -> None:
+    model_parameters = {
+        "model." + name for name, p in algorithm.policy.model.named_parameters() if p.requires_grad
+    }
+    assert model_parameters <= set(before), "the optimizer must train the whole model"
+    after = dict(algorithm.policy.named_parameters())
+    unchanged = [name for name, value in before.items() if torch.equal(value, after[name].detach())]
+    assert unchanged == []
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_every_trained_parameter_changes_and_the_loss_is_finite(name: str) -> None:
+    agent = agent_for(name)
+    before = trained_parameters(agent.algorithm)
+    metrics = agent.algorithm.update(collect(agent, 16))
+    assert metrics["policy_steps"] > 0
+    assert math.isfinite(metrics["policy_loss"]) and math.isfinite(metrics["entropy"])
+    assert_every_parameter_moved(agent.algorithm, before)
+    if name != "ppo":  # critic-free: the value head is not theirs to train
+        assert not any(n.startswith("value_head") for n in before)
+
+
+def test_grpo_in_generate_mode_trains_the_sampled_replies() -> None:
+    # The tiny model's replies are unparsable at first; a random fallback action makes
+    # returns differ inside a group now and then, which is all GRPO needs.
+    agent = agent_for(
+        "grpo",
+        rollout={"mode": "generate", "max_new_tokens": 4, "invalid_action": {"policy": "random"}},
+        kl_coef=0.05,
+    )
+    before = trained_parameters(agent.algorithm)
+    for _ in range(6):
+        batch = collect(agent, 16)
+        metrics = agent.algorithm.update(batch)
+        if metrics["signal_turns"]:
+            break
+    assert metrics["policy_steps"] > 0 and math.isfinite(metrics["policy_loss"])
+    assert metrics["kl_ref"] >= 0.0 and math.isfinite(metrics["kl_ref"])
+    assert all(turn.action_tokens for episode in batch for turn in episode.turns)
+    assert_every_parameter_moved(agent.algorithm, before)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_learns_the_better_lever_within_seconds(name: str) -> None:
+    agent = agent_for(
+        name, rollout={"num_envs": 32}, episodes_per_update=64, minibatch_size=64, epochs=2, lr=3e-3
+    )
+    assert action_probabilities(agent, 0)[1] < 0.9
+    start, updates = time.perf_counter(), 0
+    while updates < 10 and action_probabilities(agent, 0)[1] <= 0.9:
+        agent.algorithm.update(collect(agent, 64))
+        updates += 1
+    assert action_probabilities(agent, 0)[1] > 0.9, f"not learnt after {updates} updates"
+    # About a second alone on one core; the bound leaves room for a busy machine.
+    assert time.perf_counter() - start < 30
+
+
+class TwoStateBandit(gymnasium.Env):
+    """One-step episodes from one of two states; the better lever depends on the state
+    (hit at a low sum, stick at a high one), so a policy must read its prompt."""
+
+    observation_space = gymnasium.spaces.Discrete(2)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.state = int(self.np_random.integers(2))
+        return self.state, {}
+
+    def step(self, action: int):
+        better = 1 if self.state == 0 else 0
+        payout = 0.8 if int(action) == better else 0.2
+        return self.state, float(self.np_random.random() < payout), True, False, {}
+
+
+class TwoStateAgent(BanditAgent):
+    name = "two-state"
+    action_names = ("stick", "hit")
+
+    def format_observation(self, observation: int) -> str:
+        return "Sum 5, dealer 10." if observation == 0 else "Sum 20, dealer 10."
+
+    def make_env(self) -> TwoStateBandit:
+        return TwoStateBandit()
+
+
+def test_grpo_learns_an_action_that_depends_on_the_state() -> None:
+    # Group-relative credit only compares episodes from the same seed, i.e. the same
+    # state here: it must still tell the two states apart.
+    agent = tiny_agent(
+        TwoStateAgent,
+        rollout={"num_envs": 32},
+        algorithm={"name": "grpo", "group_size": 8, "episodes_per_update": 128,
+                   "minibatch_size": 128, "epochs": 2, "lr": 1e-3},
+    )
+    for _ in range(20):
+        agent.algorithm.update(collect(agent, 128))
+        hit_low, hit_high = action_probabilities(agent, 0)[1], action_probabilities(agent, 1)[1]
+        if hit_low > 0.9 and hit_high < 0.1:
+            break
+    assert hit_low > 0.9 and hit_high < 0.1
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_target_kl_stops_the_epochs_early(name: str) -> None:
+    # The first step moves the policy; the next minibatch (in this epoch, or the next one
+    # when zero-variance groups left only one minibatch) already measures more than
+    # 1.5 x the tiny target, so the update stops there instead of running 4 epochs.
+    agent = agent_for(name, epochs=4, minibatch_size=8, target_kl=1e-7)
+    metrics = agent.algorithm.update(collect(agent, 16))
+    assert metrics["target_kl_stop"] == 1.0 and metrics["target_kl_stops"] == 1.0
+    assert metrics["policy_steps"] == 1.0 and metrics["epochs_run"] <= 2.0
+    assert agent.algorithm.state_dict()["counters"]["target_kl_stops"] == 1
+
+
+def test_without_a_target_kl_every_epoch_runs() -> None:
+    agent = agent_for("grpo", epochs=3, minibatch_size=8)
+    metrics = agent.algorithm.update(collect(agent, 16))
+    assert metrics["epochs_run"] == 3.0 and metrics["target_kl_stop"] == 0.0
+
+
+@pytest.mark.parametrize("entropy_coef", [0.0, 0.01])
+def test_zero_variance_groups_are_masked_counted_and_logged(entropy_coef: float) -> None:
+    agent = agent_for("grpo", entropy_coef=entropy_coef)  # 16 episodes in 4 groups of 4
+    batch = collect(agent, 16)
+    groups = sorted({episode.group for episode in batch})
+    assert len(groups) == 4
+    for group in groups:
+        members = [episode for episode in batch if episode.group == group]
+        for rank, episode in enumerate(members):
+            # the first group: all returns equal; the others: half 1, half 0
+            episode.turns[-1].reward = 1.0 if group == groups[0] else float(rank % 2)
+    metrics = agent.algorithm.update(batch)
+    assert metrics["zero_variance_groups"] == 1.0
+    assert metrics["zero_variance_fraction"] == 0.25
+    assert metrics["signal_turns"] == 12.0
+    # Without a regulariser the masked group is not even evaluated; with an entropy
+    # bonus its turns stay in the batch with zero advantage, so the bonus reaches them.
+    assert metrics["trained_turns"] == (16.0 if entropy_coef else 12.0)
+
+
+def test_group_algorithms_need_whole_groups() -> None:
+    for name in ("grpo", "rloo"):
+        config = tiny_agent(algorithm={"name": name, "group_size": 6}).config
+        with pytest.raises(ConfigError, match=r"episodes_per_update.*multiple of group_size \(6\)"):
+            make_algorithm_config(config, get_plugins())
+
+
+@pytest.mark.parametrize("name", ("grpo", "rloo", "reinforce"))
+def test_unsupported_credit_rule_is_a_config_error(name: str) -> None:
+    config = tiny_agent(algorithm={"name": name, "credit": "gae"}).config
+    unsupported = r"algorithm\.credit.*does not support.*'gae'.*discounted"
+    with pytest.raises(ConfigError, match=unsupported):
+        make_algorithm_config(config, get_plugins())
+
+
+def test_ppo_accepts_every_credit_rule() -> None:
+    for rule in ("gae", "discounted", "equal", "terminal"):
+        config = tiny_agent(algorithm={"name": "ppo", "credit": rule}).config
+        _, settings = make_algorithm_config(config, get_plugins())
+        assert settings.credit == rule
+
+
+def test_grpo_trains_from_the_llamagym_act_loop() -> None:
+    # Episodes from act/terminate_episode carry no seed group: the batch is one group.
+    agent = agent_for("grpo", episodes_per_update=8)
+    env = agent.make_env()
+    metrics: dict[str, float] = {}
+    for episode in range(8):
+        observation, _ = env.reset(seed=episode)
+        agent.act(observation)
+        _, reward, *_ = env.step(1)
+        agent.assign_reward(reward)
+        metrics = agent.terminate_episode()
+    assert metrics["episodes"] == 8.0 and metrics["zero_variance_fraction"] in (0.0, 1.0)
+
+
+# -- SFT warm-start --------------------------------------------------------------------
+def fake_episode(value: float, valid: bool = True) -> Episode:
+    turn = Turn([1, 2], ["a", "b"], 0, "a", [-0.5], 0.0, reward=value, valid=valid)
+    return Episode(turns=[turn], env_return=value, length=1)
+
+
+def test_replay_buffer_keeps_the_top_k_and_stays_bounded() -> None:
+    buffer = ReplayBuffer(capacity=5)
+    for batch in range(4):
+        # returns batch*10 + 0..7; only the 3 best of each batch are offered
+        episodes = [fake_episode(batch * 10 + k) for k in range(8)]
+        buffer.offer(episodes, top_k=3)
+        assert len(buffer) <= 5
+    assert buffer.returns() == [37.0, 36.0, 35.0, 27.0, 26.0]
+
+
+def test_replay_buffer_bar_invalid_episodes_and_json_state() -> None:
+    buffer = ReplayBuffer(capacity=4, min_return=0.0)
+    buffer.offer([fake_episode(-1.0), fake_episode(0.0), fake_episode(2.0, valid=False)], top_k=8)
+    assert len(buffer) == 0  # at or below the bar, or nothing valid to imitate
+    buffer.offer([fake_episode(1.0), fake_episode(1.0), fake_episode(3.0)], top_k=8)
+    restored = ReplayBuffer(capacity=4, min_return=0.0)
+    restored.load_state_dict(json.loads(json.dumps(buffer.state_dict())))
+    assert restored.returns() == buffer.returns() == [3.0, 1.0, 1.0]
+    assert [t.reply for t in restored.turns()] == [t.reply for t in buffer.turns()]
+
+
+def test_equal_returns_evict_the_oldest() -> None:
+    buffer = ReplayBuffer(capacity=2)
+    old, newer, newest = fake_episode(1.0), fake_episode(1.0), fake_episode(1.0)
+    for episode in (old, newer, newest):
+        buffer.offer([episode], top_k=1)
+    kept = {id(turn) for turn in buffer.turns()}
+    assert kept == {id(newer.turns[0]), id(newest.turns[0])}
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_demonstrations_loader_reads_both_formats(tmp_path: Path) -> None:
+    path = write_lines(
+        tmp_path / "demos.jsonl",
+        [
+            json.dumps({"messages": [{"role": "user", "content": "Which lever?"},
+                                     {"role": "assistant", "content": "right"}]}),
+            "",
+            json.dumps({"system": "Pull one lever.", "prompt": "Which lever?",
+                        "response": "right"}),
+        ],
+    )
+    conversations = load_demonstrations(path)
+    assert len(conversations) == 2
+    assert conversations[1][0] == {"role": "system", "content": "Pull one lever."}
+    assert all(c[-1] == {"role": "assistant", "content": "right"} for c in conversations)
+
+
+@pytest.mark.parametrize(
+    ("bad_line", "message"),
+    [
+        ('{"prompt": "Which lever?", "response": ', "line 3: not valid JSON"),
+        ('{"messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": "x"}]}',
+         "line 3: the last message must be the assistant's"),
+        ('{"question": "Which lever?"}', "line 3: expected"),
+        ('["right"]', "line 3: expected"),
+    ],
+)
+def test_demonstrations_loader_names_the_bad_line(
+    tmp_path: Path, bad_line: str, message: str
+) -> None:
+    good = json.dumps({"prompt": "Which lever?", "response": "right"})
+    path = write_lines(tmp_path / "demos.jsonl", [good, good, bad_line, good])
+    with pytest.raises(ConfigError, match=message):
+        load_demonstrations(path)
+
+
+def test_demonstrations_warm_start_before_rl(tmp_path: Path) -> None:
+    demo = {"system": BanditAgent().get_system_prompt(), "prompt": "Which lever?",
+            "response": "right"}
+    path = write_lines(tmp_path / "demos.jsonl", [json.dumps(demo)] * 8)
+    agent = agent_for(
+        "grpo", sft_demonstrations=str(path), sft_lr=1e-2, sft_demonstration_epochs=3
+    )
+    before = action_probabilities(agent, 0)[1]
+    warm_start = agent.algorithm.warm_start  # building the algorithm trains on the file
+    assert warm_start.demonstrations_done and warm_start.steps == 3
+    assert action_probabilities(agent, 0)[1] > before + 0.1
+
+
+def test_sft_steps_after_each_update_on_the_best_episodes() -> None:
+    agent = agent_for("ppo", sft_warm_start=True, sft_top_k=4, sft_buffer_size=6, sft_steps=2)
+    for _ in range(3):
+        metrics = agent.algorithm.update(collect(agent, 16))
+        assert metrics["sft_buffer_episodes"] <= 6
+    assert metrics["sft_buffer_episodes"] == 6 and math.isfinite(metrics["sft_loss"])
+    assert agent.algorithm.warm_start.steps == 6
+
+
+def test_state_dict_holds_everything_to_resume() -> None:
+    settings = {"kl_coef": 0.1, "adaptive_kl_target": 0.001, "adaptive_kl_horizon": 16,
+                "sft_warm_start": True}
+    agent = agent_for("grpo", **settings)
+    agent.algorithm.update(collect(agent, 16))
+    state = agent.algorithm.state_dict()
+    assert state["kl_controller"]["coef"] != 0.1  # the controller moved it
+    plain = {k: v for k, v in state.items() if k != "optimizer"}
+    plain["warm_start"] = {k: v for k, v in state["warm_start"].items() if k != "optimizer"}
+    json.dumps(plain)  # everything but optimizer tensors is JSON-able
+    fresh = agent_for("grpo", **settings)
+    fresh.algorithm.load_state_dict(state)
+    assert fresh.algorithm.kl.coef == agent.algorithm.kl.coef
+    assert fresh.algorithm.rng.random() == agent.algorithm.rng.random()
+    buffers = fresh.algorithm.warm_start.buffer, agent.algorithm.warm_start.buffer
+    assert buffers[0].returns() == buffers[1].returns()
+    assert fresh.algorithm.updates == 1
