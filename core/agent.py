@@ -179,6 +179,7 @@ class Agent:
             elif self._tokenizer is None:
                 raise ConfigError("a model object was given without its tokenizer")
             self._policy = Policy(self._model, self._tokenizer, self._device)
+            _choose_threads(self._policy, self.config.training.threads)
         return self._policy
 
     @property
@@ -294,6 +295,21 @@ def make_algorithm_config(config: RunConfig, plugins: Plugins) -> tuple[type, An
 def make_algorithm(config: RunConfig, policy: Any, plugins: Plugins) -> Any:
     algorithm_class, settings = make_algorithm_config(config, plugins)
     return algorithm_class(policy, settings, config.rollout)
+
+
+SMALL_MODEL_PARAMETERS = 50_000_000
+
+
+def _choose_threads(policy: Any, threads: int | None) -> None:
+    """Set torch's CPU threads: as configured, else one for a small model on the CPU,
+    whose matrices are too small to split (two threads were slower than one here)."""
+    import torch
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    elif policy.device.type == "cpu":
+        if sum(p.numel() for p in policy.model.parameters()) < SMALL_MODEL_PARAMETERS:
+            torch.set_num_threads(1)
 
 
 @functools.cache

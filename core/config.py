@@ -1,23 +1,30 @@
 """Every setting of a run, in one pydantic model.
 
-Precedence, lowest first: these defaults < the agent's ``defaults`` < a YAML/TOML file
-< ``--set key=value`` and typed CLI flags. The ``agent`` and ``algorithm`` sections
-accept extra keys that belong to their plugins; the algorithm's own config class
-validates its keys before anything loads.
+Precedence, lowest first: these defaults < the agent's ``defaults`` < a YAML/TOML/JSON
+file < ``--set key=value`` < typed CLI flags. The ``agent`` and ``algorithm`` sections
+accept extra keys that belong to their plugins: the algorithm's ``Config`` class (and
+the agent's, when it declares one) validates them in :func:`resolve_config`, before any
+model or environment loads. Every problem becomes one line naming the key, the value
+given and what is allowed.
 """
 
 from __future__ import annotations
 
 import copy
+import difflib
 import json
-import tomllib
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import tomllib
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from llamagym.errors import ConfigError
+from llamagym.errors import ConfigError, UnknownNameError
 
 
 class Settings(BaseModel):
@@ -81,22 +88,54 @@ class TrainingSettings(Settings):
     episodes: int | None = Field(None, ge=1, description="Stop after this many episodes.")
     minutes: float | None = Field(None, gt=0, description="Stop after this wall-clock budget.")
     seed: int = Field(0, description="Seeds python, numpy, torch and the environments.")
-    eval_episodes: int = Field(1000, ge=0, description="Greedy evaluation episodes at the end.")
-    threads: int | None = Field(None, ge=1, description="torch threads; null = torch's default.")
+    eval_episodes: int = Field(
+        1000, ge=0, description="Evaluation episodes at the end (0 = none); baselines too."
+    )
+    eval_greedy: bool = Field(True, description="Evaluate with argmax actions, not sampled.")
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch CPU threads; null = 1 for models under 50M parameters (small "
+        "matrices gain nothing from more), else torch's default.",
+    )
 
 
 class OutputSettings(Settings):
     dir: Path | None = Field(None, description="Run directory; null = runs/<agent>-<time>.")
     quiet: bool = Field(False, description="No progress bar (CI, logs).")
+    overwrite: bool = Field(
+        False, description="Start a new run in a directory that already holds one."
+    )
+    checkpoint_every: int = Field(
+        20, ge=0, description="Checkpoint every this many updates (0 = only at the end)."
+    )
+    keep_checkpoints: int = Field(3, ge=1, description="Checkpoints kept; older ones deleted.")
+    tensorboard: bool = Field(
+        True, description="Write TensorBoard events when `tensorboard` is installed."
+    )
+    report: bool = Field(True, description="Write report.md and learning_curve.png at the end.")
 
 
 class RunConfig(Settings):
-    agent: AgentSection = Field(default_factory=AgentSection)
-    algorithm: AlgorithmSection = Field(default_factory=AlgorithmSection)
-    model: ModelSettings = Field(default_factory=ModelSettings)
-    rollout: RolloutSettings = Field(default_factory=RolloutSettings)
-    training: TrainingSettings = Field(default_factory=TrainingSettings)
-    output: OutputSettings = Field(default_factory=OutputSettings)
+    agent: AgentSection = Field(
+        default_factory=AgentSection, description="Which agent; its plugin owns other keys."
+    )
+    algorithm: AlgorithmSection = Field(
+        default_factory=AlgorithmSection,
+        description="Which algorithm; its plugin's Config owns the other keys.",
+    )
+    model: ModelSettings = Field(
+        default_factory=ModelSettings, description="The language model and how it loads."
+    )
+    rollout: RolloutSettings = Field(
+        default_factory=RolloutSettings, description="How episodes are played."
+    )
+    training: TrainingSettings = Field(
+        default_factory=TrainingSettings, description="Budget, seed and final evaluation."
+    )
+    output: OutputSettings = Field(
+        default_factory=OutputSettings, description="Where results go, checkpoints, loggers."
+    )
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -145,17 +184,68 @@ def read_config_file(path: Path) -> dict[str, Any]:
     return data
 
 
-def format_validation_error(error: ValidationError, prefix: str = "") -> str:
-    """One line per problem: the key, the value given and what is allowed."""
-    lines = []
+def _model_at(model: type[BaseModel] | None, path: Sequence[Any]) -> type[BaseModel] | None:
+    """The pydantic model that holds the key at ``path`` (for listing its allowed keys)."""
+    for part in path:
+        if model is None or part not in model.model_fields:
+            return None
+        model = _as_model(model.model_fields[part].annotation)
+    return model
+
+
+def _as_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        for option in typing.get_args(annotation):
+            found = _as_model(option)
+            if found is not None:
+                return found
+    return None
+
+
+def _unknown_key_hint(key: str, allowed: Sequence[str]) -> str:
+    close = difflib.get_close_matches(key, allowed, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{hint} allowed: {', '.join(allowed)}" if allowed else hint
+
+
+def format_validation_error(
+    error: ValidationError, prefix: str = "", model: type[BaseModel] | None = None
+) -> str:
+    """One line per problem: the key, the value given and what is allowed.
+
+    ``model`` is the validated class; with it an unknown key also lists the keys its
+    section allows and the closest one to what was typed.
+    """
+    lines: list[str] = []
+    seen: set[tuple] = set()
     for problem in error.errors():
-        key = prefix + ".".join(str(part) for part in problem["loc"])
-        message = problem["msg"]
-        if problem["type"] == "extra_forbidden":
-            message = "unknown key"
+        loc = problem["loc"]
+        if loc in seen:  # a union reports each branch; the first reason is enough
+            continue
+        seen.add(loc)
+        key = prefix + ".".join(str(part) for part in loc)
         value = problem.get("input")
-        given = "" if problem["type"] == "missing" else f" (got {value!r})"
-        lines.append(f"{key}: {message}{given}")
+        if problem["type"] == "extra_forbidden":
+            holder = _model_at(model, loc[:-1]) if model is not None else None
+            allowed = list(holder.model_fields) if holder is not None else []
+            lines.append(
+                f"{key}: unknown key (got {value!r})" + _unknown_key_hint(str(loc[-1]), allowed)
+            )
+            continue
+        message = problem["msg"]
+        for prefix_text, replacement in (
+            ("Input should be ", "must be "),
+            ("Value error, ", ""),
+            ("Assertion failed, ", ""),
+        ):
+            if message.startswith(prefix_text):
+                message = replacement + message[len(prefix_text) :]
+        if problem["type"] == "missing":
+            lines.append(f"{key}: required, but not given")
+        else:
+            lines.append(f"{key}: got {value!r}; {message}")
     return "\n".join(lines)
 
 
@@ -167,7 +257,7 @@ def build_config(*layers: dict[str, Any]) -> RunConfig:
     try:
         return RunConfig.model_validate(merged)
     except ValidationError as error:
-        raise ConfigError(format_validation_error(error)) from None
+        raise ConfigError(format_validation_error(error, model=RunConfig)) from None
 
 
 def algorithm_options(config: RunConfig) -> dict[str, Any]:
@@ -178,3 +268,217 @@ def algorithm_options(config: RunConfig) -> dict[str, Any]:
 def agent_options(config: RunConfig) -> dict[str, Any]:
     """The agent section's plugin-owned keys (everything but ``name``)."""
     return {k: v for k, v in config.agent.model_dump().items() if k != "name"}
+
+
+# -- resolving a run's config from named layers ----------------------------------------
+Layer = tuple[str, Mapping[str, Any]]
+"""``(source, partial config)``: source names the layer in messages and in ``config show``
+(``agent defaults``, ``file run.yaml``, ``--set``, ``flag``, ``checkpoint``)."""
+
+
+@dataclass
+class ResolvedConfig:
+    """A validated config, with every plugin-owned section filled in with its defaults."""
+
+    config: RunConfig
+    #: dotted key -> the layer that set it last; keys no layer set hold built-in defaults
+    sources: dict[str, str] = field(default_factory=dict)
+    algorithm_config_class: type[BaseModel] | None = None
+    agent_config_class: type[BaseModel] | None = None
+
+    def descriptions(self) -> dict[str, str]:
+        return config_descriptions(self.algorithm_config_class, self.agent_config_class)
+
+    def to_yaml(self, header: Sequence[str] = ()) -> str:
+        return render_config_yaml(self.config, self.descriptions(), self.sources, header)
+
+
+def leaf_keys(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
+    leaves: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            leaves.update(leaf_keys(value, dotted + "."))
+        else:
+            leaves[dotted] = value
+    return leaves
+
+
+def agent_config_class(agent_class: type | None) -> type[BaseModel] | None:
+    """An agent's options model: the ``Config`` class attribute, when it declares one."""
+    candidate = getattr(agent_class, "Config", None)
+    if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+        return candidate
+    return None
+
+
+def resolve_config(
+    layers: Sequence[Layer],
+    *,
+    agent_class: type | None = None,
+    algorithm_class_for: Callable[[str], type] | None = None,
+) -> ResolvedConfig:
+    """Merge ``layers`` (lowest precedence first) and validate every section.
+
+    All problems found are reported together, one line each, in one ``ConfigError``.
+    ``algorithm_class_for(name)`` returns the registered algorithm class, whose
+    ``Config`` validates the algorithm section; the agent section is validated by the
+    agent's ``Config`` when it declares one (otherwise by the agent's own constructor).
+    """
+    merged: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for source, layer in layers:
+        merged = deep_merge(merged, dict(layer))
+        for key in leaf_keys(layer):
+            sources[key] = source
+    problems: list[str] = []
+    try:
+        RunConfig.model_validate(merged)
+    except ValidationError as error:
+        problems += format_validation_error(error, model=RunConfig).splitlines()
+
+    algorithm_section = merged.get("algorithm", {})
+    algorithm_class = algorithm_settings = None
+    if isinstance(algorithm_section, Mapping) and algorithm_class_for is not None:
+        name = algorithm_section.get("name", AlgorithmSection().name)
+        try:
+            algorithm_class = algorithm_class_for(name)
+        except UnknownNameError as error:
+            listing = ", ".join(sorted(error.known)) or "none installed"
+            problems.append(f"algorithm.name: unknown algorithm {name!r}; installed: {listing}")
+        if algorithm_class is not None:
+            options = {k: v for k, v in algorithm_section.items() if k != "name"}
+            try:
+                algorithm_settings = algorithm_class.Config.model_validate(options)
+            except ValidationError as error:
+                problems += format_validation_error(
+                    error, prefix="algorithm.", model=algorithm_class.Config
+                ).splitlines()
+        credit = getattr(algorithm_settings, "credit", None)
+        supported = tuple(getattr(algorithm_class, "credit_rules", ()) or ())
+        if credit is not None and supported and credit not in supported:
+            problems.append(
+                f"algorithm.credit: got {credit!r}; algorithm {name!r} supports "
+                f"{', '.join(supported)}"
+            )
+
+    agent_section = merged.get("agent", {})
+    agent_options_class = agent_config_class(agent_class)
+    agent_settings = None
+    if isinstance(agent_section, Mapping) and agent_class is not None:
+        options = {k: v for k, v in agent_section.items() if k != "name"}
+        if agent_options_class is not None:
+            try:
+                agent_settings = agent_options_class.model_validate(options)
+            except ValidationError as error:
+                problems += format_validation_error(
+                    error, prefix="agent.", model=agent_options_class
+                ).splitlines()
+        elif options and not _reads_own_options(agent_class):
+            # Nothing would ever read these keys: a typo must not pass silently.
+            for key, value in options.items():
+                problems.append(
+                    f"agent.{key}: unknown key (got {value!r}); agent "
+                    f"{getattr(agent_class, 'name', '')!r} takes no options"
+                )
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+    if algorithm_settings is not None:
+        merged["algorithm"] = {
+            "name": merged.get("algorithm", {}).get("name", AlgorithmSection().name),
+            **algorithm_settings.model_dump(mode="json"),
+        }
+    if agent_settings is not None:
+        merged["agent"] = {
+            "name": merged.get("agent", {}).get("name", ""),
+            **agent_settings.model_dump(mode="json"),
+        }
+    return ResolvedConfig(
+        RunConfig.model_validate(merged),
+        sources,
+        algorithm_class.Config if algorithm_class is not None else None,
+        agent_options_class,
+    )
+
+
+def _reads_own_options(agent_class: type) -> bool:
+    """Whether an agent without a ``Config`` overrides ``__init__`` (where it can check
+    its own options, as the CartPole agent does) rather than leaving them unread."""
+    from llamagym.agent import Agent
+
+    return getattr(agent_class, "__init__", None) is not Agent.__init__
+
+
+# -- rendering: YAML with each field's description as a comment --------------------------
+def model_descriptions(model: type[BaseModel], prefix: str = "") -> dict[str, str]:
+    """Dotted key -> description for every field of ``model``, nested models included."""
+    descriptions: dict[str, str] = {}
+    for name, info in model.model_fields.items():
+        key = prefix + name
+        if info.description:
+            descriptions[key] = info.description
+        nested = _as_model(info.annotation)
+        if nested is not None:
+            descriptions.update(model_descriptions(nested, key + "."))
+    return descriptions
+
+
+def config_descriptions(
+    algorithm_config: type[BaseModel] | None = None,
+    agent_config: type[BaseModel] | None = None,
+) -> dict[str, str]:
+    descriptions = model_descriptions(RunConfig)
+    if algorithm_config is not None:
+        descriptions.update(model_descriptions(algorithm_config, "algorithm."))
+    if agent_config is not None:
+        descriptions.update(model_descriptions(agent_config, "agent."))
+    return descriptions
+
+
+def _yaml_scalar(value: Any) -> str:
+    text = yaml.safe_dump(value, default_flow_style=True, width=1_000_000, sort_keys=False)
+    return text.strip().removesuffix("...").strip()
+
+
+def render_config_yaml(
+    config: RunConfig,
+    descriptions: Mapping[str, str] | None = None,
+    sources: Mapping[str, str] | None = None,
+    header: Sequence[str] = (),
+) -> str:
+    """The config as YAML, each key preceded by its description as a comment, and each
+    value that a layer above the built-in defaults set followed by that layer's name.
+    The comments are ignored when the file is read back with ``--config``."""
+    descriptions = descriptions or {}
+    sources = sources or {}
+    lines = [f"# {line}" if line else "#" for line in header]
+
+    def emit(data: Mapping[str, Any], prefix: str, indent: str) -> None:
+        for key, value in data.items():
+            dotted = prefix + key
+            if dotted in descriptions:
+                lines.append(f"{indent}# {descriptions[dotted]}")
+            if isinstance(value, Mapping) and value:
+                lines.append(f"{indent}{key}:")
+                emit(value, dotted + ".", indent + "  ")
+            else:
+                source = f"  # from {sources[dotted]}" if dotted in sources else ""
+                lines.append(f"{indent}{key}: {_yaml_scalar(value)}{source}")
+
+    emit(config.model_dump(mode="json"), "", "")
+    return "\n".join(lines) + "\n"
+
+
+def complete_config(config: RunConfig, algorithm_settings: BaseModel | None) -> RunConfig:
+    """``config`` with the algorithm section holding every key of the algorithm's
+    validated settings, defaults included, so a written config.yaml is the whole story."""
+    if algorithm_settings is None:
+        return config
+    data = config.model_dump(mode="json")
+    data["algorithm"] = {
+        "name": config.algorithm.name,
+        **algorithm_settings.model_dump(mode="json"),
+    }
+    return RunConfig.model_validate(data)

@@ -60,6 +60,19 @@ class RolloutEngine:
         self._candidate_cache: dict[str, list[int]] = {}
         self.max_failures_in_a_row = 10
 
+    # -- checkpoints -------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The engine's random state: where the next episode seeds and samples come from.
+
+        Episodes always start fresh from a drawn seed, so with this state restored a
+        resumed run plays exactly the episodes the unbroken run would have.
+        """
+        return {"rng": self.rng.bit_generator.state, "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rng.bit_generator.state = state["rng"]
+        self.generator.set_state(state["generator"])
+
     # -- prompts ---------------------------------------------------------------------
     def new_slot(self, observation: Any, info: dict, seed: int | None, group: int | None) -> Slot:
         return Slot(

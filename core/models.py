@@ -365,8 +365,11 @@ def load_model_and_tokenizer(
         raise ModelLoadError(f"--quantize {quantize} needs bitsandbytes: pip install bitsandbytes")
 
     import torch
+    import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
+    # LlamaGym draws its own progress; the per-shard loading bars are noise here.
+    transformers.utils.logging.disable_progress_bar()
     resolved_device = resolve_device(device)
     source, entry, is_local = _resolve_source(name_or_path, seed)
     torch_dtype = resolve_dtype(dtype, resolved_device, entry.dtype if entry is not None else None)

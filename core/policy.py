@@ -124,14 +124,15 @@ class Policy(nn.Module):
 
         Returns per-token logprobs [P, T], their mask [P, T], per-token entropy [P, T]
         (if asked) and the hidden state at each pair's last prompt token [P, H].
-        Pairs whose inputs coincide (e.g. single-token actions after the same prompt)
-        share one sequence, so scoring two one-token actions costs one forward row.
+        Pairs whose inputs coincide share one forward row: single-token actions after
+        the same prompt, and the same prompt met in many turns (a small state space
+        such as Blackjack's repeats prompts all the time).
         """
         rows: dict[tuple[int, tuple[int, ...]], int] = {}
         sequences: list[list[int]] = []
         pair_rows = []
         for prompt_index, tokens in pairs:
-            key = (prompt_index, tuple(tokens[:-1]))
+            key = (tuple(prompts[prompt_index]), tuple(tokens[:-1]))
             if key not in rows:
                 rows[key] = len(sequences)
                 sequences.append(list(prompts[prompt_index]) + list(tokens[:-1]))

@@ -1,82 +1,158 @@
-"""A live rich progress bar for a training run, and the end-of-run summary table."""
+"""What a person sees during a run: a live rich progress bar, and the end-of-run table."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
 from rich.progress import (
     BarColumn,
-    MofNCompleteColumn,
     Progress,
+    SpinnerColumn,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
 from rich.table import Table
+from rich.text import Text
+
+# The algorithm statistics worth a glance, in order of preference; the first three an
+# algorithm reports are shown.
+KEY_STATS = (
+    ("policy_loss", "loss", "+.3f"),
+    ("approx_kl", "kl", ".4f"),
+    ("entropy", "entropy", ".3f"),
+    ("value_loss", "value loss", ".3f"),
+    ("kl_ref", "kl(ref)", ".4f"),
+    ("loss", "loss", "+.3f"),
+)
+
+
+def format_stats(metrics: Mapping[str, float]) -> str:
+    """One line: moving-average return, invalid replies, speed, the update's key stats."""
+    parts = [
+        f"return {metrics.get('return_moving_average', 0.0):+.3f}",
+        f"invalid {metrics.get('invalid_rate', 0.0):.1%}",
+        f"{metrics.get('env_steps_per_second', 0.0):.0f} steps/s",
+    ]
+    shown = 0
+    for key, label, spec in KEY_STATS:
+        if key in metrics and shown < 3:
+            parts.append(f"{label} {metrics[key]:{spec}}")
+            shown += 1
+    return " │ ".join(parts)
 
 
 class RunProgress:
-    """Episodes (or minutes) done, with the moving-average return and update stats."""
+    """A bar over episodes (or over minutes for a time budget) with, on the line below,
+    the last update's stats: two lines fit a normal terminal where one would be cut."""
 
     def __init__(self, console: Console | None = None):
         self.console = console or Console(stderr=True)
         self._progress: Progress | None = None
-        self._task = None
+        self._live: Live | None = None
+        self._stats = Text("waiting for the first update", style="dim")
+        self._task: TaskID | None = None
+        self._by_minutes = False
         self._minutes: float | None = None
 
-    def start(self, episodes: int | None, minutes: float | None) -> None:
-        self._minutes = minutes if episodes is None else None
+    def start(
+        self,
+        episodes: int | None,
+        minutes: float | None,
+        done_episodes: int = 0,
+        done_seconds: float = 0.0,
+    ) -> None:
+        """Show the bar; a resumed run starts it where the checkpoint left off."""
+        self._by_minutes = episodes is None and minutes is not None
+        self._minutes = minutes
         self._progress = Progress(
+            SpinnerColumn(),
             TextColumn("[bold]training"),
-            BarColumn(),
-            MofNCompleteColumn() if self._minutes is None else TextColumn("{task.percentage:>3.0f}%"),
+            BarColumn(bar_width=30),
+            TextColumn("{task.fields[amount]}"),
             TimeElapsedColumn(),
+            TextColumn("eta"),
             TimeRemainingColumn(),
-            TextColumn("{task.fields[stats]}"),
             console=self.console,
-            transient=False,
         )
-        total = episodes if self._minutes is None else self._minutes * 60
-        self._task = self._progress.add_task("train", total=total, stats="")
-        self._progress.start()
+        total = minutes * 60 if self._by_minutes and minutes else episodes
+        self._task = self._progress.add_task(
+            "train",
+            total=total,
+            completed=done_seconds if self._by_minutes else done_episodes,
+            amount=self._amount(done_episodes, done_seconds, episodes),
+        )
+        self._episodes = episodes
+        self._live = Live(
+            Group(self._progress, self._stats), console=self.console, refresh_per_second=4
+        )
+        self._live.start()
 
-    def update(self, episodes: int, seconds: float, metrics: dict[str, float]) -> None:
-        stats = (
-            f"return(ma) {metrics.get('return_moving_average', 0):+.3f}  "
-            f"invalid {100 * metrics.get('invalid_rate', 0):.1f}%  "
-            f"{metrics.get('env_steps_per_second', 0):.0f} steps/s  "
-            f"loss {metrics.get('policy_loss', 0):+.3f}  "
-            f"kl {metrics.get('approx_kl', 0):.4f}"
+    def _amount(self, episodes: int, seconds: float, total: int | None) -> str:
+        if self._by_minutes:
+            return f"{seconds / 60:.1f}/{self._minutes:g} min, {episodes:,} episodes"
+        return f"{episodes:,}/{total:,} episodes" if total else f"{episodes:,} episodes"
+
+    def update(self, episodes: int, seconds: float, metrics: Mapping[str, float]) -> None:
+        if self._progress is None or self._task is None:
+            return
+        self._progress.update(
+            self._task,
+            completed=seconds if self._by_minutes else episodes,
+            amount=self._amount(episodes, seconds, self._episodes),
         )
-        completed = episodes if self._minutes is None else seconds
-        self._progress.update(self._task, completed=completed, stats=stats)
+        self._stats.plain = f"update {int(metrics.get('update', 0))}: {format_stats(metrics)}"
+        self._stats.style = ""
 
     def stop(self) -> None:
-        if self._progress is not None:
-            self._progress.stop()
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+            if not self.console.is_terminal:
+                self.console.line()  # a terminal ends the live lines itself; a pipe does not
+        self._progress = None
 
 
-def summary_table(summary: Any) -> Table:
-    table = Table(title="Greedy evaluation", title_justify="left")
+def evaluation_table(
+    agent_result: Any, baselines: Sequence[Any], title: str = "Evaluation", greedy: bool = True
+) -> Table:
+    """The agent's result and every baseline's, on the same episode seeds."""
+    how = "greedy" if greedy else "sampled"
+    table = Table(
+        title=f"{title}: {agent_result.episodes:,} episodes ({how}), baselines on the same seeds",
+        title_justify="left",
+    )
     table.add_column("policy", style="bold")
     table.add_column("mean return", justify="right")
     table.add_column("95% CI", justify="right")
-    table.add_column("episodes", justify="right")
     table.add_column("win / draw / loss", justify="right")
-    rows = [summary.evaluation, *summary.baselines] if summary.evaluation else []
-    for result in rows:
+    table.add_column("invalid", justify="right")
+    for result in [agent_result, *sorted(baselines, key=lambda b: -b.mean)]:
         outcomes = result.outcomes
         wdl = (
-            f"{outcomes['win']:.1%} / {outcomes['draw']:.1%} / {outcomes['loss']:.1%}"
+            f"{outcomes['win']:.0%} / {outcomes['draw']:.0%} / {outcomes['loss']:.0%}"
             if outcomes
-            else ""
+            else "n/a"
         )
         table.add_row(
-            "trained agent" if result.name == "agent" else result.name,
+            "trained agent" if result is agent_result else result.name,
             f"{result.mean:+.3f}",
             f"± {result.ci95:.3f}",
-            str(result.episodes),
             wdl,
+            f"{result.invalid_rate:.1%}" if result is agent_result else "",
         )
     return table
+
+
+def summary_table(summary: Any) -> Table:
+    """The end-of-run evaluation table of a :class:`llamagym.training.RunSummary`."""
+    if summary.evaluation is None:
+        return Table(title="No evaluation")
+    greedy = getattr(summary, "greedy", True)
+    return evaluation_table(
+        summary.evaluation, summary.baselines, title="Final evaluation", greedy=greedy
+    )

@@ -1,12 +1,23 @@
-"""One training run: collect episodes, update, log, checkpoint, evaluate, summarise."""
+"""One training run: collect episodes, update, log, checkpoint, evaluate, report.
+
+The loop is the same for a fresh run and a resumed one: a resumed run first loads the
+checkpoint's weights, optimizer, counters and every random state, then carries on, so
+from the checkpoint's update on it writes the metrics the unbroken run would have.
+SIGINT (Ctrl-C) and SIGTERM finish the update in progress, write a checkpoint and
+return; a second signal aborts at once.
+"""
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
 import random
+import shutil
+import signal
+import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -14,14 +25,25 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
 
-from llamagym.checkpoint import save_checkpoint
+from llamagym import checkpoint as checkpoints
+from llamagym.config import agent_config_class, complete_config, config_descriptions
+from llamagym.errors import LlamaGymError
 from llamagym.evaluation import EvalResult, evaluate_agent, evaluate_baseline
+from llamagym.report import (
+    METRICS,
+    append_record,
+    read_records,
+    records_until,
+    rewrite_records,
+    write_report,
+)
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_EPISODES = 1000
+MOVING_AVERAGE_EPISODES = 500
+_RUN_FILES = (METRICS, "report.md", "learning_curve.png", "tensorboard", checkpoints.CHECKPOINTS)
 
 
 @dataclass
@@ -34,6 +56,27 @@ class RunSummary:
     evaluation: EvalResult | None = None
     baselines: list[EvalResult] = field(default_factory=list)
     last_metrics: dict[str, float] = field(default_factory=dict)
+    checkpoint: Path | None = None
+    #: the signal that stopped the run early ("SIGINT", "SIGTERM"), else None
+    interrupted: str | None = None
+    report: Path | None = None
+    resumed_from: Path | None = None
+    greedy: bool = True
+
+
+@dataclass
+class Counters:
+    """Where a run stands; saved in every checkpoint."""
+
+    updates: int = 0
+    episodes: int = 0
+    env_steps: int = 0
+    env_failures: int = 0
+    seconds: float = 0.0
+    recent_returns: list[float] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
 
 
 def seed_everything(seed: int) -> None:
@@ -47,114 +90,311 @@ def default_output_dir(agent_name: str) -> Path:
     return Path("runs") / f"{agent_name or 'agent'}-{stamp}"
 
 
+def holds_a_run(directory: Path) -> bool:
+    return (directory / METRICS).exists() or (directory / checkpoints.CHECKPOINTS).exists()
+
+
+@contextlib.contextmanager
+def isolated_rng() -> Iterator[None]:
+    """Run observers (loggers, user plugins) without letting them move the training
+    random streams: a logger that draws a random number, or imports a library that
+    does, must not change what a resumed run computes."""
+    state = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    try:
+        yield
+    finally:
+        random.setstate(state[0])
+        np.random.set_state(state[1])
+        torch.set_rng_state(state[2])
+
+
 class Trainer:
-    def __init__(self, agent: Any, progress: Any = None):
+    """Trains ``agent`` with its configured algorithm; ``resume_from`` is a checkpoint
+    directory or a run directory (its newest checkpoint)."""
+
+    def __init__(
+        self, agent: Any, progress: Any = None, resume_from: Path | str | None = None
+    ):
         self.agent = agent
         self.config = agent.config
         self.progress = progress
         self.output_dir = Path(self.config.output.dir or default_output_dir(self.config.agent.name))
+        # Loggers find the run directory through the agent's config.
+        self.config.output.dir = self.output_dir
+        self.resume_from = Path(resume_from) if resume_from is not None else None
+        self.stop_signal: str | None = None
+        self._last_checkpoint: Path | None = None
+        self._last_checkpoint_update = -1
+        self._config_dict: dict[str, Any] = {}
+        self._config_yaml = ""
 
+    # -- set-up -------------------------------------------------------------------
+    def _prepare_output_dir(self, resume_checkpoint: Path | None) -> None:
+        directory = self.output_dir
+        resuming_in_place = resume_checkpoint is not None and (
+            checkpoints.run_dir_of(resume_checkpoint) == directory.resolve()
+        )
+        if holds_a_run(directory) and not resuming_in_place:
+            if not self.config.output.overwrite:
+                raise LlamaGymError(
+                    f"output directory {str(directory)!r} already holds a run; continue it "
+                    f"with --resume {directory}, choose another --output, or set "
+                    "output.overwrite=true to replace it"
+                )
+            for name in _RUN_FILES:
+                path = directory / name
+                if path.is_dir():
+                    shutil.rmtree(path)
+                elif path.exists():
+                    path.unlink()
+        directory.mkdir(parents=True, exist_ok=True)
+
+    def _write_config(self) -> None:
+        from llamagym.agent import make_algorithm_config
+
+        algorithm_class, settings = make_algorithm_config(self.config, self.agent.plugins)
+        full = complete_config(self.config, settings)
+        self._config_dict = full.model_dump(mode="json")
+        from llamagym.config import render_config_yaml
+
+        descriptions = config_descriptions(
+            algorithm_class.Config, agent_config_class(type(self.agent))
+        )
+        agent_name = self.config.agent.name
+        self._config_yaml = render_config_yaml(
+            full,
+            descriptions,
+            header=[
+                f"LlamaGym run configuration, agent {agent_name!r}, written "
+                f"{datetime.now().isoformat(timespec='seconds')}.",
+                f"Run it again: llamagym run {agent_name} --config THIS_FILE --output NEW_DIR",
+                "",
+            ],
+        )
+        (self.output_dir / "config.yaml").write_text(self._config_yaml, encoding="utf-8")
+
+    def _restore(self, checkpoint: Path, counters: Counters) -> list[dict[str, Any]]:
+        """Load the checkpoint into the agent; return the metrics history up to it."""
+        saved = checkpoints.restore_training_checkpoint(checkpoint, self.agent)
+        for name, value in saved.items():
+            if hasattr(counters, name):
+                setattr(counters, name, value)
+        stats = self.agent.engine.stats
+        stats.env_steps, stats.env_failures = counters.env_steps, counters.env_failures
+        # The history continues the old run's metrics up to the checkpoint; lines a
+        # crashed run wrote after it would be written again, so they are dropped.
+        source = checkpoints.run_dir_of(checkpoint) / METRICS
+        history = records_until(read_records(source), counters.updates)
+        history.append(
+            {"kind": "resume", "update": counters.updates, "checkpoint": str(checkpoint)}
+        )
+        rewrite_records(self.output_dir / METRICS, history)
+        self._last_checkpoint, self._last_checkpoint_update = checkpoint, counters.updates
+        logger.info("resumed from %s at update %d", checkpoint, counters.updates)
+        return history
+
+    @contextlib.contextmanager
+    def _stop_on_signals(self) -> Iterator[None]:
+        """SIGINT/SIGTERM ask the loop to stop after the current update (and checkpoint);
+        a second one raises KeyboardInterrupt at once."""
+        if threading.current_thread() is not threading.main_thread():
+            yield  # signal handlers can only be installed from the main thread
+            return
+
+        def request_stop(signum: int, frame: Any) -> None:
+            if self.stop_signal is not None:
+                raise KeyboardInterrupt
+            self.stop_signal = signal.Signals(signum).name
+            logger.warning(
+                "%s received: finishing this update, then writing a checkpoint "
+                "(send it again to stop at once, without one)",
+                self.stop_signal,
+            )
+
+        signals = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, request_stop) for sig in signals}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _checkpoint(self, counters: Counters) -> Path:
+        path = checkpoints.save_training_checkpoint(
+            self.output_dir,
+            self.agent,
+            counters.as_dict(),
+            self._config_dict,
+            self._config_yaml,
+            keep=self.config.output.keep_checkpoints,
+        )
+        self._last_checkpoint, self._last_checkpoint_update = path, counters.updates
+        logger.info("checkpoint written: %s", path)
+        return path
+
+    # -- the run --------------------------------------------------------------------
     def run(self) -> RunSummary:
         config, agent = self.config, self.agent
-        if config.training.threads:
-            torch.set_num_threads(config.training.threads)
         seed_everything(config.training.seed)
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        (self.output_dir / "config.yaml").write_text(
-            yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
-        )
-        algorithm = agent.algorithm
-        engine = agent.engine
+        resume_checkpoint = None
+        if self.resume_from is not None:
+            resume_checkpoint = checkpoints.find_checkpoint(self.resume_from)
+            meta = checkpoints.read_meta(resume_checkpoint)
+            checkpoints.check_compatible(
+                meta, config.model_dump(mode="json"), resume_checkpoint
+            )
+        self._prepare_output_dir(resume_checkpoint)
+        self._write_config()
+
+        algorithm, engine = agent.algorithm, agent.engine  # loads the model
         envs = [agent.make_env() for _ in range(config.rollout.num_envs)]
+        counters = Counters()
+        history: list[dict[str, Any]] = []
+        if resume_checkpoint is not None:
+            history = self._restore(resume_checkpoint, counters)  # last: sets the RNGs
+        recent: deque[float] = deque(counters.recent_returns, maxlen=MOVING_AVERAGE_EPISODES)
+
         episode_budget = config.training.episodes
         if episode_budget is None and config.training.minutes is None:
             episode_budget = DEFAULT_EPISODES
-        deadline = (
-            time.perf_counter() + 60 * config.training.minutes
-            if config.training.minutes
-            else None
-        )
+        time_budget = 60 * config.training.minutes if config.training.minutes else None
         started = time.perf_counter()
-        episodes_seen = updates = 0
-        recent: deque[float] = deque(maxlen=500)
+        seconds_before = counters.seconds
         metrics: dict[str, float] = {}
-        log_path = self.output_dir / "metrics.jsonl"
         progress = self.progress
         if progress is not None:
-            progress.start(episode_budget, config.training.minutes)
+            progress.start(episode_budget, config.training.minutes, counters.episodes,
+                           counters.seconds)
         try:
-            with log_path.open("w") as log:
-                while True:
-                    if episode_budget is not None and episodes_seen >= episode_budget:
+            with self._stop_on_signals():
+                while self.stop_signal is None:
+                    if episode_budget is not None and counters.episodes >= episode_budget:
                         break
-                    if deadline is not None and time.perf_counter() >= deadline:
+                    if time_budget is not None and counters.seconds >= time_budget:
                         break
+                    update_started = time.perf_counter()
+                    steps_before = engine.stats.env_steps
+                    # Schedules (e.g. learning-rate annealing) read the share of the
+                    # budget used before this update.
+                    algorithm.progress = budget_fraction(
+                        counters, episode_budget, time_budget
+                    )
                     batch = engine.collect(
                         envs, algorithm.episodes_per_update, group_size=algorithm.group_size
                     )
-                    metrics = algorithm.update(batch)
-                    updates += 1
-                    episodes_seen += len(batch)
+                    update_metrics = algorithm.update(batch)
+                    now = time.perf_counter()
+                    counters.updates += 1
+                    counters.episodes += len(batch)
+                    counters.env_steps = engine.stats.env_steps
+                    counters.env_failures = engine.stats.env_failures
+                    counters.seconds = seconds_before + (now - started)
                     recent.extend(e.env_return for e in batch)
-                    elapsed = time.perf_counter() - started
+                    counters.recent_returns = list(recent)
+                    metrics = {
+                        "update": counters.updates,
+                        "total_episodes": counters.episodes,
+                        "env_steps": counters.env_steps,
+                        "seconds": counters.seconds,
+                        "return_mean": update_metrics.get("return_mean", float("nan")),
+                        "return_moving_average": float(np.mean(recent)) if recent else 0.0,
+                        "invalid_rate": update_metrics.get("invalid_rate", 0.0),
+                        "episode_length": update_metrics.get("episode_length", 0.0),
+                        "env_steps_per_second": (engine.stats.env_steps - steps_before)
+                        / max(now - update_started, 1e-9),
+                        "env_failures": counters.env_failures,
+                    }
                     metrics.update(
-                        update=float(updates),
-                        total_episodes=float(episodes_seen),
-                        env_steps=float(engine.stats.env_steps),
-                        env_steps_per_second=engine.stats.env_steps / max(elapsed, 1e-9),
-                        return_moving_average=float(np.mean(recent)),
-                        env_failures=float(engine.stats.env_failures),
-                        seconds=elapsed,
+                        {k: v for k, v in update_metrics.items() if k not in metrics}
                     )
-                    log.write(json.dumps({"kind": "update", **metrics}) + "\n")
-                    log.flush()
-                    agent.plugins.update_end(agent, updates, metrics)
+                    history.append({"kind": "update", **metrics})
+                    with isolated_rng():
+                        agent.plugins.update_end(agent, counters.updates, metrics)
                     if progress is not None:
-                        progress.update(episodes_seen, elapsed, metrics)
-                    else:
-                        logger.info(
-                            "update %d: episodes %d, return(ma) %+.3f, invalid %.1f%%",
-                            updates,
-                            episodes_seen,
-                            metrics["return_moving_average"],
-                            100 * metrics["invalid_rate"],
-                        )
+                        progress.update(counters.episodes, counters.seconds, metrics)
+                    logger.debug(
+                        "update %d: %d episodes, return %+.3f (moving average %+.3f), "
+                        "invalid %.1f%%",
+                        counters.updates,
+                        counters.episodes,
+                        metrics["return_mean"],
+                        metrics["return_moving_average"],
+                        100 * metrics["invalid_rate"],
+                    )
+                    every = config.output.checkpoint_every
+                    if every and counters.updates % every == 0:
+                        self._checkpoint(counters)
         finally:
             if progress is not None:
                 progress.stop()
             for env in envs:
                 env.close()
-        seconds = time.perf_counter() - started
-        save_checkpoint(
-            agent.policy,
-            self.output_dir / "checkpoint",
-            {
-                "agent": config.agent.name,
-                "algorithm": config.algorithm.name,
-                "model": config.model.name,
-                "updates": updates,
-                "episodes": episodes_seen,
-                "config": config.model_dump(mode="json"),
-            },
-        )
+
+        if self._last_checkpoint_update != counters.updates:
+            self._checkpoint(counters)
         summary = RunSummary(
-            self.output_dir, episodes_seen, updates, engine.stats.env_steps, seconds,
+            self.output_dir,
+            counters.episodes,
+            counters.updates,
+            counters.env_steps,
+            counters.seconds,
             last_metrics=metrics,
+            checkpoint=self._last_checkpoint,
+            interrupted=self.stop_signal,
+            resumed_from=resume_checkpoint,
+            greedy=config.training.eval_greedy,
         )
-        if config.training.eval_episodes:
-            summary.evaluation, summary.baselines = evaluate_with_baselines(
-                agent, config.training.eval_episodes, config.training.seed
-            )
-            with log_path.open("a") as log:
-                record = {"kind": "evaluation", **summary.evaluation.as_dict()}
-                record["baselines"] = [b.as_dict() for b in summary.baselines]
-                log.write(json.dumps(record) + "\n")
+        if self.stop_signal is None and config.training.eval_episodes:
+            summary.evaluation, summary.baselines, record = self._evaluate(counters)
+            history.append(record)
+        if config.output.report:
+            try:
+                summary.report = write_report(self.output_dir, history, self._config_dict).markdown
+            except Exception as error:  # a failed picture must not lose a finished run
+                logger.warning("could not write the report: %s: %s", type(error).__name__, error)
         return summary
+
+    def _evaluate(self, counters: Counters) -> tuple[EvalResult, list[EvalResult], dict]:
+        config = self.config
+        started = time.perf_counter()
+        result, baselines = evaluate_with_baselines(
+            self.agent,
+            config.training.eval_episodes,
+            config.training.seed,
+            greedy=config.training.eval_greedy,
+        )
+        record = {
+            "kind": "evaluation",
+            "update": counters.updates,
+            "total_episodes": counters.episodes,
+            "seconds": time.perf_counter() - started,
+            "greedy": config.training.eval_greedy,
+            **result.as_dict(),
+            "baselines": [b.as_dict() for b in baselines],
+        }
+        # Written here rather than by the JSONL logger plugin: the hooks have no
+        # evaluation event, and the report needs this line.
+        append_record(self.output_dir / METRICS, record)
+        return result, baselines, record
+
+
+def budget_fraction(
+    counters: Counters, episode_budget: int | None, time_budget: float | None
+) -> float:
+    """How much of the training budget is used, 0..1 (the larger of the two budgets'
+    shares when both are set)."""
+    shares = [0.0]
+    if episode_budget:
+        shares.append(counters.episodes / episode_budget)
+    if time_budget:
+        shares.append(counters.seconds / time_budget)
+    return min(1.0, max(shares))
 
 
 def evaluate_with_baselines(
-    agent: Any, episodes: int, seed: int
+    agent: Any, episodes: int, seed: int, greedy: bool = True
 ) -> tuple[EvalResult, list[EvalResult]]:
-    result = evaluate_agent(agent, episodes, seed=seed, greedy=True)
+    """The agent and each of its baselines on the same ``episodes`` seeded episodes."""
+    result = evaluate_agent(agent, episodes, seed=seed, greedy=greedy)
     baselines = [evaluate_baseline(agent, name, episodes, seed=seed) for name in agent.baselines]
     return result, baselines

@@ -39,7 +39,7 @@ def resolve(value: Any, legal_actions: Sequence[str]) -> int | None:
         for index, name in enumerate(legal_actions):
             if name.lower() == wanted:
                 return index
-        if wanted.isdigit() and len(wanted) < 6:
+        if wanted.isascii() and wanted.isdigit() and len(wanted) < 6:  # not "²" or "٣"
             return resolve(int(wanted), legal_actions)
     return None
 

@@ -8,7 +8,13 @@ import sys
 
 import typer
 
-from llamagym.cli import inspect_commands, run_commands  # noqa: F401  (attach commands)
+from llamagym.cli import (  # noqa: F401  (importing a module attaches its commands)
+    config_commands,
+    inspect_commands,
+    plugin_commands,
+    report_commands,
+    run_commands,
+)
 from llamagym.cli.app import app
 from llamagym.errors import LlamaGymError
 

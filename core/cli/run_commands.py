@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -10,30 +13,101 @@ import typer
 from llamagym.cli.app import app, report_plugin_problems
 from llamagym.errors import LlamaGymError
 
+#: Exit codes of a run stopped by a signal, as a shell reports them (128 + signal).
+SIGNAL_EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143}
 
-def resolve_run_config(agent_name: str, config_file: Path | None, assignments: list[str],
-                       flags: dict[str, Any]) -> tuple[Any, Any]:
-    """Agent class and validated RunConfig, from every layer in precedence order."""
-    from llamagym.agent import make_algorithm_config
-    from llamagym.config import build_config, parse_assignment, read_config_file
-    from llamagym.plugin_manager import get_plugins
 
-    plugins = get_plugins()
-    report_plugin_problems()
-    agent_class = plugins.get("agent", agent_name).load()
-    layers: list[dict[str, Any]] = [{"agent": {"name": agent_name}}, dict(agent_class.defaults)]
+def config_layers(
+    agent_name: str,
+    agent_class: type,
+    config_file: Path | None,
+    assignments: list[str],
+    flags: dict[str, Any],
+    base: dict[str, Any] | None = None,
+) -> list[tuple[str, dict[str, Any]]]:
+    """The named layers of a run's config, lowest precedence first.
+
+    ``base`` (a resumed checkpoint's config) replaces the agent's defaults: a resumed
+    run continues with the settings it was trained with unless told otherwise.
+    """
+    from llamagym.config import parse_assignment, read_config_file
+
+    layers: list[tuple[str, dict[str, Any]]] = [("argument", {"agent": {"name": agent_name}})]
+    if base is not None:
+        layers.append(("checkpoint", base))
+    else:
+        layers.append(("agent defaults", dict(agent_class.defaults)))
     if config_file is not None:
-        layers.append(read_config_file(config_file))
-    layers += [parse_assignment(assignment) for assignment in assignments]
+        layers.append((f"file {config_file}", read_config_file(config_file)))
+    layers += [("--set", parse_assignment(assignment)) for assignment in assignments]
     flag_layer: dict[str, Any] = {}
     for dotted, value in flags.items():
         if value is not None:
             section, key = dotted.split(".")
             flag_layer.setdefault(section, {})[key] = value
-    layers.append(flag_layer)
-    config = build_config(*layers)
-    make_algorithm_config(config, plugins)  # unknown algorithm or bad keys fail here
-    return agent_class, config
+    layers.append(("flag", flag_layer))
+    return layers
+
+
+def resolve_run_config(
+    agent_name: str,
+    config_file: Path | None,
+    assignments: list[str],
+    flags: dict[str, Any],
+    base: dict[str, Any] | None = None,
+) -> tuple[Any, Any]:
+    """Agent class and :class:`~llamagym.config.ResolvedConfig` from every layer.
+
+    Everything is validated here, before a model or an environment loads: a bad value
+    anywhere is a ``ConfigError`` naming each problem on its own line.
+    """
+    from llamagym.config import resolve_config
+    from llamagym.plugin_manager import get_plugins
+
+    plugins = get_plugins()
+    report_plugin_problems()
+    agent_class = plugins.get("agent", agent_name).load()
+    layers = config_layers(agent_name, agent_class, config_file, assignments, flags, base)
+    resolved = resolve_config(
+        layers,
+        agent_class=agent_class,
+        algorithm_class_for=lambda name: plugins.get("algorithm", name).load(),
+    )
+    return agent_class, resolved
+
+
+def configure_logging(console: Any, quiet: bool, verbose: bool) -> None:
+    """Log lines through rich on ``console``, so they print above the live progress bar
+    instead of tearing through it; ``--quiet`` keeps warnings only, ``--verbose`` adds a
+    line per update."""
+    from rich.logging import RichHandler
+
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        # Replace the plain stderr handler of logging.basicConfig (and ours from an
+        # earlier command in this process); leave any other handler alone.
+        plain = type(handler) is logging.StreamHandler and handler.stream is sys.stderr
+        if plain or getattr(handler, "_llamagym_cli", False):
+            root.removeHandler(handler)
+    handler = RichHandler(console=console, show_path=False, show_time=False, markup=False)
+    handler._llamagym_cli = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
+    logging.getLogger("llamagym").setLevel(level)
+    if quiet:
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+
+
+def _budget(config: Any) -> str:
+    training = config.training
+    if training.episodes is not None:
+        text = f"{training.episodes:,} episodes"
+        return text + (f" or {training.minutes:g} min" if training.minutes else "")
+    if training.minutes is not None:
+        return f"{training.minutes:g} min"
+    return "1,000 episodes"
 
 
 @app.command("run")
@@ -46,77 +120,136 @@ def run_command(
     minutes: float = typer.Option(None, "--minutes", help="Wall-clock training budget."),
     num_envs: int = typer.Option(None, "--num-envs", help="Environments in lockstep."),
     seed: int = typer.Option(None, "--seed", help="Random seed."),
-    eval_episodes: int = typer.Option(None, "--eval-episodes", help="Greedy eval episodes."),
+    threads: int = typer.Option(None, "--threads", help="torch threads."),
+    eval_episodes: int = typer.Option(None, "--eval-episodes", help="Final eval episodes."),
+    checkpoint_every: int = typer.Option(
+        None, "--checkpoint-every", help="Checkpoint every K updates (0 = only at the end)."
+    ),
     output: Path = typer.Option(None, "--output", "-o", help="Run directory."),
     config_file: Path = typer.Option(None, "--config", "-c", help="YAML/TOML/JSON config."),
     assignments: list[str] = typer.Option([], "--set", help="KEY=VALUE, e.g. algorithm.lr=1e-4"),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    resume: Path = typer.Option(
+        None, "--resume", help="Continue a run: its directory or one of its checkpoints."
+    ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar (CI)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log a line per update."),
 ) -> None:
-    """Train AGENT online, then evaluate it greedily beside its baselines."""
+    """Train AGENT online, then evaluate it beside its baselines and write a report."""
     from rich.console import Console
+
+    from llamagym import checkpoint as checkpoints
 
     flags = {
         "algorithm.name": algorithm, "model.name": model, "rollout.mode": mode,
         "training.episodes": episodes, "training.minutes": minutes,
-        "rollout.num_envs": num_envs, "training.seed": seed,
-        "training.eval_episodes": eval_episodes, "output.dir": output,
-        "output.quiet": quiet or None,
+        "rollout.num_envs": num_envs, "training.seed": seed, "training.threads": threads,
+        "training.eval_episodes": eval_episodes, "output.checkpoint_every": checkpoint_every,
+        "output.dir": output, "output.quiet": quiet or None,
     }
     if minutes is not None and episodes is None:
-        flags["training.episodes"] = None
+        # A time budget given on the command line replaces an episode budget from below.
         assignments = [*assignments, "training.episodes=null"]
-    agent_class, config = resolve_run_config(agent, config_file, assignments, flags)
+    base = resume_checkpoint = None
+    if resume is not None:
+        resume_checkpoint = checkpoints.find_checkpoint(resume)
+        base = checkpoints.read_meta(resume_checkpoint)["config"]
+        if output is None:
+            # Continue in the directory the checkpoint belongs to, wherever it now is.
+            flags["output.dir"] = checkpoints.run_dir_of(resume_checkpoint)
+    agent_class, resolved = resolve_run_config(agent, config_file, assignments, flags, base)
+    config = resolved.config
+    agent_object = agent_class(config=config)  # the agent's own option checks, still cheap
 
     from llamagym.progress import RunProgress, summary_table
     from llamagym.training import Trainer
 
     console = Console()
+    status = Console(stderr=True)
+    configure_logging(status, config.output.quiet, verbose)
+    progress = None if config.output.quiet else RunProgress(status)
+    trainer = Trainer(agent_object, progress=progress, resume_from=resume_checkpoint)
     console.print(
-        f"[bold]llamagym run {agent}[/]: algorithm {config.algorithm.name}, model "
-        f"{config.model.name}, mode {config.rollout.mode}, {config.rollout.num_envs} envs"
+        f"[bold]llamagym run {agent}[/]: {config.algorithm.name} on {config.model.name} "
+        f"({config.rollout.mode} mode, {config.rollout.num_envs} envs), {_budget(config)}, "
+        f"seed {config.training.seed}"
+        + (f", resuming {resume_checkpoint}" if resume_checkpoint else "")
     )
-    agent_object = agent_class(config=config)
-    trainer = Trainer(agent_object, progress=None if config.output.quiet else RunProgress())
+    console.print(f"run directory: {trainer.output_dir}")
     summary = trainer.run()
+    if summary.interrupted:
+        typer.secho(
+            f"stopped by {summary.interrupted} after update {summary.updates} "
+            f"({summary.episodes:,} episodes); checkpoint {summary.checkpoint}\n"
+            f"continue with: llamagym run {agent} --resume {summary.output_dir}",
+            fg="yellow",
+            err=True,
+        )
+        raise typer.Exit(SIGNAL_EXIT_CODES.get(summary.interrupted, 1))
     console.print(
-        f"trained {summary.episodes} episodes ({summary.env_steps} env steps, "
-        f"{summary.updates} updates) in {summary.seconds:.0f}s; run saved to {summary.output_dir}"
+        f"trained {summary.episodes:,} episodes ({summary.env_steps:,} env steps, "
+        f"{summary.updates} updates) in {summary.seconds:.0f}s"
     )
     if summary.evaluation is not None:
         console.print(summary_table(summary))
+    console.print(f"checkpoint: {summary.checkpoint}")
+    if summary.report is not None:
+        curve = summary.output_dir / "learning_curve.png"
+        console.print(f"report: {summary.report}  (learning curve: {curve})")
 
 
 @app.command("eval")
 def eval_command(
     agent: str = typer.Argument(..., help="Agent name."),
-    checkpoint: Path = typer.Option(..., "--checkpoint", help="A run's checkpoint directory."),
-    episodes: int = typer.Option(1000, "--episodes", "-n", help="Evaluation episodes."),
+    checkpoint: Path = typer.Option(
+        ..., "--checkpoint", help="A run directory (its newest checkpoint) or a checkpoint."
+    ),
+    episodes: int = typer.Option(1000, "--episodes", "-n", min=1, help="Evaluation episodes."),
     greedy: bool = typer.Option(True, "--greedy/--sample", help="Argmax or sampled actions."),
     seed: int = typer.Option(0, "--seed", help="Seed of the evaluation episodes."),
+    num_envs: int = typer.Option(None, "--num-envs", min=1, help="Environments in lockstep."),
+    as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """Evaluate a checkpoint: mean return with a 95% CI, beside the baselines."""
     from rich.console import Console
 
-    from llamagym.checkpoint import load_checkpoint, read_meta
+    from llamagym import checkpoint as checkpoints
     from llamagym.config import build_config
-    from llamagym.evaluation import evaluate_agent, evaluate_baseline
-    from llamagym.progress import summary_table
-    from llamagym.training import RunSummary
 
-    meta = read_meta(checkpoint)
+    directory = checkpoints.find_checkpoint(checkpoint)
+    meta = checkpoints.read_meta(directory)
     if meta.get("agent") != agent:
         raise LlamaGymError(
-            f"checkpoint {str(checkpoint)!r} was trained for agent {meta.get('agent')!r}, "
-            f"not {agent!r}"
+            f"checkpoint {str(directory)!r} was trained with agent.name = "
+            f"{meta.get('agent')!r}, not {agent!r}"
         )
     from llamagym.plugin_manager import get_plugins
 
+    report_plugin_problems()
     agent_class = get_plugins().get("agent", agent).load()
-    config = build_config(meta["config"])
-    agent_object = agent_class(config=config)
-    load_checkpoint(agent_object.policy, checkpoint)
-    result = evaluate_agent(agent_object, episodes, seed=seed, greedy=greedy)
-    baselines = [evaluate_baseline(agent_object, name, episodes, seed) for name in agent_class.baselines]
-    summary = RunSummary(checkpoint, 0, 0, 0, 0.0, result, baselines)
-    Console().print(summary_table(summary))
-    Console().print(f"invalid replies: {result.invalid_rate:.2%}")
+    overrides: dict[str, Any] = {"training": {"seed": seed}, "output": {"dir": None}}
+    if num_envs is not None:
+        overrides["rollout"] = {"num_envs": num_envs}
+    agent_object = agent_class(config=build_config(meta["config"], overrides))
+    configure_logging(Console(stderr=True), quiet=as_json, verbose=False)
+    checkpoints.load_checkpoint(agent_object.policy, directory)
+
+    from llamagym.progress import evaluation_table
+    from llamagym.training import evaluate_with_baselines
+
+    result, baselines = evaluate_with_baselines(agent_object, episodes, seed, greedy=greedy)
+    if as_json:
+        typer.echo(json.dumps({
+            "checkpoint": str(directory), "greedy": greedy, "seed": seed,
+            **result.as_dict(), "baselines": [b.as_dict() for b in baselines],
+        }, indent=2))
+        return
+    console = Console()
+    console.print(
+        f"[bold]{agent}[/] checkpoint {directory}: update {meta.get('update', '?')}, "
+        f"{meta.get('episodes', 0):,} training episodes; evaluation seed {seed}"
+    )
+    console.print(evaluation_table(result, baselines, greedy=greedy))
+    console.print(
+        f"agent: mean return {result.mean:+.3f}, 95% CI [{result.mean - result.ci95:+.3f}, "
+        f"{result.mean + result.ci95:+.3f}], invalid replies {result.invalid_rate:.2%}"
+    )

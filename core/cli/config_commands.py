@@ -1,0 +1,37 @@
+"""``llamagym config show``: the resolved config of a run, before running it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from llamagym.cli.app import app
+
+config_app = typer.Typer(help="Inspect run configurations.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+
+@config_app.command("show")
+def show_command(
+    agent: str = typer.Argument(..., help="Agent name (see `llamagym list`)."),
+    algorithm: str = typer.Option(None, "--algorithm", "-a", help="Algorithm name."),
+    model: str = typer.Option(None, "--model", "-m", help="'tiny', a Hub id or a local dir."),
+    config_file: Path = typer.Option(None, "--config", "-c", help="YAML/TOML/JSON config."),
+    assignments: list[str] = typer.Option([], "--set", help="KEY=VALUE, e.g. algorithm.lr=1e-4"),
+) -> None:
+    """Print the config `llamagym run AGENT` would use, as YAML with every field's
+    description, and where each non-default value came from. Save it, edit it and pass
+    it back with `llamagym run AGENT --config FILE`."""
+    from llamagym.cli.run_commands import resolve_run_config
+
+    flags = {"algorithm.name": algorithm, "model.name": model}
+    agent_class, resolved = resolve_run_config(agent, config_file, assignments, flags)
+    agent_class(config=resolved.config)  # the agent's own option checks, if it has any
+    header = [
+        f"Configuration of `llamagym run {agent}`.",
+        "Precedence: built-in defaults < agent defaults < --config file < --set < flags;",
+        "'# from ...' marks a value set above the built-in defaults.",
+        "",
+    ]
+    typer.echo(resolved.to_yaml(header), nl=False)

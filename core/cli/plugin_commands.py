@@ -1,0 +1,94 @@
+"""Commands for plugin authors: ``new-plugin`` writes a package, ``check`` tests an agent."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from llamagym.cli.app import app, report_plugin_problems
+
+
+@app.command("new-plugin")
+def new_plugin_command(
+    name: str = typer.Argument(
+        ..., help="Plugin name: the agent/algorithm name and the import name llamagym_NAME."
+    ),
+    kind: str = typer.Option("env", "--kind", help="env (an agent) or algorithm."),
+    directory: Path = typer.Option(
+        Path("."), "--dir", help="Where to create the package folder llamagym-NAME."
+    ),
+    env_id: str = typer.Option(
+        None, "--env-id", help="Gymnasium env id for --kind env (default FrozenLake-v1)."
+    ),
+) -> None:
+    """Write a complete plugin package: pyproject.toml with the entry point, the agent or
+    algorithm, a README and tests. Then `pip install -e` it and it is in `llamagym list`."""
+    from llamagym.scaffold import DEFAULT_ENV_ID, write_plugin
+
+    spec, root = write_plugin(name, kind, directory, env_id or DEFAULT_ENV_ID)
+    what = f"agent {name!r} for {spec.env_id}" if kind == "env" else f"algorithm {name!r}"
+    typer.echo(f"created {root} ({spec.distribution}, {what}):")
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        typer.echo(f"  {path.relative_to(root)}")
+    steps = [f"cd {root}", 'pip install -e ".[test]"', "llamagym list"]
+    if kind == "env":
+        steps += [f"llamagym check {name}", "pytest", f"llamagym run {name}"]
+    else:
+        steps += ["pytest", f"llamagym run blackjack --algorithm {name}"]
+    typer.echo("next:\n" + "\n".join(f"  {step}" for step in steps))
+    typer.echo("guide: docs/writing-a-plugin.md in the LlamaGym repository")
+
+
+@app.command("check")
+def check_command(
+    agent: str = typer.Argument(..., help="Agent name (see `llamagym list`)."),
+    episodes: int = typer.Option(4, "--episodes", min=1, help="Episodes per mode, end to end."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the resets and random walks."),
+    assignments: list[str] = typer.Option(
+        [], "--set", help="KEY=VALUE laid over the agent's defaults, e.g. agent.games=2"
+    ),
+    skip: list[str] = typer.Option([], "--skip", help="A check not to run (repeatable)."),
+) -> None:
+    """Run the conformance checks on AGENT: its env resets with a seed, prompts render
+    and fit the tiny model's context, every action name parses back, score mode has a
+    candidate per action, baselines run, and episodes play with a scripted model.
+    Exit code 1 when a check fails."""
+    from llamagym.config import deep_merge, parse_assignment
+    from llamagym.conformance import CHECK_NAMES, check_agent
+    from llamagym.errors import LlamaGymError
+    from llamagym.plugin_manager import get_plugins
+
+    unknown = sorted(set(skip) - set(CHECK_NAMES))
+    if unknown:
+        raise LlamaGymError(
+            f"--skip {', '.join(unknown)}: no such check; checks: {', '.join(CHECK_NAMES)}"
+        )
+    plugins = get_plugins()
+    report_plugin_problems()
+    registration = plugins.get("agent", agent)
+    agent_class = registration.load()
+    overrides: dict = {}
+    for assignment in assignments:
+        overrides = deep_merge(overrides, parse_assignment(assignment))
+    typer.echo(
+        f"llamagym check {agent}: {agent_class.__module__}.{agent_class.__qualname__} "
+        f"from {registration.distribution or 'an unknown distribution'}"
+    )
+    results = check_agent(
+        agent_class, overrides, name=agent, episodes=episodes, seed=seed, skip=skip
+    )
+    colours = {"pass": "green", "fail": "red", "skip": "yellow"}
+    for result in results:
+        first, *rest = result.lines()
+        typer.secho(first, fg=colours[result.status])
+        for line in rest:
+            typer.echo(line)
+    failed = [result.name for result in results if result.failed]
+    passed = sum(result.status == "pass" for result in results)
+    skipped = len(results) - passed - len(failed)
+    summary = f"{len(results)} checks: {passed} passed, {len(failed)} failed, {skipped} skipped"
+    if failed:
+        typer.secho(f"{summary} ({', '.join(failed)})", fg="red")
+        raise typer.Exit(1)
+    typer.secho(summary, fg="green")

@@ -1,0 +1,148 @@
+"""The built-in metric loggers, plugins on the ``update_end`` / ``episode_end`` hooks.
+
+* ``jsonl-logger``: one line per update in ``<run>/metrics.jsonl`` (fields in
+  :mod:`llamagym.report`); the report is made from this file.
+* ``tensorboard-logger``: scalars in ``<run>/tensorboard/`` when the ``tensorboard``
+  package is installed and ``output.tensorboard`` is on (the default).
+* ``wandb-logger``: Weights & Biases, only when ``WANDB_PROJECT`` is set; ``wandb`` is
+  never imported otherwise, so a default run makes no network call.
+
+Each finds the run directory in ``agent.config.output.dir`` (the trainer fills it in)
+and does nothing for an agent driven outside a run, e.g. through ``Agent.act``. Any of
+them can be turned off like any plugin: ``LLAMAGYM_DISABLE_PLUGINS=tensorboard-logger``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from llamagym.hookspecs import hookimpl
+from llamagym.report import METRICS, append_record
+
+logger = logging.getLogger(__name__)
+
+
+def _run_dir(agent: Any) -> Path | None:
+    directory = getattr(getattr(agent, "config", None), "output", None)
+    directory = getattr(directory, "dir", None)
+    return Path(directory) if directory is not None else None
+
+
+class JsonlLogger:
+    @hookimpl
+    def llamagym_update_end(self, agent: Any, update: int, metrics: dict[str, float]) -> None:
+        run_dir = _run_dir(agent)
+        if run_dir is not None:
+            append_record(run_dir / METRICS, {"kind": "update", **metrics})
+
+
+class TensorBoardLogger:
+    """Scalars per update (x axis: training episodes) and a histogram of the returns
+    of the episodes each update trained on."""
+
+    def __init__(self) -> None:
+        self._writers: dict[Path, Any] = {}
+        # Per run directory, so episodes of one run never land in another's histogram.
+        self._returns: dict[Path, list[float]] = {}
+        self._warned = False
+        atexit.register(self.close)
+
+    def _writer(self, run_dir: Path, first_step: int) -> Any:
+        writer = self._writers.get(run_dir)
+        if writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            # purge_step drops events a crashed run wrote past the checkpoint that
+            # this (resumed) run starts from, so the curves carry no duplicates.
+            writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=first_step)
+            self._writers[run_dir] = writer
+        return writer
+
+    @staticmethod
+    def _enabled(agent: Any) -> bool:
+        output = getattr(getattr(agent, "config", None), "output", None)
+        return bool(getattr(output, "tensorboard", False))
+
+    @hookimpl
+    def llamagym_episode_end(self, agent: Any, episode: Any) -> None:
+        run_dir = _run_dir(agent)
+        if run_dir is not None and self._enabled(agent):
+            self._returns.setdefault(run_dir, []).append(float(episode.env_return))
+
+    @hookimpl
+    def llamagym_update_end(self, agent: Any, update: int, metrics: dict[str, float]) -> None:
+        run_dir = _run_dir(agent)
+        if run_dir is None or not self._enabled(agent):
+            return
+        if importlib.util.find_spec("tensorboard") is None:
+            if not self._warned:
+                logger.info("tensorboard is not installed; pip install tensorboard for curves")
+                self._warned = True
+            return
+        import numpy as np
+
+        step = int(metrics.get("total_episodes", update))
+        writer = self._writer(run_dir, step)
+        for key, value in metrics.items():
+            if isinstance(value, (int, float)):
+                writer.add_scalar(f"train/{key}", value, step)
+        returns = self._returns.pop(run_dir, [])
+        if returns:
+            writer.add_histogram("train/episode_return", np.asarray(returns), step)
+        writer.flush()
+
+    def close(self) -> None:
+        for writer in self._writers.values():
+            writer.close()
+        self._writers.clear()
+
+
+class WandbLogger:
+    """Logs each update to W&B when ``WANDB_PROJECT`` is set (``WANDB_ENTITY``,
+    ``WANDB_MODE=offline`` and the rest of wandb's own variables apply as usual)."""
+
+    def __init__(self) -> None:
+        self._runs: dict[Path, Any] = {}
+        self._unavailable = False
+        atexit.register(self.close)
+
+    @hookimpl
+    def llamagym_update_end(self, agent: Any, update: int, metrics: dict[str, float]) -> None:
+        project = os.environ.get("WANDB_PROJECT")
+        run_dir = _run_dir(agent)
+        if not project or run_dir is None or self._unavailable:
+            return
+        run = self._runs.get(run_dir)
+        if run is None:
+            try:
+                import wandb
+            except ImportError:
+                logger.warning(
+                    "WANDB_PROJECT is set but wandb is not installed (pip install wandb); "
+                    "W&B logging is off for this run"
+                )
+                self._unavailable = True
+                return
+            run = wandb.init(
+                project=project,
+                name=run_dir.name,
+                dir=str(run_dir),
+                config=agent.config.model_dump(mode="json"),
+            )
+            self._runs[run_dir] = run
+        run.log(dict(metrics), step=update)
+
+    def close(self) -> None:
+        for run in self._runs.values():
+            run.finish()
+        self._runs.clear()
+
+
+jsonl_logger = JsonlLogger()
+tensorboard_logger = TensorBoardLogger()
+wandb_logger = WandbLogger()

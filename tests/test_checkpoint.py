@@ -1,0 +1,256 @@
+"""Checkpoints: exact resume, crash-safe writes, refusal of a foreign checkpoint, and
+Ctrl-C/SIGTERM ending a run with a checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from llamagym import checkpoint as checkpoints
+from llamagym import hookimpl
+from llamagym.cli import main
+from llamagym.errors import LlamaGymError
+from llamagym.report import read_records
+from llamagym.testing import temporary_plugin
+
+# Small and single-threaded: fast, and bit-for-bit repeatable on CPU.
+FAST = [
+    "--num-envs", "4", "--threads", "1", "--eval-episodes", "0", "--quiet",
+    "--set", "algorithm.episodes_per_update=8", "--set", "algorithm.minibatch_size=8",
+    "--set", "algorithm.epochs=2",
+]
+# Wall-clock fields are the only ones allowed to differ between two runs.
+TIMING = {"seconds", "env_steps_per_second"}
+
+
+@pytest.fixture(autouse=True)
+def _restore_process_state():
+    """Runs set logging up and pin torch threads for this process; give the next test
+    (whoever's it is) the state it would have had."""
+    import logging
+
+    import torch
+
+    root, package = logging.getLogger(), logging.getLogger("llamagym")
+    handlers, level, threads = list(root.handlers), package.level, torch.get_num_threads()
+    yield
+    root.handlers[:] = handlers
+    package.setLevel(level)
+    torch.set_num_threads(threads)
+
+
+def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["llamagym", *map(str, args)])
+    with pytest.raises(SystemExit) as stopped:
+        main()
+    out, err = capsys.readouterr()
+    code = stopped.value.code
+    return (0 if code is None else int(code)), out, err
+
+
+def updates_of(run_dir: Path) -> list[dict]:
+    return [
+        {k: v for k, v in record.items() if k not in TIMING}
+        for record in read_records(run_dir / "metrics.jsonl")
+        if record["kind"] == "update"
+    ]
+
+
+def weights_of(checkpoint: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(checkpoint / checkpoints.WEIGHTS))
+
+
+class SignalAt:
+    """Sends this process ``signum`` when update ``update`` ends, like a Ctrl-C."""
+
+    def __init__(self, update: int, signum: int = signal.SIGINT):
+        self.update, self.signum = update, signum
+
+    @hookimpl
+    def llamagym_update_end(self, agent, update, metrics):
+        if update == self.update:
+            os.kill(os.getpid(), self.signum)
+
+
+def test_state_encoding_round_trips_optimizer_and_random_states() -> None:
+    layer = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(layer.parameters(), lr=0.01, betas=(0.8, 0.9))
+    layer(torch.ones(4, 3)).sum().backward()
+    optimizer.step()
+    generator = np.random.default_rng(5)
+    state = {
+        "optimizer": optimizer.state_dict(),
+        "python": random.Random(3).getstate(),
+        "numpy": np.random.get_state(),
+        "generator": generator.bit_generator.state,
+        "torch": torch.get_rng_state(),
+    }
+    tensors: dict = {}
+    encoded = json.loads(json.dumps(checkpoints.encode_state(state, tensors)))
+    decoded = checkpoints.decode_state(encoded, tensors)
+
+    restored = torch.optim.Adam(layer.parameters(), lr=0.5)
+    restored.load_state_dict(decoded["optimizer"])
+    assert restored.param_groups[0]["betas"] == (0.8, 0.9)
+    for index, values in optimizer.state_dict()["state"].items():
+        for key, tensor in values.items():
+            assert torch.equal(decoded["optimizer"]["state"][index][key], tensor)
+    python = random.Random()
+    python.setstate(decoded["python"])
+    assert python.random() == random.Random(3).random()
+    np.random.set_state(decoded["numpy"])  # accepted as saved
+    assert torch.equal(decoded["torch"], state["torch"])
+
+
+def test_resumed_run_repeats_the_unbroken_run(tmp_path, monkeypatch, capsys) -> None:
+    unbroken, broken = tmp_path / "unbroken", tmp_path / "broken"
+    budget = ["--episodes", "32"]  # 4 updates of 8 episodes
+
+    code, _, _ = run_cli(monkeypatch, capsys, "run", "blackjack", *budget, *FAST, "-o", unbroken)
+    assert code == 0
+
+    # The same run, stopped by Ctrl-C after update 2 ...
+    with temporary_plugin(SignalAt(2), "ctrl-c"):
+        code, _, err = run_cli(
+            monkeypatch, capsys, "run", "blackjack", *budget, *FAST, "-o", broken
+        )
+    assert code == 130
+    assert "stopped by SIGINT after update 2" in err
+    assert f"llamagym run blackjack --resume {broken}" in err
+    assert [p.name for p in checkpoints.list_checkpoints(broken)] == ["update-000002"]
+    assert [r["update"] for r in updates_of(broken)] == [1, 2]
+
+    # ... then continued from its directory.
+    code, out, _ = run_cli(monkeypatch, capsys, "run", "blackjack", "--resume", broken, "--quiet")
+    assert code == 0, out
+    assert updates_of(broken) == updates_of(unbroken)  # every metric, every update
+    kinds = [r["kind"] for r in read_records(broken / "metrics.jsonl")]
+    assert kinds == ["update", "update", "resume", "update", "update"]
+    final_unbroken = weights_of(checkpoints.find_checkpoint(unbroken))
+    final_resumed = weights_of(checkpoints.find_checkpoint(broken))
+    assert final_unbroken.keys() == final_resumed.keys()
+    assert all(torch.equal(final_unbroken[k], final_resumed[k]) for k in final_unbroken)
+
+    # A checkpoint of another model or algorithm is refused, naming the field.
+    code, _, err = run_cli(
+        monkeypatch, capsys, "run", "blackjack", "--resume", broken, "--set", "model.lora=true"
+    )
+    assert code == 2
+    assert "model.lora" in err and "cannot resume" in err
+
+    # An interrupted write leaves the previous checkpoint whole and loadable.
+    interrupted_write_keeps_previous_checkpoint(broken, monkeypatch)
+
+
+def interrupted_write_keeps_previous_checkpoint(run_dir: Path, monkeypatch) -> None:
+    from llamagym_blackjack.agent import BlackjackAgent
+
+    from llamagym.config import build_config
+    from llamagym.testing import tiny_agent
+
+    previous = checkpoints.find_checkpoint(run_dir)
+    before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    meta = checkpoints.read_meta(previous)
+    agent = tiny_agent(BlackjackAgent, **{k: meta["config"][k] for k in ("rollout", "algorithm")})
+    checkpoints.restore_training_checkpoint(previous, agent)
+
+    import safetensors.torch
+
+    real_save = safetensors.torch.save_file
+    calls = []
+
+    def failing_save(tensors, path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) == 2:  # the weights are on disk, the value head is not
+            raise OSError("disk full (simulated)")
+        return real_save(tensors, path, *args, **kwargs)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", failing_save)
+    counters = dict(meta["counters"], updates=meta["update"] + 1)
+    with pytest.raises(OSError, match="simulated"):
+        checkpoints.save_training_checkpoint(run_dir, agent, counters, meta["config"], keep=1)
+    monkeypatch.setattr(safetensors.torch, "save_file", real_save)
+
+    assert len(calls) == 2 and Path(calls[0]).parent.name.startswith(".update-")
+    leftovers = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert leftovers == before  # no half checkpoint, no staging directory
+    assert checkpoints.find_checkpoint(run_dir) == previous
+    fresh = BlackjackAgent(config=build_config(meta["config"]))
+    checkpoints.load_checkpoint(fresh.policy, previous)
+    saved = weights_of(previous)
+    parameters = dict(fresh.policy.model.named_parameters())
+    assert all(torch.equal(parameters[name], tensor) for name, tensor in saved.items())
+
+
+def test_sigterm_stops_cleanly_with_a_checkpoint(tmp_path) -> None:
+    from llamagym.testing import BanditAgent, tiny_agent
+    from llamagym.training import Trainer
+
+    agent = tiny_agent(
+        BanditAgent,
+        training={"threads": 1, "episodes": 64},
+        rollout={"num_envs": 4},
+        algorithm={"episodes_per_update": 8, "minibatch_size": 8, "epochs": 1},
+        output={"dir": str(tmp_path), "quiet": True},
+    )
+    previous_handler = signal.getsignal(signal.SIGTERM)
+    with temporary_plugin(SignalAt(1, signal.SIGTERM), "terminate"):
+        summary = Trainer(agent).run()
+    assert summary.interrupted == "SIGTERM"
+    assert summary.updates == 1 and summary.evaluation is None
+    assert summary.checkpoint == tmp_path / "checkpoints" / "update-000001"
+    assert checkpoints.read_meta(summary.checkpoint)["counters"]["episodes"] == 8
+    assert signal.getsignal(signal.SIGTERM) is previous_handler  # handlers put back
+
+
+def test_checkpoint_discovery_and_pruning(tmp_path) -> None:
+    run_dir = tmp_path / "run"
+    for update in (1, 2, 3):
+        (run_dir / "checkpoints" / f"update-{update:06d}").mkdir(parents=True)
+        (run_dir / "checkpoints" / f"update-{update:06d}" / checkpoints.META).write_text("{}")
+    # What a process killed mid-write leaves: a hidden staging directory.
+    staging = run_dir / "checkpoints" / ".update-000004-abc123"
+    staging.mkdir()
+    (staging / checkpoints.WEIGHTS).write_bytes(b"partial")
+
+    assert checkpoints.find_checkpoint(run_dir).name == "update-000003"
+    newest = run_dir / "checkpoints" / "update-000003"
+    assert checkpoints.find_checkpoint(newest) == newest
+    assert checkpoints.run_dir_of(newest) == run_dir.resolve()
+    checkpoints.prune_checkpoints(run_dir, keep=2)
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        "update-000002",
+        "update-000003",
+    ]
+    shutil.rmtree(run_dir / "checkpoints")
+    with pytest.raises(LlamaGymError, match="holds no checkpoint"):
+        checkpoints.find_checkpoint(run_dir)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("agent.name", "cartpole"), ("algorithm.name", "grpo"), ("model.name", "Qwen/Qwen2-1.5B")],
+)
+def test_foreign_checkpoint_is_refused_naming_the_field(field, value, tmp_path) -> None:
+    config = {
+        "agent": {"name": "blackjack"},
+        "algorithm": {"name": "ppo"},
+        "model": {"name": "tiny", "lora": None, "lora_rank": None},
+    }
+    other = json.loads(json.dumps(config))
+    section, key = field.split(".")
+    other[section][key] = value
+    with pytest.raises(LlamaGymError) as error:
+        checkpoints.check_compatible({"config": config}, other, tmp_path)
+    message = str(error.value)
+    assert field in message and repr(value) in message and "\n" not in message

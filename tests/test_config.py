@@ -1,0 +1,208 @@
+"""Run configuration: layer precedence, `llamagym config show`, and the error for each
+kind of bad value (one line naming the key, exit code 2, before anything loads)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from llamagym.cli import main
+from llamagym.cli.run_commands import resolve_run_config
+from llamagym.config import RunConfig, render_config_yaml
+from llamagym.errors import ConfigError
+
+
+@pytest.fixture(autouse=True)
+def _restore_process_state():
+    """Runs set logging up and pin torch threads for this process; give the next test
+    (whoever's it is) the state it would have had."""
+    import logging
+
+    import torch
+
+    root, package = logging.getLogger(), logging.getLogger("llamagym")
+    handlers, level, threads = list(root.handlers), package.level, torch.get_num_threads()
+    yield
+    root.handlers[:] = handlers
+    package.setLevel(level)
+    torch.set_num_threads(threads)
+
+
+def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["llamagym", *map(str, args)])
+    with pytest.raises(SystemExit) as stopped:
+        main()
+    out, err = capsys.readouterr()
+    code = stopped.value.code
+    return (0 if code is None else int(code)), out, err
+
+
+def problem_lines(stderr: str) -> list[str]:
+    """stderr without plugin warnings (a broken plugin elsewhere must not fail these)."""
+    return [line for line in stderr.splitlines() if line and not line.startswith("warning:")]
+
+
+def test_each_layer_overrides_the_one_below(tmp_path) -> None:
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text(
+        "rollout: {num_envs: 32, temperature: 0.7}\n"
+        "algorithm: {lr: 5.0e-4, epochs: 3}\n"
+        "training: {seed: 7}\n"
+    )
+    _, resolved = resolve_run_config(
+        "blackjack",
+        config_file,
+        ["rollout.num_envs=16", "algorithm.lr=2e-4"],
+        {"rollout.num_envs": 8, "training.episodes": None},
+    )
+    config = resolved.config
+    assert config.rollout.num_envs == 8  # flag > --set > file > agent default (64)
+    assert config.algorithm.lr == 2e-4  # --set > file > agent default (1e-3)
+    assert config.algorithm.epochs == 3  # file > agent default (4)
+    assert config.rollout.temperature == 0.7  # file > built-in default (1.0)
+    assert config.training.seed == 7
+    assert config.training.episodes == 60_000  # agent default > built-in (None)
+    assert config.rollout.max_new_tokens == RunConfig().rollout.max_new_tokens
+    # The algorithm section is complete: its plugin's defaults are filled in.
+    assert config.algorithm.clip_range == 0.2
+    assert resolved.sources["rollout.num_envs"] == "flag"
+    assert resolved.sources["algorithm.lr"] == "--set"
+    assert resolved.sources["algorithm.epochs"] == f"file {config_file}"
+    assert resolved.sources["training.episodes"] == "agent defaults"
+    assert "rollout.top_p" not in resolved.sources
+
+
+@pytest.mark.parametrize("suffix", ["toml", "json"])
+def test_toml_and_json_files(tmp_path, suffix) -> None:
+    path = tmp_path / f"run.{suffix}"
+    path.write_text(
+        '[rollout]\nnum_envs = 12\n' if suffix == "toml" else '{"rollout": {"num_envs": 12}}'
+    )
+    _, resolved = resolve_run_config("blackjack", path, [], {})
+    assert resolved.config.rollout.num_envs == 12
+
+
+BAD_CONFIGS = [
+    # (arguments, key named in the message, a word of what is allowed)
+    (["--set", "rollout.num_envs=0"], "rollout.num_envs", "greater than or equal to 1"),
+    (["--num-envs", "0"], "rollout.num_envs", "greater than or equal to 1"),
+    (["--set", "rollout.num_env=4"], "rollout.num_env", "did you mean 'num_envs'"),
+    (["--set", "rollout.mode=fast"], "rollout.mode", "'generate' or 'score'"),
+    (["--set", "training.episodes=lots"], "training.episodes", "valid integer"),
+    (["--set", "trainig.seed=1"], "trainig", "did you mean 'training'"),
+    (["--set", "rollout.top_p=1.5"], "rollout.top_p", "less than or equal to 1"),
+    (["--set", "model.dtype=float8"], "model.dtype", "'float32'"),
+    (["--set", "output.keep_checkpoints=0"], "output.keep_checkpoints", "greater than"),
+    (["--set", "algorithm.lr=-1"], "algorithm.lr", "greater than 0"),
+    (["--set", "algorithm.lrr=0.1"], "algorithm.lrr", "did you mean 'lr'"),
+    (["--set", "algorithm.credit=sideways"], "algorithm.credit", "gae"),
+    (["--algorithm", "nope"], "algorithm.name", "ppo"),
+    (["--set", "agent.colour=red"], "agent.colour", "takes no options"),
+]
+
+
+@pytest.mark.parametrize(("arguments", "key", "allowed"), BAD_CONFIGS)
+def test_bad_value_is_one_line_naming_the_key(
+    arguments, key, allowed, tmp_path, monkeypatch, capsys
+) -> None:
+    output = tmp_path / "run"
+    code, out, err = run_cli(monkeypatch, capsys, "run", "blackjack", "-o", output, *arguments)
+    assert code == 2
+    lines = problem_lines(err)
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"error: {key}:"), lines[0]
+    assert allowed in lines[0]
+    assert not output.exists()  # rejected before anything was created or loaded
+
+
+def test_bad_file_reports_every_problem_one_line_each(tmp_path, monkeypatch, capsys) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "rollout:\n  num_envs: -3\n  temprature: 0.5\n"
+        "algorithm:\n  epochs: many\n"
+        "colour: blue\n"
+    )
+    code, _, err = run_cli(monkeypatch, capsys, "run", "blackjack", "--config", path)
+    assert code == 2
+    lines = problem_lines(err)
+    assert len(lines) == 4, err
+    text = "\n".join(lines)
+    for key, value in [
+        ("rollout.num_envs", "-3"),
+        ("rollout.temprature", "0.5"),
+        ("algorithm.epochs", "'many'"),
+        ("colour", "'blue'"),
+    ]:
+        assert f"{key}: " in text and value in text
+
+
+def test_unreadable_config_file(tmp_path, monkeypatch, capsys) -> None:
+    missing = tmp_path / "missing.yaml"
+    code, _, err = run_cli(monkeypatch, capsys, "run", "blackjack", "--config", missing)
+    assert code == 2 and "does not exist" in err
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[rollout\nnum_envs = ")
+    code, _, err = run_cli(monkeypatch, capsys, "run", "blackjack", "--config", broken)
+    assert code == 2 and "is not valid" in err
+
+
+def test_config_show_prints_commented_yaml_that_reads_back(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    code, out, _ = run_cli(
+        monkeypatch, capsys, "config", "show", "blackjack", "--set", "algorithm.lr=3e-4"
+    )
+    assert code == 0
+    assert "# Adam learning rate." in out  # the algorithm plugin's own field descriptions
+    assert "# Environments stepped in lockstep." in out
+    assert "lr: 0.0003  # from --set" in out
+    assert "num_envs: 64  # from agent defaults" in out
+    shown = yaml.safe_load(out)
+    assert shown["algorithm"]["lr"] == 3e-4 and shown["algorithm"]["clip_range"] == 0.2
+
+    saved = tmp_path / "shown.yaml"
+    saved.write_text(out)
+    _, resolved = resolve_run_config("blackjack", saved, [], {})
+    assert resolved.config.model_dump() == RunConfig.model_validate(shown).model_dump()
+
+    code, _, err = run_cli(monkeypatch, capsys, "config", "show", "blackjack", "-a", "nope")
+    assert code == 2 and "algorithm.name" in err
+
+
+def test_rendered_yaml_round_trips_every_value() -> None:
+    config = RunConfig.model_validate(
+        {"rollout": {"invalid_action": {"fallback_action": "yes"}}, "output": {"dir": "x y"}}
+    )
+    text = render_config_yaml(config)
+    assert RunConfig.model_validate(yaml.safe_load(text)) == config
+
+
+def test_agent_with_its_own_options_validates_them() -> None:
+    from pydantic import BaseModel, Field
+
+    from llamagym.config import resolve_config
+    from llamagym.testing import BanditAgent
+
+    class Options(BaseModel):
+        model_config = {"extra": "forbid"}
+        levers: int = Field(2, ge=2, description="How many levers.")
+
+    class OptionsAgent(BanditAgent):
+        Config = Options
+
+    resolved = resolve_config(
+        [("test", {"agent": {"name": "bandit", "levers": 3}})], agent_class=OptionsAgent
+    )
+    assert resolved.config.agent.levers == 3
+    assert "# How many levers." in resolved.to_yaml()
+    with pytest.raises(ConfigError, match=r"^agent\.levers: got 1; must be greater"):
+        resolve_config([("test", {"agent": {"levers": 1}})], agent_class=OptionsAgent)
+
+
+def test_written_config_is_path_independent(tmp_path: Path) -> None:
+    """A config file's output.dir is a plain string in YAML, not a Python object tag."""
+    config = RunConfig.model_validate({"output": {"dir": tmp_path}})
+    assert "!!python" not in render_config_yaml(config)

@@ -1,0 +1,233 @@
+"""`llamagym run`, `eval` and `report` end to end on Blackjack with the tiny model: what
+a run writes (config.yaml, metrics.jsonl with its documented fields, checkpoints, the
+report), what it prints, and that W&B stays out unless asked for."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from llamagym.cli import app, main
+from llamagym.cli.run_commands import resolve_run_config
+from llamagym.report import EVALUATION_FIELDS, UPDATE_FIELDS, read_records
+
+FAST = [
+    "--num-envs", "4", "--threads", "1", "--episodes", "16", "--eval-episodes", "40",
+    "--set", "algorithm.episodes_per_update=8", "--set", "algorithm.minibatch_size=8",
+    "--set", "algorithm.epochs=1",
+]
+
+
+@pytest.fixture(autouse=True)
+def _restore_process_state():
+    """Runs set logging up and pin torch threads for this process; give the next test
+    (whoever's it is) the state it would have had."""
+    import logging
+
+    import torch
+
+    root, package = logging.getLogger(), logging.getLogger("llamagym")
+    handlers, level, threads = list(root.handlers), package.level, torch.get_num_threads()
+    yield
+    root.handlers[:] = handlers
+    package.setLevel(level)
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> tuple[Path, str]:
+    """One real run (progress bar on), shared by the tests of this module."""
+    import logging
+
+    run_dir = tmp_path_factory.mktemp("runs") / "blackjack"
+    root, package = logging.getLogger(), logging.getLogger("llamagym")
+    handlers, level = list(root.handlers), package.level
+    try:
+        result = CliRunner().invoke(app, ["run", "blackjack", *FAST, "-o", str(run_dir)])
+    finally:
+        root.handlers[:] = handlers
+        package.setLevel(level)
+    assert result.exit_code == 0, (result.output, result.exception)
+    return run_dir, result.output
+
+
+def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["llamagym", *map(str, args)])
+    with pytest.raises(SystemExit) as stopped:
+        main()
+    out, err = capsys.readouterr()
+    code = stopped.value.code
+    return (0 if code is None else int(code)), out, err
+
+
+def test_run_writes_config_metrics_checkpoint_and_report(finished_run) -> None:
+    run_dir, output = finished_run
+    assert "llamagym run blackjack: ppo on tiny (score mode, 4 envs), 16 episodes" in output
+    assert "update 2: return" in output and "steps/s" in output  # the live stats line
+    assert "trained 16 episodes" in output and "2 updates" in output
+    for name in ("trained agent", "basic-strategy", "random", "95% CI", "win / draw / loss"):
+        assert name in output
+    assert f"report: {run_dir / 'report.md'}" in output
+
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["agent"]["name"] == "blackjack"
+    assert config["rollout"]["num_envs"] == 4
+    assert config["algorithm"]["clip_range"] == 0.2  # the algorithm's defaults too
+    assert "# Adam learning rate." in (run_dir / "config.yaml").read_text()
+    checkpoint = run_dir / "checkpoints" / "update-000002"
+    assert {p.name for p in checkpoint.iterdir()} >= {
+        "weights.safetensors", "value_head.safetensors", "state.safetensors",
+        "checkpoint.json", "config.yaml",
+    }
+    assert "trained agent" in (run_dir / "report.md").read_text()
+    assert (run_dir / "learning_curve.png").stat().st_size > 10_000
+    if importlib.util.find_spec("tensorboard") is not None:
+        assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_metrics_lines_carry_the_documented_fields(finished_run) -> None:
+    run_dir, _ = finished_run
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    updates = [r for r in records if r["kind"] == "update"]
+    evaluations = [r for r in records if r["kind"] == "evaluation"]
+    assert [r["update"] for r in updates] == [1, 2] and len(evaluations) == 1
+    for record in updates:
+        assert set(UPDATE_FIELDS) <= set(record)
+        assert all(isinstance(record[k], (int, float)) for k in UPDATE_FIELDS if k != "kind")
+        assert "policy_loss" in record  # and the algorithm's own
+    assert [r["total_episodes"] for r in updates] == [8, 16]
+    evaluation = evaluations[0]
+    assert set(EVALUATION_FIELDS) <= set(evaluation)
+    assert evaluation["episodes"] == 40 and evaluation["greedy"] is True
+    assert {b["name"] for b in evaluation["baselines"]} == {
+        "random", "always-stick", "hit-below-17", "basic-strategy",
+    }
+    for baseline in evaluation["baselines"]:
+        assert {"name", "episodes", "mean", "ci95", "outcomes"} <= set(baseline)
+
+
+def test_written_config_reproduces_the_run(finished_run) -> None:
+    run_dir, _ = finished_run
+    _, again = resolve_run_config("blackjack", run_dir / "config.yaml", [], {})
+    written = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert again.config.model_dump(mode="json") == written
+
+
+def test_eval_command_matches_the_runs_final_evaluation(
+    finished_run, monkeypatch, capsys
+) -> None:
+    run_dir, _ = finished_run
+    code, out, _ = run_cli(
+        monkeypatch, capsys, "eval", "blackjack", "--checkpoint", run_dir,
+        "--episodes", "40", "--json",
+    )
+    assert code == 0
+    result = json.loads(out)
+    final = [r for r in read_records(run_dir / "metrics.jsonl") if r["kind"] == "evaluation"][0]
+    # Same checkpoint, seeds and greedy actions: the same numbers.
+    assert result["mean"] == final["mean"] and result["ci95"] == final["ci95"]
+    assert [b["mean"] for b in result["baselines"]] == [b["mean"] for b in final["baselines"]]
+
+    code, out, _ = run_cli(
+        monkeypatch, capsys, "eval", "blackjack", "--checkpoint", run_dir, "-n", "8", "--sample"
+    )
+    assert code == 0
+    assert "8 episodes (sampled)" in out and "basic-strategy" in out
+    assert "95% CI [" in out and "invalid replies" in out
+
+    code, _, err = run_cli(monkeypatch, capsys, "eval", "cartpole", "--checkpoint", run_dir)
+    assert code == 2 and "agent.name = 'blackjack'" in err
+
+
+def test_report_command_and_a_second_run_into_the_same_directory(
+    finished_run, monkeypatch, capsys
+) -> None:
+    run_dir, _ = finished_run
+    (run_dir / "report.md").unlink()
+    code, out, _ = run_cli(monkeypatch, capsys, "report", run_dir)
+    assert code == 0 and (run_dir / "report.md").is_file()
+
+    code, _, err = run_cli(monkeypatch, capsys, "run", "blackjack", *FAST, "-o", run_dir)
+    assert code == 2 and "already holds a run" in err and "--resume" in err
+
+
+class FakeWandbRun:
+    def __init__(self, calls: list):
+        self.calls = calls
+
+    def log(self, metrics, step):
+        self.calls.append(("log", step, dict(metrics)))
+
+    def finish(self):
+        self.calls.append(("finish",))
+
+
+def test_wandb_logs_only_when_its_project_is_set(tmp_path, monkeypatch) -> None:
+    from llamagym.config import RunConfig
+    from llamagym.plugins.loggers import WandbLogger
+
+    calls: list = []
+    fake = types.ModuleType("wandb")
+    fake.init = lambda **kwargs: calls.append(("init", kwargs)) or FakeWandbRun(calls)
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    agent = types.SimpleNamespace(config=RunConfig.model_validate({"output": {"dir": tmp_path}}))
+    logger = WandbLogger()
+
+    monkeypatch.delenv("WANDB_PROJECT", raising=False)
+    logger.llamagym_update_end(agent=agent, update=1, metrics={"return_mean": 0.5})
+    assert calls == []
+
+    monkeypatch.setenv("WANDB_PROJECT", "blackjack-runs")
+    logger.llamagym_update_end(agent=agent, update=2, metrics={"return_mean": 0.25})
+    logger.close()
+    assert calls[0][0] == "init" and calls[0][1]["project"] == "blackjack-runs"
+    assert calls[1] == ("log", 2, {"return_mean": 0.25}) and calls[2] == ("finish",)
+
+
+def test_wandb_is_never_imported_without_wandb_project(tmp_path) -> None:
+    """A whole run in a fresh process: every logger plugin loaded, ``wandb`` untouched.
+    A fake ``wandb`` first on the path fails loudly if anything imports it."""
+    fake = tmp_path / "fake"
+    (fake / "wandb").mkdir(parents=True)
+    (fake / "wandb" / "__init__.py").write_text("raise RuntimeError('wandb was imported')\n")
+    run_dir = tmp_path / "run"
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from llamagym.plugin_manager import get_plugins
+        from llamagym.testing import tiny_agent
+        from llamagym.training import Trainer
+
+        assert "wandb-logger" in {{i.name for i in get_plugins().plugin_infos()}}
+        agent = tiny_agent(
+            training={{"episodes": 8, "threads": 1}},
+            rollout={{"num_envs": 4}},
+            algorithm={{"episodes_per_update": 8, "minibatch_size": 8, "epochs": 1}},
+            output={{"dir": {str(run_dir)!r}, "quiet": True}},
+        )
+        Trainer(agent).run()
+        print("wandb" in sys.modules)
+        """
+    )
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    environment["PYTHONPATH"] = os.pathsep.join(
+        [str(fake), *filter(None, [environment.get("PYTHONPATH")])]
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=environment, capture_output=True, text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "False"
+    assert len(read_records(run_dir / "metrics.jsonl")) == 1  # the other loggers did run
