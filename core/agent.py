@@ -241,12 +241,10 @@ class Agent:
     def _commit_turn(self) -> None:
         turn, self._pending_turn = self._pending_turn, None
         slot = self._slot
-        slot.episode.turns.append(turn)
+        include_retries = self.config.rollout.invalid_action.train_on_reprompts
+        slot.episode.turns += turn.training_turns(include_retries)
         slot.episode.length += 1
-        slot.history += [
-            {"role": "user", "content": turn.user_text},
-            {"role": "assistant", "content": turn.reply},
-        ]
+        slot.history += turn.context_messages()
 
     # -- configuration -------------------------------------------------------------
     def _resolve_config(

@@ -64,6 +64,9 @@ class InvalidActionSettings(Settings):
         None, description="Action used by the fallback policy; null = the first legal one."
     )
     max_reprompts: int = Field(2, ge=1, le=10, description="Re-prompts before falling back.")
+    train_on_reprompts: bool = Field(
+        True, description="Train on the failed attempts of a re-prompt (with the penalty)."
+    )
 
 
 class RolloutSettings(Settings):
@@ -92,6 +95,12 @@ class TrainingSettings(Settings):
         1000, ge=0, description="Evaluation episodes at the end (0 = none); baselines too."
     )
     eval_greedy: bool = Field(True, description="Evaluate with argmax actions, not sampled.")
+    max_env_failures: int = Field(
+        10, ge=0, description="Env errors in a row (episode dropped, env remade) before stopping."
+    )
+    max_skipped_updates: int = Field(
+        3, ge=1, description="Updates in a row with a non-finite loss/gradient before stopping."
+    )
     threads: int | None = Field(
         None,
         ge=1,

@@ -9,6 +9,7 @@ with one env, so there is one code path.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -92,7 +93,9 @@ class RolloutEngine:
             return list(slot.history)
         return list(slot.history[len(slot.history) - 2 * keep :]) if keep else []
 
-    def render_prompts(self, slots: Sequence[Slot]) -> tuple[list[str], list[list[int]]]:
+    def render_prompts(
+        self, slots: Sequence[Slot]
+    ) -> tuple[list[str], list[list[int]], list[list[dict[str, str]]]]:
         """User texts and prompt token ids; the oldest history turns go first if too long."""
         tokenizer = self.policy.tokenizer
         user_texts = [
@@ -122,7 +125,8 @@ class RolloutEngine:
                 )
                 prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
             ids[row] = prompt
-        return user_texts, ids
+            conversations[row] = self._messages(slots[row], user_texts[row], histories[row])
+        return user_texts, ids, conversations
 
     def candidate_tokens(self, name: str) -> list[int]:
         tokens = self._candidate_cache.get(name)
@@ -136,7 +140,7 @@ class RolloutEngine:
     # -- one decision for every active env --------------------------------------------
     @torch.no_grad()
     def decide(self, slots: Sequence[Slot], greedy: bool = False) -> list[Turn]:
-        user_texts, prompts = self.render_prompts(slots)
+        user_texts, prompts, conversations = self.render_prompts(slots)
         legal = [list(self.agent.legal_actions(s.observation, s.info)) for s in slots]
         for row, actions in enumerate(legal):
             if not actions:
@@ -149,6 +153,11 @@ class RolloutEngine:
             turns = self._decide_by_score(prompts, legal, greedy)
         else:
             turns = self._decide_by_generation(prompts, legal, greedy)
+            if self.settings.invalid_action.policy == "reprompt":
+                self._reprompt(turns, conversations, greedy)
+            for turn in turns:
+                if not turn.valid:
+                    self._apply_invalid_action_policy(turn)
         self.stats.seconds_model += time.perf_counter() - started
         for turn, text in zip(turns, user_texts, strict=True):
             turn.user_text = text
@@ -210,15 +219,46 @@ class RolloutEngine:
                     valid=index is not None,
                 )
             )
-        for turn in turns:
-            if not turn.valid:
-                self._apply_invalid_action_policy(turn)
         return turns
+
+    def _reprompt(
+        self, turns: list[Turn], conversations: list[list[dict[str, str]]], greedy: bool
+    ) -> None:
+        """Ask again, up to ``max_reprompts`` times, the envs whose reply had no legal
+        action; the failed reply and the feedback stay in the conversation."""
+        policy = self.settings.invalid_action
+        tokenizer = self.policy.tokenizer
+        for _ in range(policy.max_reprompts):
+            pending = [row for row, turn in enumerate(turns) if not turn.valid]
+            if not pending:
+                return
+            prompts = []
+            for row in pending:
+                failed = turns[row]
+                failed.reward += policy.penalty
+                failed.feedback = feedback_message(failed.legal_actions)
+                conversations[row] = conversations[row] + [
+                    {"role": "assistant", "content": failed.reply},
+                    {"role": "user", "content": failed.feedback},
+                ]
+                text = tokenizer.apply_chat_template(
+                    conversations[row], add_generation_prompt=True, tokenize=False
+                )
+                prompts.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+            if max(map(len, prompts)) > self.policy.max_context - self.settings.max_new_tokens:
+                return  # no room left to ask again: the fallback applies
+            legal = [turns[row].legal_actions for row in pending]
+            retried = self._decide_by_generation(prompts, legal, greedy)
+            for row, turn in zip(pending, retried, strict=True):
+                turn.retries = [*turns[row].retries, turns[row]]
+                turns[row].retries = []
+                turns[row] = turn
 
     def _apply_invalid_action_policy(self, turn: Turn) -> None:
         """Choose a legal action for an unparsable reply; ``None`` never reaches env.step."""
         policy = self.settings.invalid_action
         turn.reward += policy.penalty
+        turn.feedback = ""
         if policy.policy == "random":
             turn.action_index = int(self.rng.integers(len(turn.legal_actions)))
         elif policy.fallback_action in turn.legal_actions:
@@ -267,14 +307,32 @@ class RolloutEngine:
                 return
             slots[position] = None
 
+        def finish(position: int, summary: dict) -> None:
+            episode = slots[position].episode
+            episode.info = summary
+            finished.append(episode)
+            self.plugins.episode_end(self.agent, episode)
+            if on_episode is not None:
+                on_episode(episode)
+            start(position)
+
         for position in range(len(envs)):
             start(position)
 
         while any(slot is not None for slot in slots):
             active = [p for p, slot in enumerate(slots) if slot is not None]
             turns = self.decide([slots[p] for p in active], greedy=greedy)
+            include_retries = self.settings.invalid_action.train_on_reprompts
             for position, turn in zip(active, turns, strict=True):
                 slot = slots[position]
+                episode = slot.episode
+                if turn.ends_episode:
+                    # The end-episode policy: the env is not stepped; the penalty is the
+                    # turn's only reward and the env is reset for the next episode.
+                    episode.turns += turn.training_turns(include_retries)
+                    episode.length += 1
+                    finish(position, {"terminated": False, "ended_by_invalid_reply": True})
+                    continue
                 action_name = turn.legal_actions[turn.action_index]
                 env_action = self.agent.env_action(turn.action_index, turn.legal_actions)
                 try:
@@ -294,22 +352,13 @@ class RolloutEngine:
                         self.agent, slot.observation, action_name, reward, info
                     )
                 turn.reward += shaped
-                episode = slot.episode
-                episode.turns.append(turn)
+                episode.turns += turn.training_turns(include_retries)
                 episode.env_return += reward
                 episode.length += 1
-                slot.history += [
-                    {"role": "user", "content": turn.user_text},
-                    {"role": "assistant", "content": turn.reply},
-                ]
+                slot.history += turn.context_messages()
                 slot.observation, slot.info = observation, dict(info)
-                if terminated or truncated or turn.ends_episode:
-                    episode.info = {"terminated": bool(terminated), **_summary(info)}
-                    finished.append(episode)
-                    self.plugins.episode_end(self.agent, episode)
-                    if on_episode is not None:
-                        on_episode(episode)
-                    start(position)
+                if terminated or truncated:
+                    finish(position, {"terminated": bool(terminated), **_summary(info)})
         self.stats.seconds_total += time.perf_counter() - started_at
         return finished
 
@@ -327,12 +376,16 @@ class RolloutEngine:
                 f"the environment raised {count} times in a row (last: {type(error).__name__}: "
                 f"{error}); stopping the run"
             ) from error
-        try:
+        with contextlib.suppress(Exception):  # a broken env may fail to close; it is replaced
             envs[position].close()
-        except Exception:  # a broken env may fail to close too; it is replaced anyway
-            pass
         envs[position] = self.agent.make_env()
         return count
+
+
+def feedback_message(legal_actions: Sequence[str], shown: int = 20) -> str:
+    """What a re-prompt tells the model (a bounded list of the legal actions)."""
+    names = ", ".join(legal_actions[:shown]) + (", ..." if len(legal_actions) > shown else "")
+    return f"That reply named no legal action. Reply with one of: {names}."
 
 
 def _summary(info: dict) -> dict:

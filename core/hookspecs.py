@@ -10,6 +10,10 @@ Three kinds of hook:
   first non-``None`` answer: the agent's own methods answer at normal priority, so a
   plugin marked ``tryfirst`` overrides them and one marked ``trylast`` is a fallback;
 * observer hooks (reward shaping, episode end, update end) call every plugin.
+
+A plugin that raises inside a per-step or observer hook is reported once, by name and
+distribution, and skipped for that call; the run goes on. (These hooks are called one
+implementation at a time, so pluggy hook wrappers do not apply to them.)
 """
 
 from __future__ import annotations

@@ -82,6 +82,7 @@ class Plugins:
         self.manager = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self.manager.add_hookspecs(hookspecs)
         self.problems: list[str] = []
+        self._failed_hooks: set[str] = set()
         self._distributions: dict[str, tuple[str, str]] = {}
         self._registries: dict[str, dict[str, Registration]] | None = None
         self._envs_registered = False
@@ -244,18 +245,44 @@ class Plugins:
                     f"{type(error).__name__}: {error}; {_disable_hint(impl.plugin_name)}"
                 )
 
+    def _call(self, hook_name: str, first_result: bool, **kwargs: Any) -> Any:
+        """Call a hook's implementations in pluggy's order, one at a time, so a plugin
+        that raises is reported (once, by name) and skipped instead of ending the run."""
+        results = []
+        for impl in reversed(getattr(self.manager.hook, hook_name).get_hookimpls()):
+            if impl.hookwrapper or impl.wrapper:
+                continue  # per-step and observer hooks take plain implementations only
+            try:
+                result = impl.function(**{name: kwargs[name] for name in impl.argnames})
+            except Exception as error:
+                key = f"{impl.plugin_name}:{hook_name}"
+                if key not in self._failed_hooks:
+                    self._failed_hooks.add(key)
+                    distribution = self._distributions.get(impl.plugin_name, ("", ""))[0]
+                    self._problem(
+                        f"plugin {impl.plugin_name!r} (distribution {distribution or 'unknown'}) "
+                        f"raised in {hook_name}: {type(error).__name__}: {error}; it is skipped "
+                        f"from now on for this call; {_disable_hint(impl.plugin_name)}"
+                    )
+                continue
+            if result is not None:
+                if first_result:
+                    return result
+                results.append(result)
+        return None if first_result else results
+
     def system_prompt(self, agent: Any) -> str:
-        return self.manager.hook.llamagym_system_prompt(agent=agent) or ""
+        return self._call("llamagym_system_prompt", True, agent=agent) or ""
 
     def format_observation(self, agent: Any, observation: Any, info: dict) -> str:
-        text = self.manager.hook.llamagym_format_observation(
-            agent=agent, observation=observation, info=info
+        text = self._call(
+            "llamagym_format_observation", True, agent=agent, observation=observation, info=info
         )
         return "" if text is None else str(text)
 
     def extract_action(self, agent: Any, reply: str, legal_actions: Sequence[str]) -> int | None:
-        index = self.manager.hook.llamagym_extract_action(
-            agent=agent, reply=reply, legal_actions=legal_actions
+        index = self._call(
+            "llamagym_extract_action", True, agent=agent, reply=reply, legal_actions=legal_actions
         )
         # A parser that answers with something out of range must never reach env.step.
         if isinstance(index, int) and not isinstance(index, bool):
@@ -266,16 +293,22 @@ class Plugins:
     def shape_reward(
         self, agent: Any, observation: Any, action: str, reward: float, info: dict
     ) -> float:
-        terms = self.manager.hook.llamagym_shape_reward(
-            agent=agent, observation=observation, action=action, reward=reward, info=info
+        terms = self._call(
+            "llamagym_shape_reward",
+            False,
+            agent=agent,
+            observation=observation,
+            action=action,
+            reward=reward,
+            info=info,
         )
-        return float(sum(term for term in terms if term is not None))
+        return float(sum(terms))
 
     def episode_end(self, agent: Any, episode: Any) -> None:
-        self.manager.hook.llamagym_episode_end(agent=agent, episode=episode)
+        self._call("llamagym_episode_end", False, agent=agent, episode=episode)
 
     def update_end(self, agent: Any, update: int, metrics: dict[str, float]) -> None:
-        self.manager.hook.llamagym_update_end(agent=agent, update=update, metrics=metrics)
+        self._call("llamagym_update_end", False, agent=agent, update=update, metrics=metrics)
 
 
 _plugins: Plugins | None = None

@@ -28,7 +28,7 @@ import torch
 
 from llamagym import checkpoint as checkpoints
 from llamagym.config import agent_config_class, complete_config, config_descriptions
-from llamagym.errors import LlamaGymError
+from llamagym.errors import EnvFailureError, LlamaGymError, TrainingDivergedError
 from llamagym.evaluation import EvalResult, evaluate_agent, evaluate_baseline
 from llamagym.report import (
     METRICS,
@@ -261,6 +261,8 @@ class Trainer:
         started = time.perf_counter()
         seconds_before = counters.seconds
         metrics: dict[str, float] = {}
+        skipped_in_a_row = 0
+        engine.max_failures_in_a_row = config.training.max_env_failures
         progress = self.progress
         if progress is not None:
             progress.start(episode_budget, config.training.minutes, counters.episodes,
@@ -279,10 +281,36 @@ class Trainer:
                     algorithm.progress = budget_fraction(
                         counters, episode_budget, time_budget
                     )
-                    batch = engine.collect(
-                        envs, algorithm.episodes_per_update, group_size=algorithm.group_size
-                    )
+                    try:
+                        batch = engine.collect(
+                            envs, algorithm.episodes_per_update, group_size=algorithm.group_size
+                        )
+                    except EnvFailureError as error:
+                        # The weights are fine: keep them, and say how to go on.
+                        path = self._checkpoint(counters)
+                        raise EnvFailureError(
+                            f"{error}; checkpoint written to {path}: fix the environment, "
+                            f"then continue with --resume {self.output_dir}"
+                        ) from error
+                    skipped_before = algorithm.skipped_updates
                     update_metrics = algorithm.update(batch)
+                    if algorithm.skipped_updates > skipped_before:
+                        skipped_in_a_row += 1
+                        logger.warning(
+                            "update %d: %d optimizer step(s) skipped for a non-finite loss or "
+                            "gradient; the weights were left unchanged",
+                            counters.updates + 1,
+                            algorithm.skipped_updates - skipped_before,
+                        )
+                        if skipped_in_a_row >= config.training.max_skipped_updates:
+                            last = self._last_checkpoint
+                            raise TrainingDivergedError(
+                                f"{skipped_in_a_row} updates in a row had a non-finite loss or "
+                                f"gradient; stopping. The last good checkpoint is {last}; try a "
+                                "lower algorithm.lr, or check the rewards for inf/nan"
+                            )
+                    else:
+                        skipped_in_a_row = 0
                     now = time.perf_counter()
                     counters.updates += 1
                     counters.episodes += len(batch)

@@ -27,6 +27,24 @@ class Turn:
     valid: bool = True
     user_text: str = ""
     ends_episode: bool = False
+    #: Failed attempts before this reply under the ``reprompt`` policy, each followed
+    #: in the conversation by ``feedback``.
+    retries: list[Turn] = field(default_factory=list)
+    feedback: str = ""
+
+    def context_messages(self) -> list[dict[str, str]]:
+        """The messages this turn adds to the conversation, retries included."""
+        messages = [{"role": "user", "content": self.user_text}]
+        for retry in self.retries:
+            messages += [
+                {"role": "assistant", "content": retry.reply},
+                {"role": "user", "content": retry.feedback},
+            ]
+        return messages + [{"role": "assistant", "content": self.reply}]
+
+    def training_turns(self, include_retries: bool) -> list[Turn]:
+        """This turn, preceded by its failed attempts when they are trained on."""
+        return [*self.retries, self] if include_retries else [self]
 
 
 @dataclass

@@ -91,9 +91,10 @@ class TensorBoardLogger:
         for key, value in metrics.items():
             if isinstance(value, (int, float)):
                 writer.add_scalar(f"train/{key}", value, step)
-        returns = self._returns.pop(run_dir, [])
-        if returns:
-            writer.add_histogram("train/episode_return", np.asarray(returns), step)
+        returns = np.asarray(self._returns.pop(run_dir, []), dtype=float)
+        returns = returns[np.isfinite(returns)]  # a NaN reward must not break the logger
+        if returns.size:
+            writer.add_histogram("train/episode_return", returns, step)
         writer.flush()
 
     def close(self) -> None:

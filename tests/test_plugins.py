@@ -143,6 +143,21 @@ def test_extract_action_hook_cannot_return_an_illegal_index() -> None:
         assert plugins.extract_action(agent, "right", ["left", "right"]) == 1
 
 
+def test_a_plugin_raising_in_a_step_hook_is_reported_once_and_skipped() -> None:
+    class Broken:
+        @hookimpl(tryfirst=True)
+        def llamagym_extract_action(self, agent, reply, legal_actions):
+            raise KeyError("oops")
+
+    agent = BanditAgent(config={"agent": {"name": "bandit"}})
+    with temporary_plugin(Broken(), "broken-parser") as plugins:
+        assert plugins.extract_action(agent, "right", ["left", "right"]) == 1
+        assert plugins.extract_action(agent, "left", ["left", "right"]) == 0
+        reports = [p for p in plugins.problems if "'broken-parser'" in p]
+    assert len(reports) == 1 and "KeyError" in reports[0]
+    assert "llamagym_extract_action" in reports[0]
+
+
 # -- observer hooks, in a real (tiny) run --------------------------------------------
 def test_shaping_and_lifecycle_hooks_in_a_run(tmp_path) -> None:
     seen: dict[str, list] = {"episodes": [], "updates": [], "shaped": []}

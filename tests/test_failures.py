@@ -1,0 +1,97 @@
+"""Failing environments and non-finite numbers: the run goes on or stops cleanly, and
+nothing trained on is corrupt."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from llamagym.errors import EnvFailureError, TrainingDivergedError
+from llamagym.testing import BanditAgent, TwoArmedBandit, tiny_agent
+from llamagym.training import Trainer
+
+
+class FlakyBandit(TwoArmedBandit):
+    """Raises in ``step`` on every ``fail_every``-th call, in ``reset`` when told."""
+
+    calls = 0
+    made = 0
+    fail_every = 3
+    fail_reset = False
+
+    def __init__(self):
+        FlakyBandit.made += 1
+
+    def reset(self, *, seed=None, options=None):
+        if FlakyBandit.fail_reset:
+            raise ConnectionError("simulator went away")
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        FlakyBandit.calls += 1
+        if FlakyBandit.calls % FlakyBandit.fail_every == 0:
+            raise RuntimeError("physics exploded")
+        return super().step(action)
+
+
+class FlakyAgent(BanditAgent):
+    def make_env(self):
+        return FlakyBandit()
+
+
+class NaNBandit(TwoArmedBandit):
+    def step(self, action):
+        observation, _, terminated, truncated, info = super().step(action)
+        return observation, float("nan"), terminated, truncated, info
+
+
+class NaNAgent(BanditAgent):
+    def make_env(self):
+        return NaNBandit()
+
+
+@pytest.fixture(autouse=True)
+def _reset_counters():
+    FlakyBandit.calls, FlakyBandit.made, FlakyBandit.fail_every = 0, 0, 3
+    FlakyBandit.fail_reset = False
+
+
+def test_failing_step_drops_the_episode_and_recreates_the_env(caplog) -> None:
+    agent = tiny_agent(FlakyAgent, rollout={"num_envs": 2})
+    envs = [agent.make_env() for _ in range(2)]
+    episodes = agent.engine.collect(envs, 12)
+    assert len(episodes) == 12 - agent.engine.stats.env_failures
+    assert agent.engine.stats.env_failures == FlakyBandit.calls // 3 > 0
+    assert FlakyBandit.made == 2 + agent.engine.stats.env_failures  # one new env per failure
+    assert all(len(e.turns) == 1 and math.isfinite(e.env_return) for e in episodes)
+    assert "physics exploded" in caplog.text
+
+
+def test_too_many_failures_in_a_row_stop_with_a_checkpoint(tmp_path) -> None:
+    FlakyBandit.fail_reset = True
+    agent = tiny_agent(
+        FlakyAgent,
+        training={"max_env_failures": 2},
+        output={"dir": str(tmp_path / "run"), "quiet": True},
+    )
+    with pytest.raises(EnvFailureError) as raised:
+        Trainer(agent).run()
+    message = str(raised.value)
+    assert "simulator went away" in message and "--resume" in message
+    assert list((tmp_path / "run" / "checkpoints").iterdir())
+
+
+def test_non_finite_loss_skips_the_update_and_stops_after_a_few(tmp_path) -> None:
+    agent = tiny_agent(
+        NaNAgent,
+        training={"episodes": 200, "max_skipped_updates": 2},
+        output={"dir": str(tmp_path / "run"), "quiet": True},
+    )
+    before = {n: p.detach().clone() for n, p in agent.policy.named_parameters()}
+    with pytest.raises(TrainingDivergedError, match="2 updates in a row"):
+        Trainer(agent).run()
+    for name, parameter in agent.policy.named_parameters():
+        assert torch.equal(before[name], parameter.detach()), f"{name} was corrupted"
+    assert agent.algorithm.skipped_updates > 0
