@@ -305,9 +305,10 @@ def _choose_threads(policy: Any, threads: int | None) -> None:
 
     if threads is not None:
         torch.set_num_threads(threads)
-    elif policy.device.type == "cpu":
-        if sum(p.numel() for p in policy.model.parameters()) < SMALL_MODEL_PARAMETERS:
-            torch.set_num_threads(1)
+    elif policy.device.type == "cpu" and (
+        sum(p.numel() for p in policy.model.parameters()) < SMALL_MODEL_PARAMETERS
+    ):
+        torch.set_num_threads(1)
 
 
 @functools.cache

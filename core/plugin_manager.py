@@ -15,7 +15,7 @@ import importlib.metadata
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -165,7 +165,13 @@ class Plugins:
             distribution = self._distributions.get(plugin_name, ("", ""))[0]
 
             def register(
-                name: str, entry_point: str, description: str = "", **extra: Any
+                name: str,
+                entry_point: str,
+                description: str = "",
+                *,
+                plugin_name: str = plugin_name,
+                distribution: str = distribution,
+                **extra: Any,
             ) -> None:
                 if name in registry:
                     first = registry[name]
@@ -285,10 +291,8 @@ class Plugins:
             "llamagym_extract_action", True, agent=agent, reply=reply, legal_actions=legal_actions
         )
         # A parser that answers with something out of range must never reach env.step.
-        if isinstance(index, int) and not isinstance(index, bool):
-            if 0 <= index < len(legal_actions):
-                return index
-        return None
+        legal = isinstance(index, int) and not isinstance(index, bool)
+        return index if legal and 0 <= index < len(legal_actions) else None
 
     def shape_reward(
         self, agent: Any, observation: Any, action: str, reward: float, info: dict

@@ -69,7 +69,9 @@ def test_broken_plugin_is_reported_and_the_cli_still_works(tmp_path) -> None:
     # A real distribution on sys.path whose entry point fails to import.
     dist_info = tmp_path / "llamagym_broken-1.0.dist-info"
     dist_info.mkdir()
-    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: llamagym-broken\nVersion: 1.0\n")
+    (dist_info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: llamagym-broken\nVersion: 1.0\n"
+    )
     (dist_info / "entry_points.txt").write_text("[llamagym]\nbroken = llamagym_broken_missing\n")
     env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     result = run_cli("list", env=env)

@@ -21,7 +21,9 @@ class ScriptedPolicy(Policy):
         replies = []
         for _ in prompts:
             text = self.script.pop(0) if len(self.script) > 1 else self.script[0]
-            replies.append(self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.eos_id])
+            replies.append(
+                self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.eos_id]
+            )
         return replies
 
 
@@ -97,14 +99,22 @@ def test_reprompt_keeps_the_exchange_in_context(train_on_reprompts: bool) -> Non
     assert "hmm" in third_prompt and "still thinking" in third_prompt
     assert third_prompt.count("Reply with one of: left, right.") == 2
     messages = final.context_messages()
-    assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant", "user", "assistant"]
+    assert [m["role"] for m in messages] == [
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+    ]
     penalties = [t.reward for t in final.retries]
     assert penalties == [-0.25, -0.25]
 
 
 def test_reprompt_falls_back_after_k_attempts() -> None:
-    agent = scripted_agent(["nope"], policy="reprompt", max_reprompts=2, penalty=-1.0,
-                           fallback_action="left")
+    agent = scripted_agent(
+        ["nope"], policy="reprompt", max_reprompts=2, penalty=-1.0, fallback_action="left"
+    )
     [episode] = run_episodes(agent, 1)
     final = episode.turns[-1]
     assert not final.valid and final.legal_actions[final.action_index] == "left"

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
 from llamagym.errors import LlamaGymError, ModelLoadError
 from llamagym.model_registry import (
     GENERIC_CHAT_TEMPLATE,
@@ -37,8 +40,6 @@ from llamagym.tiny_model import (
     build_tiny_model,
     default_tiny_model_dir,
 )
-from safetensors.torch import load_file
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 REQUIRED_HUB_IDS = {
     "TinyLlama/TinyLlama-1.1B-Chat-v1.0",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import types
+from pathlib import Path
 
 import gymnasium
 import pytest
@@ -279,6 +280,6 @@ def test_kill_switches(monkeypatch, fake_entry_points) -> None:
 
 
 def test_every_hook_has_a_test_here() -> None:
-    source = open(__file__).read()
+    source = Path(__file__).read_text()
     missing = [name for name in all_hook_names() if name not in source.replace("test_every", "")]
     assert missing == []

@@ -12,9 +12,7 @@ def naive_logprob(model, prompt: list[int], continuation: list[int]) -> float:
     ids = torch.tensor([prompt + continuation])
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0].log_softmax(-1)
-    return sum(
-        float(logits[len(prompt) - 1 + k, token]) for k, token in enumerate(continuation)
-    )
+    return sum(float(logits[len(prompt) - 1 + k, token]) for k, token in enumerate(continuation))
 
 
 def test_scores_match_unbatched_forward() -> None:

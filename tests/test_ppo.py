@@ -58,4 +58,6 @@ def test_kl_reference_starts_equal_and_drifts_after_updates() -> None:
     metrics = agent.algorithm.update(batch)
     assert metrics["kl_ref"] > 0.0
     with torch.no_grad():
-        assert not torch.allclose(agent.algorithm.reference_logprobs(turns), agent.algorithm.evaluate(turns).logprobs)
+        assert not torch.allclose(
+            agent.algorithm.reference_logprobs(turns), agent.algorithm.evaluate(turns).logprobs
+        )

@@ -6,11 +6,11 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from llamagym_blackjack.agent import BlackjackAgent, basic_strategy, hit_below_17
 
 from llamagym import Agent, load_model_and_tokenizer
 from llamagym.evaluation import evaluate_baseline
 from llamagym.plugin_manager import get_plugins
-from llamagym_blackjack.agent import BlackjackAgent, basic_strategy, hit_below_17
 
 
 def test_registered_through_the_plugin() -> None:

@@ -56,8 +56,14 @@ class BlackjackAgent(Agent):
     }
     defaults = {
         "rollout": {"mode": "score", "num_envs": 64, "history_turns": 0},
-        "algorithm": {"name": "ppo", "lr": 1e-3, "episodes_per_update": 256,
-                      "minibatch_size": 128, "epochs": 4, "entropy_coef": 0.003},
+        "algorithm": {
+            "name": "ppo",
+            "lr": 1e-3,
+            "episodes_per_update": 256,
+            "minibatch_size": 128,
+            "epochs": 4,
+            "entropy_coef": 0.003,
+        },
         "training": {"episodes": 60_000, "eval_episodes": 20_000},
     }
 
