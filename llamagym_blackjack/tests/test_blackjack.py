@@ -115,3 +115,16 @@ def test_assign_reward_before_act_is_a_clear_error() -> None:
 def test_unknown_legacy_option_is_a_clear_error() -> None:
     with pytest.raises(Exception, match="ppo_config_dict key 'ppo_steps'"):
         UserBlackjackAgent(ppo_config_dict={"ppo_steps": 3})
+
+
+def test_exact_values_of_the_baselines() -> None:
+    from llamagym_blackjack.exact import policy_value
+
+    def value(baseline) -> float:
+        return policy_value(lambda state: baseline(state, {}, ["stick", "hit"], None))
+
+    assert value(basic_strategy) == pytest.approx(-0.0466, abs=5e-4)
+    assert value(hit_below_17) == pytest.approx(-0.0793, abs=5e-4)
+    # The exact value agrees with simulation within its 95% interval.
+    simulated = evaluate_baseline(BlackjackAgent(), "always-stick", 20_000, seed=3)
+    assert abs(value(lambda *_: "stick") - simulated.mean) < simulated.ci95
