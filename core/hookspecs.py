@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     import typer
 
     from llamagym.agent import Agent
+    from llamagym.model_registry import ModelEntry
     from llamagym.trajectory import Episode
 
 PROJECT_NAME = "llamagym"
@@ -59,6 +60,15 @@ def llamagym_register_envs(register: Callable[..., None]) -> None:
 
     ``register`` is :func:`gymnasium.register`; an id already registered is skipped.
     Called once for every plugin, the first time an environment is made.
+    """
+
+
+@hookspec
+def llamagym_register_models(register: Callable[[ModelEntry], None]) -> None:
+    """Add model registry entries: ``register(ModelEntry(...))`` (see ``llamagym models``).
+
+    An entry gives a model's LoRA targets, rank, generation defaults and chat-template
+    fallback. Called once for every plugin, the first time the registry is read.
     """
 
 

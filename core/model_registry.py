@@ -201,8 +201,16 @@ def _key(text: str) -> str:
     return text.strip().lower()
 
 
+def _include_plugin_entries() -> None:
+    # Plugins add entries through the llamagym_register_models hook, on first read.
+    from llamagym.plugin_manager import get_plugins
+
+    get_plugins().register_models()
+
+
 def get_model_entry(name_or_hub_id: str) -> ModelEntry | None:
     """The entry whose short name or Hub id matches (case-insensitive), if any."""
+    _include_plugin_entries()
     wanted = _key(name_or_hub_id)
     with _lock:
         for entry in _entries.values():
@@ -215,6 +223,7 @@ def get_model_entry(name_or_hub_id: str) -> ModelEntry | None:
 
 def list_model_entries() -> list[ModelEntry]:
     """All known entries, in registration order."""
+    _include_plugin_entries()
     with _lock:
         return list(_entries.values())
 

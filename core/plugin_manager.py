@@ -86,6 +86,7 @@ class Plugins:
         self._distributions: dict[str, tuple[str, str]] = {}
         self._registries: dict[str, dict[str, Registration]] | None = None
         self._envs_registered = False
+        self._models_registered = False
         from llamagym import agent_hooks
 
         self.register(agent_hooks, name="agent", distribution=BUILTIN_DISTRIBUTION)
@@ -240,6 +241,22 @@ class Plugins:
 
         self.manager.hook.llamagym_register_envs(register=register)
         self._envs_registered = True
+
+    def register_models(self) -> None:
+        """Let plugins add model registry entries (once per process)."""
+        if self._models_registered:
+            return
+        self._models_registered = True
+        from llamagym.model_registry import register_model_entry
+
+        for impl in self.manager.hook.llamagym_register_models.get_hookimpls():
+            try:
+                impl.function(register=register_model_entry)
+            except Exception as error:
+                self._problem(
+                    f"plugin {impl.plugin_name!r} raised in llamagym_register_models: "
+                    f"{type(error).__name__}: {error}; {_disable_hint(impl.plugin_name)}"
+                )
 
     def register_commands(self, cli: Any) -> None:
         for impl in self.manager.hook.llamagym_register_commands.get_hookimpls():

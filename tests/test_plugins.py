@@ -105,6 +105,34 @@ def test_register_commands() -> None:
     assert result.exit_code == 0 and "hello world" in result.output
 
 
+def test_register_models(monkeypatch) -> None:
+    from llamagym import model_registry
+    from llamagym.model_registry import ModelEntry
+
+    monkeypatch.setattr(model_registry, "_entries", dict(model_registry._entries))
+
+    def register_models(register):
+        register(
+            ModelEntry(
+                name="my-model",
+                hub_id="me/my-model",
+                architecture="llama",
+                parameters="42M",
+                suggested_memory="1 GB",
+                lora_target_modules=("q_proj", "v_proj"),
+            )
+        )
+
+    with temporary_plugin(module_plugin(llamagym_register_models=register_models)):
+        entry = model_registry.get_model_entry("me/my-model")
+        assert entry is not None and entry.lora_target_modules == ("q_proj", "v_proj")
+    runner = CliRunner()
+    from llamagym.cli import app
+
+    result = runner.invoke(app, ["models"])
+    assert result.exit_code == 0 and "qwen2.5-0.5b" in result.output.lower()
+
+
 # -- per-step hooks: first answer wins, tryfirst beats the agent ------------------------
 def test_system_prompt_and_observation_hooks() -> None:
     agent = BanditAgent(config={"agent": {"name": "bandit"}})
