@@ -59,34 +59,6 @@ class Policy(nn.Module):
         return _is_peft(self.model)
 
     # -- forward passes --------------------------------------------------------------
-    def _forward(
-        self, sequences: Sequence[Sequence[int]], keep: int, reference: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Left-padded forward: logits of the last ``keep`` positions [M, keep, V] and,
-        unless ``reference``, the last layer's hidden states [M, L, H].
-
-        Sequences end at the same column, so the tokens being scored line up at the
-        end and the vocabulary projection is computed only where it is needed.
-        """
-        width = max(len(s) for s in sequences)
-        input_ids = torch.full((len(sequences), width), self.pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
-        for row, sequence in enumerate(sequences):
-            input_ids[row, width - len(sequence) :] = torch.tensor(sequence, dtype=torch.long)
-            attention_mask[row, width - len(sequence) :] = 1
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        with self._reference_context(reference) as model:
-            output = model(
-                input_ids=input_ids.to(self.device),
-                attention_mask=attention_mask.to(self.device),
-                position_ids=position_ids.to(self.device),
-                output_hidden_states=not reference,
-                use_cache=False,
-                logits_to_keep=keep,
-            )
-        logits = output.logits[:, -keep:].float()
-        return logits, (None if reference else output.hidden_states[-1])
-
     @contextlib.contextmanager
     def _reference_context(self, reference: bool) -> Iterator[nn.Module]:
         if not reference:
@@ -124,46 +96,71 @@ class Policy(nn.Module):
 
         Returns per-token logprobs [P, T], their mask [P, T], per-token entropy [P, T]
         (if asked) and the hidden state at each pair's last prompt token [P, H].
-        Pairs whose inputs coincide share one forward row: single-token actions after
-        the same prompt, and the same prompt met in many turns (a small state space
-        such as Blackjack's repeats prompts all the time).
+
+        Each distinct prompt runs through the model once (left-padded, so all end in the
+        same column); the continuations after it reuse its key/value cache. Scoring A
+        candidates costs one prompt row, not A, and a prompt met in many turns (a small
+        state space such as Blackjack's repeats prompts all the time) is computed once.
         """
-        rows: dict[tuple[int, tuple[int, ...]], int] = {}
-        sequences: list[list[int]] = []
-        pair_rows = []
-        for prompt_index, tokens in pairs:
-            key = (tuple(prompts[prompt_index]), tuple(tokens[:-1]))
-            if key not in rows:
-                rows[key] = len(sequences)
-                sequences.append(list(prompts[prompt_index]) + list(tokens[:-1]))
-            pair_rows.append(rows[key])
+        slot_of: dict[tuple[int, ...], int] = {}
+        for prompt_index, _ in pairs:
+            slot_of.setdefault(tuple(prompts[prompt_index]), len(slot_of))
+        distinct = list(slot_of)
+        width = max(len(prompt) for prompt in distinct)
+        input_ids = torch.full((len(distinct), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(distinct), width), dtype=torch.long)
+        for slot, prompt in enumerate(distinct):
+            input_ids[slot, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            attention_mask[slot, width - len(prompt) :] = 1
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         lengths = torch.tensor([len(tokens) for _, tokens in pairs])
         keep = int(lengths.max())
-        logits, hidden = self._forward(sequences, keep, reference=reference)
-        log_dist = logits.log_softmax(-1)  # [M, keep, V]
-        # Pair p's tokens are the last len_p of the window, right-aligned.
-        offsets = torch.arange(keep)
-        positions = (keep - lengths[:, None] + offsets[None, :]).clamp(max=keep - 1)
-        mask = (offsets[None, :] < lengths[:, None]).float()
-        aligned = torch.zeros(len(pairs), keep, dtype=torch.long)
+        pair_slots = torch.tensor([slot_of[tuple(prompts[index])] for index, _ in pairs])
+        with self._reference_context(reference) as model:
+            # 1. Every prompt once: each continuation's first-token distribution, the
+            #    hidden state the value head reads, and the cache the continuations extend.
+            output = model(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention_mask.to(self.device),
+                position_ids=position_ids.to(self.device),
+                output_hidden_states=not reference,
+                use_cache=keep > 1,
+                logits_to_keep=1,
+            )
+            first = output.logits[:, -1].float().log_softmax(-1)[pair_slots.to(self.device)]
+            log_dists = [first[:, None]]  # [P, 1, V]
+            if keep > 1:
+                # 2. The continuations' tokens but the last (which is only scored),
+                #    right-padded, each row attending to its own prompt's cached keys.
+                cache = output.past_key_values
+                cache.batch_select_indices(pair_slots.to(self.device))
+                tails = torch.full((len(pairs), keep - 1), self.pad_id, dtype=torch.long)
+                for p, (_, tokens) in enumerate(pairs):
+                    if len(tokens) > 1:
+                        tails[p, : len(tokens) - 1] = torch.tensor(tokens[:-1], dtype=torch.long)
+                prompt_lengths = attention_mask.sum(-1)[pair_slots]
+                tail_positions = prompt_lengths[:, None] + torch.arange(keep - 1)[None, :]
+                tail_ones = torch.ones(len(pairs), keep - 1, dtype=torch.long)
+                tail_mask = torch.cat([attention_mask[pair_slots], tail_ones], dim=1)
+                tail_output = model(
+                    input_ids=tails.to(self.device),
+                    attention_mask=tail_mask.to(self.device),
+                    position_ids=tail_positions.to(self.device),
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+                log_dists.append(tail_output.logits.float().log_softmax(-1))  # [P, keep-1, V]
+        dist = torch.cat(log_dists, dim=1)  # [P, keep, V]: column t predicts token t
+        mask = (torch.arange(keep)[None, :] < lengths[:, None]).float().to(self.device)
+        targets = torch.zeros(len(pairs), keep, dtype=torch.long)
         for p, (_, tokens) in enumerate(pairs):
-            aligned[p, keep - len(tokens) :] = torch.tensor(tokens, dtype=torch.long)
-        row_index = torch.tensor(pair_rows, device=self.device)
-        dist = log_dist[row_index]  # [P, keep, V]
-        token_logprobs = dist.gather(-1, aligned.to(self.device)[..., None]).squeeze(-1)
-        # Back to left-aligned [P, T] so unit t of every pair is column t.
-        gather_back = positions.to(self.device)
-        token_logprobs = token_logprobs.gather(1, gather_back) * mask.to(self.device)
-        token_entropy = None
-        if entropy:
-            per_position = -(dist.exp() * dist).sum(-1)
-            token_entropy = per_position.gather(1, gather_back) * mask.to(self.device)
+            targets[p, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        token_logprobs = dist.gather(-1, targets.to(self.device)[..., None]).squeeze(-1) * mask
+        token_entropy = -(dist.exp() * dist).sum(-1) * mask if entropy else None
         state_hidden = None
-        if hidden is not None:
-            width = hidden.shape[1]
-            last_prompt = (width - lengths).to(self.device)  # column of the prompt's last token
-            state_hidden = hidden[row_index, last_prompt]
-        return token_logprobs, mask.to(self.device), token_entropy, state_hidden
+        if not reference:
+            state_hidden = output.hidden_states[-1][pair_slots.to(self.device), -1]
+        return token_logprobs, mask, token_entropy, state_hidden
 
     def _values(self, state_hidden: torch.Tensor) -> torch.Tensor:
         return self.value_head(state_hidden.float()).squeeze(-1)

@@ -31,6 +31,7 @@ from typing import Any, SupportsFloat
 
 import gymnasium as gym
 from gymnasium import spaces
+
 from llamagym_textworld.games import MissingDependencyError, check_game_files
 
 __all__ = ["ACTION_CHARSET", "OBSERVATION_CHARSET", "TextWorldEnv"]

@@ -38,6 +38,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from llamagym import errors
+
 __all__ = [
     "GAME_RECORD",
     "GameGenerationError",
@@ -64,14 +66,17 @@ _INSTALL_HINT = (
 QuestLength = int | tuple[int, int]
 
 
-class MissingDependencyError(Exception):
-    """An optional dependency (here: TextWorld) is needed but not installed."""
+class MissingDependencyError(errors.MissingDependencyError):
+    """TextWorld is needed but not installed. A LlamaGym error, so the CLI prints the
+    install hint as one line (exit code 2) instead of a traceback."""
 
     def __init__(self, message: str = _INSTALL_HINT) -> None:
-        super().__init__(message)
+        # The base class composes its own sentence from (package, purpose); ours names
+        # the plugin's extra, so the message is set directly.
+        errors.LlamaGymError.__init__(self, message)
 
 
-class GameGenerationError(RuntimeError):
+class GameGenerationError(errors.LlamaGymError, RuntimeError):
     """TextWorld could not build a game with the requested parameters."""
 
 

@@ -1,0 +1,211 @@
+"""CartPole-v1 with the tiny model: greedy mean episode length after a wall-clock budget.
+
+    python benchmarks/cartpole.py            # 15 min x 3 seeds, 100 greedy eval episodes
+    python benchmarks/cartpole.py --quick    # a smoke run: 1 seed, 1 min, under 2 min in all
+
+Each seed is the CLI a user would type (``llamagym run cartpole --minutes M --seed S
+--eval-episodes 100 --output DIR --quiet``), one after another so runs never share the
+cores, with the agent's default settings. The run keeps a checkpoint every few updates;
+afterwards, outside the training budget, each checkpoint is played greedily on a few
+episodes, which gives the learning curve: greedy length against the training wall time
+at which the checkpoint was written. The training batches' own mean length (sampled
+actions) is recorded too. Everything goes to ``benchmarks/results/cartpole.json``
+(``cartpole-quick.json`` for ``--quick``), beside the random and heuristic baselines and
+the issue's target (>= 475 of a possible 500).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+# Run as ``python benchmarks/cartpole.py``, this folder is first on sys.path, where
+# benchmarks/profile.py would shadow the standard library's ``profile`` (torch imports
+# cProfile, which imports it). Nothing here imports a sibling module, so drop it.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+TARGET = 475.0
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776}  # two-sided Student t, by degrees of freedom
+
+
+def train_command(seed: int, minutes: float, eval_episodes: int, output: Path,
+                  checkpoint_every: int, quick: bool) -> list[str]:
+    executable = shutil.which("llamagym", path=str(Path(sys.executable).parent)) or "llamagym"
+    line = [
+        executable, "run", "cartpole",
+        "--minutes", str(minutes),
+        "--seed", str(seed),
+        "--eval-episodes", str(eval_episodes),
+        "--output", str(output),
+        "--quiet",
+        "--set", f"output.checkpoint_every={checkpoint_every}",
+        "--set", "output.keep_checkpoints=100000",  # the curve needs every one of them
+    ]
+    if quick:  # a smoke run needs no report, picture or TensorBoard events
+        line += ["--set", "output.report=false", "--set", "output.tensorboard=false"]
+    return line
+
+
+def read_records(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def greedy_curve(run_dir: Path, updates: list[dict[str, Any]], episodes: int,
+                 max_points: int) -> list[dict[str, float]]:
+    """Greedy mean length of (up to ``max_points`` evenly spread) checkpoints of a run."""
+    import torch
+
+    from llamagym import checkpoint as checkpoints
+    from llamagym.config import build_config
+    from llamagym.evaluation import evaluate_agent
+    from llamagym.plugin_manager import get_plugins
+
+    torch.set_num_threads(1)
+    seconds_at = {int(r["update"]): float(r["seconds"]) for r in updates}
+    found = checkpoints.list_checkpoints(run_dir)
+    if len(found) > max_points:
+        step = (len(found) - 1) / (max_points - 1)
+        found = [found[round(k * step)] for k in range(max_points)]
+    agent_class = get_plugins().get("agent", "cartpole").load()
+    curve = []
+    for directory in found:
+        meta = checkpoints.read_meta(directory)
+        update = int(meta.get("update", 0))
+        agent = agent_class(config=build_config(meta["config"], {"output": {"dir": None}}))
+        checkpoints.load_checkpoint(agent.policy, directory)
+        # Seed 7: other episodes than the final evaluation (seed = the run's seed).
+        result = evaluate_agent(agent, episodes, seed=7, greedy=True)
+        curve.append({
+            "update": update,
+            "seconds": seconds_at.get(update, float("nan")),
+            "greedy_mean_length": result.mean,
+            "ci95": result.ci95,
+        })
+    return curve
+
+
+def run_seed(seed: int, minutes: float, eval_episodes: int, runs_dir: Path,
+             checkpoint_every: int, curve_episodes: int, curve_points: int,
+             quick: bool) -> dict[str, Any]:
+    output = runs_dir / f"seed{seed}"
+    shutil.rmtree(output, ignore_errors=True)
+    line = train_command(seed, minutes, eval_episodes, output, checkpoint_every, quick)
+    print("$", " ".join(line), flush=True)
+    started = time.perf_counter()
+    completed = subprocess.run(line, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if completed.returncode != 0:
+        raise RuntimeError(f"seed {seed} failed ({completed.returncode}):\n"
+                           f"{completed.stderr[-2000:]}")
+    records = read_records(output)
+    updates = [r for r in records if r.get("kind") == "update"]
+    evaluation = next(r for r in reversed(records) if r.get("kind") == "evaluation")
+    curve = greedy_curve(output, updates, curve_episodes, curve_points) if curve_points else []
+    return {
+        "seed": seed,
+        "greedy_mean_length": evaluation["mean"],
+        "ci95": evaluation["ci95"],
+        "eval_episodes": evaluation["episodes"],
+        "baselines": {b["name"]: b["mean"] for b in evaluation.get("baselines", [])},
+        "updates": len(updates),
+        "episodes": int(updates[-1]["total_episodes"]) if updates else 0,
+        "env_steps": int(updates[-1]["env_steps"]) if updates else 0,
+        "train_seconds": float(updates[-1]["seconds"]) if updates else 0.0,
+        "wall_seconds": wall,
+        # Length of the sampled training episodes, batch by batch.
+        "training_curve": [
+            {"seconds": float(r["seconds"]), "update": int(r["update"]),
+             "mean_length": float(r["episode_length"])}
+            for r in updates
+        ],
+        "greedy_curve": curve,
+        "command": " ".join(line[1:]),
+    }
+
+
+def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    means = [run["greedy_mean_length"] for run in runs]
+    n = len(means)
+    mean = statistics.fmean(means)
+    ci95 = T95.get(n - 1, 1.96) * statistics.stdev(means) / math.sqrt(n) if n > 1 else None
+    baselines = {
+        name: statistics.fmean(run["baselines"][name] for run in runs)
+        for name in runs[0]["baselines"]
+    }
+    return {
+        "seeds": n,
+        "greedy_mean_length": mean,
+        "ci95_over_seeds": ci95,
+        "worst_seed": min(means),
+        "target": TARGET,
+        "meets_target": mean >= TARGET,
+        "baselines": baselines,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1 seed, 1 minute: a smoke run.")
+    parser.add_argument("--minutes", type=float, help="Training budget per seed.")
+    parser.add_argument("--seeds", type=int, nargs="+", help="Seeds to run.")
+    parser.add_argument("--keep-runs", type=Path, help="Keep run directories here.")
+    args = parser.parse_args()
+    quick = args.quick
+    minutes = args.minutes or (1.0 if quick else 15.0)
+    seeds = args.seeds or ([0] if quick else [0, 1, 2])
+    eval_episodes = 10 if quick else 100
+    curve_points, curve_episodes = (0, 0) if quick else (12, 10)
+    checkpoint_every = 5
+
+    runs_dir = args.keep_runs or Path(tempfile.mkdtemp(prefix="llamagym-cartpole-bench-"))
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    runs = [
+        run_seed(seed, minutes, eval_episodes, runs_dir, checkpoint_every, curve_episodes,
+                 curve_points, quick)
+        for seed in seeds
+    ]
+    summary = summarise(runs)
+    result = {
+        "benchmark": "cartpole",
+        "quick": quick,
+        "minutes_per_seed": minutes,
+        "eval_episodes": eval_episodes,
+        "model": "tiny",
+        "summary": summary,
+        "runs": runs,
+        "total_seconds": time.perf_counter() - started,
+    }
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / ("cartpole-quick.json" if quick else "cartpole.json")
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    if args.keep_runs is None:
+        shutil.rmtree(runs_dir, ignore_errors=True)
+
+    for run in runs:
+        print(f"seed {run['seed']}: greedy mean length {run['greedy_mean_length']:.1f} "
+              f"± {run['ci95']:.1f} after {run['train_seconds']:.0f}s "
+              f"({run['episodes']} episodes, {run['env_steps']} steps)")
+        for point in run["greedy_curve"]:
+            print(f"    {point['seconds']:7.0f}s  update {point['update']:4d}  "
+                  f"greedy length {point['greedy_mean_length']:6.1f}")
+    spread = summary["ci95_over_seeds"]
+    print(f"mean over {summary['seeds']} seed(s): {summary['greedy_mean_length']:.1f}"
+          + (f" ± {spread:.1f}" if spread is not None else "")
+          + f" (target {TARGET:.0f}: {'met' if summary['meets_target'] else 'not met'}); "
+          + ", ".join(f"{k} {v:.1f}" for k, v in summary["baselines"].items()))
+    print(f"written to {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""LlamaGym's CartPole plugin: agent ``cartpole`` on Gymnasium's ``CartPole-v1``."""

@@ -1,0 +1,254 @@
+"""The TextWorld agent: prompts, admissible commands as actions, reply parsing, baselines.
+
+Every user turn carries the game's objective, so the objective survives however many
+old turns the engine drops to fit the model's context (``rollout.history_turns`` keeps a
+window of recent turns and always keeps the system prompt and the current turn).
+
+Score mode ranks ``info["admissible_commands"]``. Generate mode reads a reply through
+the extraction chain: the JSON parser (``{"command": "open door"}``), then this agent
+(the reply is the command itself, or failing that the admissible command it is closest
+to), then the regex parser (the last admissible command named anywhere in the reply).
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from llamagym.agent import Agent
+from llamagym.config import agent_options, format_validation_error
+from llamagym.errors import ConfigError
+from llamagym_textworld.baselines import FALLBACK_COMMAND, WalkthroughPolicy
+
+logger = logging.getLogger(__name__)
+
+# Bounds on the work one reply can cause: the part searched for verbatim commands, and
+# the part of its first line compared by difflib, whose cost grows with the square of
+# the length (a command is a few words).
+_MAX_REPLY_CHARS = 2000
+_MAX_COMMAND_CHARS = 200
+_LEADING_LABEL = re.compile(r"^\s*(?:>+|(?:command|action|answer)\s*[:=])\s*", re.IGNORECASE)
+
+
+class TextWorldOptions(BaseModel):
+    """The ``agent`` section keys this agent reads, e.g. ``--set agent.games=50``."""
+
+    model_config = ConfigDict(extra="forbid")
+    games: int = Field(20, ge=1, le=100_000, description="Games in the pool the envs play.")
+    first_seed: int = Field(0, ge=0, description="Seed of the first game; the rest count up.")
+    world_size: int = Field(3, ge=1, description="Rooms per game.")
+    nb_objects: int = Field(5, ge=0, description="Objects per game (at least).")
+    quest_min_length: int = Field(2, ge=1, description="Shortest quest, in commands.")
+    quest_max_length: int = Field(3, ge=1, description="Longest quest, in commands.")
+    max_episode_steps: int = Field(30, ge=1, description="Steps before an episode is cut.")
+    win_bonus: float = Field(0.0, description="Reward added on the step that wins.")
+    step_penalty: float = Field(0.0, ge=0, description="Reward taken off every step.")
+    max_observation_chars: int = Field(
+        1200, ge=50, description="Game text longer than this is cut (keeps prompts bounded)."
+    )
+    list_commands: bool | None = Field(
+        None,
+        description="Name the admissible commands in the prompt; null = only in generate "
+        "mode (score mode puts each command after the prompt anyway).",
+    )
+    fuzzy_threshold: float = Field(
+        0.8, ge=0, le=1, description="Least difflib similarity for a near-miss reply to count."
+    )
+
+    @model_validator(mode="after")
+    def _quest_range(self) -> TextWorldOptions:
+        if self.quest_min_length > self.quest_max_length:
+            raise ValueError(
+                f"quest_min_length ({self.quest_min_length}) is above quest_max_length "
+                f"({self.quest_max_length})"
+            )
+        return self
+
+
+def random_admissible(observation: Any, info: dict, legal: Sequence[str], rng: Any) -> str:
+    return legal[int(rng.integers(len(legal)))]
+
+
+class WalkthroughBaseline:
+    """The oracle: replays the game's walkthrough (see :class:`WalkthroughPolicy`)."""
+
+    def __init__(self) -> None:
+        self._policy = WalkthroughPolicy()
+
+    def reset(self) -> None:
+        self._policy.reset()
+
+    def __call__(self, observation: Any, info: dict, legal: Sequence[str], rng: Any) -> str:
+        command = self._policy(observation, info)
+        return command if command in legal else legal[0]
+
+
+def normalise(text: str) -> str:
+    return " ".join(text.split()).lower()
+
+
+def names_verbatim(reply: str, command: str) -> bool:
+    """Whether ``command`` appears in ``reply`` as whole words (any case and spacing)."""
+    if not command.split():
+        return False
+    words = r"\s+".join(map(re.escape, command.split()))
+    return re.search(rf"(?<![\w-]){words}(?![\w-])", reply, re.IGNORECASE) is not None
+
+
+def closest_command(
+    text: str, commands: Sequence[str], threshold: float, margin: float = 0.05
+) -> int | None:
+    """Index of the command most similar to ``text``, if it is similar enough and
+    clearly more similar than the runner-up (``go north`` vs ``go south`` must not
+    be settled by a coin toss)."""
+    wanted = normalise(text)
+    if not wanted:
+        return None
+    ratios = [difflib.SequenceMatcher(None, wanted, normalise(c)).ratio() for c in commands]
+    if not ratios:
+        return None
+    ranked = sorted(range(len(ratios)), key=ratios.__getitem__, reverse=True)
+    best = ranked[0]
+    if ratios[best] < threshold:
+        return None
+    if len(ranked) > 1 and ratios[best] - ratios[ranked[1]] < margin:
+        return None
+    return best
+
+
+class TextWorldAgent(Agent):
+    name = "textworld"
+    description = "TextWorld: text adventures generated locally, admissible commands ranked"
+    baselines = {"random": random_admissible, "walkthrough": WalkthroughBaseline()}
+    # Score mode ranks a dozen admissible commands per turn, which a small model learns
+    # far faster than writing commands out. Rewards are sparse (1 for the quest, at the
+    # end), so the discount is what rewards short solutions. One turn of history tells
+    # the model what it just did (the game's reply alone can be ambiguous) at half the
+    # prompt length of two. Score-mode prompts are long (hundreds of tokens, one row per
+    # command): minibatches of 32 turns keep a training step's memory to a few GB.
+    defaults = {
+        "rollout": {"mode": "score", "num_envs": 8, "history_turns": 1},
+        "algorithm": {
+            "name": "ppo",
+            "lr": 1e-3,
+            "episodes_per_update": 16,
+            "minibatch_size": 32,
+            "epochs": 4,
+            "credit": "gae",
+            "gamma": 0.95,
+            "gae_lambda": 0.95,
+            "entropy_coef": 0.01,
+        },
+        # One torch thread: these forwards are too small to split well, and on a busy
+        # machine a second thread mostly waits for a core.
+        "training": {"minutes": 15, "eval_episodes": 100, "threads": 1},
+    }
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        try:
+            self.options = TextWorldOptions(**agent_options(self.config))
+        except ValidationError as error:
+            raise ConfigError(format_validation_error(error, prefix="agent.")) from None
+        self._game_files: list[Path] | None = None
+
+    # -- the environment ----------------------------------------------------------------
+    def game_files(self) -> list[Path]:
+        """The pool of games, generated into the cache on first use (then reused)."""
+        if self._game_files is None:
+            from llamagym_textworld.games import make_games
+
+            options = self.options
+            logger.info("making (or finding in the cache) %d TextWorld games", options.games)
+            self._game_files = make_games(
+                options.games,
+                first_seed=options.first_seed,
+                world_size=options.world_size,
+                nb_objects=options.nb_objects,
+                quest_length=(options.quest_min_length, options.quest_max_length),
+            )
+        return self._game_files
+
+    def make_env(self, game_files: Sequence[str | Path] | None = None) -> Any:
+        """A :class:`TextWorldEnv` over the agent's pool (or over ``game_files``)."""
+        from llamagym_textworld.env import TextWorldEnv
+
+        options = self.options
+        return TextWorldEnv(
+            list(game_files) if game_files is not None else self.game_files(),
+            max_episode_steps=options.max_episode_steps,
+            win_bonus=options.win_bonus,
+            step_penalty=options.step_penalty,
+        )
+
+    # -- prompts --------------------------------------------------------------------
+    def get_system_prompt(self) -> str:
+        prompt = "You are playing a text adventure. Reach the goal in as few moves as you can."
+        if self.config.rollout.mode == "generate":
+            return prompt + ' Reply with one valid command as JSON: {"command": "go north"}.'
+        # Score mode puts each command, as plain text, right after the prompt.
+        return prompt + " Reply with one valid command."
+
+    def format_observation(self, observation: Any, info: dict) -> str:
+        objective = str(info.get("objective") or "").strip()
+        text = str(observation)
+        # The first observation repeats the objective under an ASCII-art banner: both
+        # are noise next to the "Goal:" line, and the banner costs hundreds of tokens.
+        if objective and objective in text:
+            text = text.split(objective, 1)[1]
+        text = text.strip()
+        limit = self.options.max_observation_chars
+        if len(text) > limit:
+            text = text[:limit].rstrip() + " ..."
+        lines = [f"Goal: {objective}" if objective else "", text]
+        if self.lists_commands:
+            lines.append("Valid commands: " + ", ".join(self.legal_actions(observation, info)))
+        return "\n\n".join(line for line in lines if line)
+
+    @property
+    def lists_commands(self) -> bool:
+        if self.options.list_commands is None:
+            return self.config.rollout.mode == "generate"
+        return self.options.list_commands
+
+    # -- actions --------------------------------------------------------------------
+    def legal_actions(self, observation: Any, info: dict) -> Sequence[str]:
+        # The game always accepts "look"; offering it when TextWorld lists nothing keeps
+        # the engine from ever facing an empty choice.
+        return list(info.get("admissible_commands") or [FALLBACK_COMMAND])
+
+    def env_action(self, index: int, legal_actions: Sequence[str]) -> str:
+        return legal_actions[index]  # TextWorldEnv steps on the command text itself
+
+    def extract_action(self, response: str) -> str | None:
+        """The reply itself (cut short), or None if it is blank.
+
+        Reading it needs the admissible commands, which only :meth:`action_index` sees.
+        """
+        text = response[:_MAX_REPLY_CHARS].strip()
+        return text or None
+
+    def action_index(self, value: Any, legal_actions: Sequence[str]) -> int | None:
+        """The command a reply names: its first line is the command exactly (ignoring
+        case, a ``>``/``Command:`` label and closing punctuation), or, when the reply
+        names no command verbatim anywhere, the command its first line is closest to."""
+        if not isinstance(value, str):
+            return super().action_index(value, legal_actions)
+        first_line = next((line for line in value.splitlines() if line.strip()), "")
+        first_line = first_line[:_MAX_COMMAND_CHARS]
+        command = _LEADING_LABEL.sub("", first_line).strip().strip("\"'`.!").strip()
+        wanted = normalise(command)
+        for index, name in enumerate(legal_actions):
+            if normalise(name) == wanted:
+                return index
+        # A command named verbatim somewhere is the regex parser's to find (it runs
+        # next); guessing here could only override it with a worse match.
+        if any(names_verbatim(value, name) for name in legal_actions):
+            return None
+        return closest_command(command, legal_actions, self.options.fuzzy_threshold)

@@ -1,0 +1,27 @@
+"""Entry point of the plugin: the ``textworld`` agent and the ``textworld-games`` command.
+
+Nothing here imports TextWorld (or the agent module), so ``llamagym list`` shows the
+agent even where TextWorld is not installed; making its environment then fails with a
+one-line hint how to install it.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+from llamagym import hookimpl
+
+
+@hookimpl
+def llamagym_register_agents(register: Callable[..., None]) -> None:
+    register(
+        "textworld",
+        "llamagym_textworld.agent:TextWorldAgent",
+        description="TextWorld: text adventures generated locally, admissible commands ranked",
+    )
+
+
+@hookimpl
+def llamagym_register_commands(cli: Any) -> None:
+    from llamagym_textworld.cli import games_app
+
+    cli.add_typer(games_app, name="textworld-games")
