@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from llamagym.config import RunConfig, algorithm_options, build_config
+from llamagym.config import RunConfig, algorithm_options, build_config, defaults_for_algorithm
 from llamagym.errors import ConfigError, LlamaGymError
 from llamagym.plugin_manager import Plugins, get_plugins
 
@@ -257,7 +257,8 @@ class Agent:
             base = config.model_dump(exclude_unset=False)
             layers: list[Mapping[str, Any]] = [base]
         else:
-            layers = [{"agent": {"name": self.name}}, dict(self.defaults), dict(config or {})]
+            defaults = defaults_for_algorithm(self.defaults, [dict(config or {})])
+            layers = [{"agent": {"name": self.name}}, defaults, dict(config or {})]
         legacy: dict[str, Any] = {}
         for key, value in (generate_config or {}).items():
             if key not in _LEGACY_GENERATE_KEYS:

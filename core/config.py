@@ -158,6 +158,23 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
     return merged
 
 
+def defaults_for_algorithm(
+    defaults: Mapping[str, Any], later_layers: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """An agent's defaults, without its ``algorithm`` section when a later layer picks
+    another algorithm: those settings were tuned for the agent's own algorithm, and
+    another algorithm starts from its own defaults instead."""
+    chosen = None
+    for layer in later_layers:
+        section = layer.get("algorithm")
+        if isinstance(section, Mapping) and section.get("name"):
+            chosen = section["name"]
+    own = defaults.get("algorithm", {}).get("name", AlgorithmSection().name)
+    if chosen is None or chosen == own:
+        return dict(defaults)
+    return {key: value for key, value in defaults.items() if key != "algorithm"}
+
+
 def parse_assignment(assignment: str) -> dict[str, Any]:
     """``"algorithm.lr=1e-4"`` -> ``{"algorithm": {"lr": 0.0001}}`` (values parsed as YAML)."""
     key, sep, raw = assignment.partition("=")

@@ -79,7 +79,7 @@ def test_each_layer_overrides_the_one_below(tmp_path) -> None:
 def test_toml_and_json_files(tmp_path, suffix) -> None:
     path = tmp_path / f"run.{suffix}"
     path.write_text(
-        '[rollout]\nnum_envs = 12\n' if suffix == "toml" else '{"rollout": {"num_envs": 12}}'
+        "[rollout]\nnum_envs = 12\n" if suffix == "toml" else '{"rollout": {"num_envs": 12}}'
     )
     _, resolved = resolve_run_config("blackjack", path, [], {})
     assert resolved.config.rollout.num_envs == 12
@@ -121,9 +121,7 @@ def test_bad_value_is_one_line_naming_the_key(
 def test_bad_file_reports_every_problem_one_line_each(tmp_path, monkeypatch, capsys) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(
-        "rollout:\n  num_envs: -3\n  temprature: 0.5\n"
-        "algorithm:\n  epochs: many\n"
-        "colour: blue\n"
+        "rollout:\n  num_envs: -3\n  temprature: 0.5\nalgorithm:\n  epochs: many\ncolour: blue\n"
     )
     code, _, err = run_cli(monkeypatch, capsys, "run", "blackjack", "--config", path)
     assert code == 2
@@ -149,9 +147,7 @@ def test_unreadable_config_file(tmp_path, monkeypatch, capsys) -> None:
     assert code == 2 and "is not valid" in err
 
 
-def test_config_show_prints_commented_yaml_that_reads_back(
-    tmp_path, monkeypatch, capsys
-) -> None:
+def test_config_show_prints_commented_yaml_that_reads_back(tmp_path, monkeypatch, capsys) -> None:
     code, out, _ = run_cli(
         monkeypatch, capsys, "config", "show", "blackjack", "--set", "algorithm.lr=3e-4"
     )
@@ -206,3 +202,13 @@ def test_written_config_is_path_independent(tmp_path: Path) -> None:
     """A config file's output.dir is a plain string in YAML, not a Python object tag."""
     config = RunConfig.model_validate({"output": {"dir": tmp_path}})
     assert "!!python" not in render_config_yaml(config)
+
+
+def test_agent_algorithm_defaults_apply_only_to_their_algorithm() -> None:
+    from llamagym.config import defaults_for_algorithm
+
+    defaults = {"rollout": {"num_envs": 8}, "algorithm": {"name": "ppo", "value_coef": 0.01}}
+    assert defaults_for_algorithm(defaults, [{}]) == defaults
+    assert defaults_for_algorithm(defaults, [{"algorithm": {"name": "ppo"}}]) == defaults
+    other = defaults_for_algorithm(defaults, [{"algorithm": {"name": "grpo"}}, {"training": {}}])
+    assert other == {"rollout": {"num_envs": 8}}

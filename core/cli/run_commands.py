@@ -30,23 +30,25 @@ def config_layers(
     ``base`` (a resumed checkpoint's config) replaces the agent's defaults: a resumed
     run continues with the settings it was trained with unless told otherwise.
     """
-    from llamagym.config import parse_assignment, read_config_file
+    from llamagym.config import defaults_for_algorithm, parse_assignment, read_config_file
 
-    layers: list[tuple[str, dict[str, Any]]] = [("argument", {"agent": {"name": agent_name}})]
-    if base is not None:
-        layers.append(("checkpoint", base))
-    else:
-        layers.append(("agent defaults", dict(agent_class.defaults)))
+    later: list[tuple[str, dict[str, Any]]] = []
     if config_file is not None:
-        layers.append((f"file {config_file}", read_config_file(config_file)))
-    layers += [("--set", parse_assignment(assignment)) for assignment in assignments]
+        later.append((f"file {config_file}", read_config_file(config_file)))
+    later += [("--set", parse_assignment(assignment)) for assignment in assignments]
     flag_layer: dict[str, Any] = {}
     for dotted, value in flags.items():
         if value is not None:
             section, key = dotted.split(".")
             flag_layer.setdefault(section, {})[key] = value
-    layers.append(("flag", flag_layer))
-    return layers
+    later.append(("flag", flag_layer))
+    layers: list[tuple[str, dict[str, Any]]] = [("argument", {"agent": {"name": agent_name}})]
+    if base is not None:
+        layers.append(("checkpoint", base))
+    else:
+        defaults = defaults_for_algorithm(agent_class.defaults, [layer for _, layer in later])
+        layers.append(("agent defaults", defaults))
+    return layers + later
 
 
 def resolve_run_config(
