@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 
@@ -11,10 +12,8 @@ import pytest
 # src/llamagym_blackjack/). Import the installed packages before pytest walks those
 # folders, so a folder is never mistaken for the package it contains.
 for _package in ("llamagym_blackjack", "llamagym_cartpole", "llamagym_textworld"):
-    try:
+    with contextlib.suppress(ImportError):  # not installed: its tests skip or fail alone
         importlib.import_module(_package)
-    except ImportError:
-        pass  # not installed: its tests skip or fail on their own imports
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

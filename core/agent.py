@@ -182,6 +182,10 @@ class Agent:
             _choose_threads(self._policy, self.config.training.threads)
         return self._policy
 
+    def use_policy(self, policy: Any) -> None:
+        """Act with ``policy`` from now on (e.g. a scripted stand-in in tests)."""
+        self._policy, self._engine, self._algorithm = policy, None, None
+
     @property
     def engine(self):
         if self._engine is None:

@@ -1,53 +1,134 @@
-"""Helpers for testing agents and plugins (also a pytest plugin: ``llamagym.testing``).
+"""Helpers for testing agents and plugins, and a pytest plugin offering them as fixtures.
 
-* :class:`TwoArmedBandit` / :class:`BanditAgent`: the smallest task that shows learning;
-* :func:`temporary_plugin`: register a throwaway plugin in-process, removed afterwards;
-* :func:`tiny_agent`: an agent on the offline tiny model with small, fast settings.
+``llamagym`` registers this module under pytest's ``pytest11`` entry point, so the tests
+of any package installed next to it can ask for these fixtures without importing
+anything:
+
+* ``fake_llm``: ``fake_llm(["reply 1", "reply 2"])`` gives a :class:`ScriptedLLM`; its
+  ``play(agent, episodes)`` runs episodes through the real engine and extraction chain
+  with no model loaded, and ``attach(agent)`` makes ``agent.act`` use it;
+* ``tiny_model`` / ``tiny_tokenizer``: the offline tiny model (session-scoped: copy
+  the model before changing its weights);
+* ``register_plugin``: ``register_plugin(plugin_object, name)`` registers a throwaway
+  plugin in this process until the test ends.
+
+Plain helpers: :func:`assert_agent_conforms` (what ``llamagym check`` runs),
+:func:`temporary_plugin`, :func:`tiny_agent`, :func:`action_probabilities`, and the
+two-armed bandit (:class:`TwoArmedBandit`, :class:`BanditAgent`), the smallest task
+that shows learning.
+
+pytest imports this module in every session of an environment where LlamaGym is
+installed, whoever's tests they are. So it defines no autouse fixture (it changes
+nothing unless a test asks for one of its fixtures), and importing it is cheap: torch,
+transformers and gymnasium load only when a helper that needs them is used.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import gymnasium
-import numpy as np
+import pytest
 
-from llamagym.agent import Agent
-from llamagym.config import build_config, deep_merge
-from llamagym.plugin_manager import get_plugins
+from llamagym.conformance import (
+    CheckResult,
+    FakePolicy,
+    Script,
+    ScriptedLLM,
+    ScriptExhaustedError,
+    TurnBudgetExceededError,
+    assert_agent_conforms,
+    check_agent,
+    format_results,
+    load_tiny_tokenizer,
+)
+
+if TYPE_CHECKING:
+    import gymnasium
+    import numpy as np
+
+    from llamagym.agent import Agent
+    from llamagym.plugin_manager import Plugins
+
+__all__ = [
+    "FAST_SETTINGS",
+    "BanditAgent",
+    "CheckResult",
+    "FakePolicy",
+    "ScriptExhaustedError",
+    "ScriptedLLM",
+    "TinyModel",
+    "TurnBudgetExceededError",
+    "TwoArmedBandit",
+    "action_probabilities",
+    "assert_agent_conforms",
+    "check_agent",
+    "fake_llm",
+    "format_results",
+    "register_plugin",
+    "temporary_plugin",
+    "tiny_agent",
+    "tiny_model",
+    "tiny_tokenizer",
+]
 
 
-class TwoArmedBandit(gymnasium.Env):
-    """One-step episodes: lever ``right`` pays 1 with probability 0.8, ``left`` 0.2."""
-
-    observation_space = gymnasium.spaces.Discrete(1)
-    action_space = gymnasium.spaces.Discrete(2)
-    payout = (0.2, 0.8)
-
-    def reset(self, *, seed: int | None = None, options: dict | None = None):
-        super().reset(seed=seed)
-        return 0, {}
-
-    def step(self, action: int):
-        reward = float(self.np_random.random() < self.payout[int(action)])
-        return 0, reward, True, False, {}
+# -- the two-armed bandit ---------------------------------------------------------------
+# Declared here for readers and type checkers; defined by __getattr__ on first use.
+TwoArmedBandit: type[gymnasium.Env]
+BanditAgent: type[Agent]
 
 
-class BanditAgent(Agent):
-    name = "bandit"
-    action_names = ("left", "right")
-    baselines = {"left": lambda *_: "left", "right": lambda *_: "right"}
+def _define_bandit() -> dict[str, type]:
+    """Define the bandit classes on first use: they subclass gymnasium.Env and Agent,
+    and importing those at module level would make every pytest session pay for it."""
+    import gymnasium
 
-    def get_system_prompt(self) -> str:
-        return "Pull one lever: left or right."
+    from llamagym.agent import Agent
 
-    def format_observation(self, observation: Any) -> str:
-        return "Which lever?"
+    class TwoArmedBandit(gymnasium.Env):
+        """One-step episodes: lever ``right`` pays 1 with probability 0.8, ``left`` 0.2."""
 
-    def make_env(self) -> TwoArmedBandit:
-        return TwoArmedBandit()
+        observation_space = gymnasium.spaces.Discrete(1)
+        action_space = gymnasium.spaces.Discrete(2)
+        payout = (0.2, 0.8)
+
+        def reset(self, *, seed: int | None = None, options: dict | None = None):
+            super().reset(seed=seed)
+            return 0, {}
+
+        def step(self, action: int):
+            reward = float(self.np_random.random() < self.payout[int(action)])
+            return 0, reward, True, False, {}
+
+    class BanditAgent(Agent):
+        name = "bandit"
+        action_names = ("left", "right")
+        baselines = {"left": lambda *_: "left", "right": lambda *_: "right"}
+
+        def get_system_prompt(self) -> str:
+            return "Pull one lever: left or right."
+
+        def format_observation(self, observation: Any) -> str:
+            return "Which lever?"
+
+        def make_env(self) -> TwoArmedBandit:
+            return TwoArmedBandit()
+
+    classes: dict[str, type] = {"TwoArmedBandit": TwoArmedBandit, "BanditAgent": BanditAgent}
+    for cls in classes.values():
+        # Importable (and picklable) as llamagym.testing.<Name>, like any module class.
+        cls.__module__, cls.__qualname__ = __name__, cls.__name__
+    return classes
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("TwoArmedBandit", "BanditAgent"):
+        globals().update(_define_bandit())  # later lookups find them directly
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 FAST_SETTINGS: Mapping[str, Any] = {
@@ -57,16 +138,36 @@ FAST_SETTINGS: Mapping[str, Any] = {
 }
 
 
-def tiny_agent(agent_class: type[Agent] = BanditAgent, **overrides: Any) -> Agent:
-    """An agent on the tiny model with settings small enough for a unit test."""
-    layers = deep_merge(deep_merge(dict(agent_class.defaults), dict(FAST_SETTINGS)), overrides)
+def tiny_agent(agent_class: type[Agent] | None = None, **overrides: Any) -> Agent:
+    """An agent (default: :class:`BanditAgent`) on the tiny model with settings small
+    enough for a unit test; ``overrides`` are config sections, e.g. ``rollout={...}``."""
+    from llamagym.config import AlgorithmSection, build_config, deep_merge
+    from llamagym.errors import LlamaGymError
+    from llamagym.plugin_manager import get_plugins
+
+    if agent_class is None:
+        agent_class = __getattr__("BanditAgent")
+    fast = deep_merge(dict(FAST_SETTINGS), {})
+    chosen = deep_merge(dict(agent_class.defaults), overrides).get("algorithm", {})
+    try:
+        algorithm = get_plugins().get("algorithm", chosen.get("name", AlgorithmSection().name))
+        accepted = algorithm.load().Config.model_fields
+    except LlamaGymError:
+        accepted = None  # an unknown algorithm: building the agent's algorithm says so
+    if accepted is not None:
+        # A third-party algorithm need not have every key the built-ins share (epochs):
+        # keep only the fast settings its Config declares.
+        fast["algorithm"] = {k: v for k, v in fast["algorithm"].items() if k in accepted}
+    layers = deep_merge(deep_merge(dict(agent_class.defaults), fast), overrides)
     config = build_config({"agent": {"name": agent_class.name}}, layers)
     return agent_class(config=config)
 
 
 @contextlib.contextmanager
-def temporary_plugin(plugin: Any, name: str = "temporary-plugin") -> Iterator[Any]:
+def temporary_plugin(plugin: Any, name: str = "temporary-plugin") -> Iterator[Plugins]:
     """Register ``plugin`` in this process for the duration of the ``with`` block."""
+    from llamagym.plugin_manager import get_plugins
+
     plugins = get_plugins()
     if not plugins.register(plugin, name=name, distribution="(in-process)"):
         raise RuntimeError(f"plugin {name!r} was refused: {plugins.problems[-1]}")
@@ -82,9 +183,57 @@ def action_probabilities(agent: Agent, observation: Any, info: dict | None = Non
 
     engine = agent.engine
     slot = engine.new_slot(observation, dict(info or {}), None, None)
-    _, prompts = engine.render_prompts([slot])
+    prompts = engine.render_prompts([slot])[1]  # (user texts, prompt ids, ...)
     legal = list(agent.legal_actions(observation, slot.info))
     candidates = [[engine.candidate_tokens(name) for name in legal]]
     with torch.no_grad():
         scores, _ = agent.policy.score(prompts, candidates)
     return (scores / agent.config.rollout.temperature).softmax(-1)[0].cpu().numpy()
+
+
+# -- fixtures ---------------------------------------------------------------------------
+class TinyModel(NamedTuple):
+    model: Any
+    tokenizer: Any
+    directory: Path
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer() -> Any:
+    """The tiny model's tokenizer, with its chat template (built once, then cached)."""
+    return load_tiny_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> TinyModel:
+    """``(model, tokenizer, directory)`` of the offline tiny model, loaded once per
+    session. Shared: a test that trains should ``copy.deepcopy(tiny_model.model)``."""
+    from llamagym.models import load_model_and_tokenizer
+    from llamagym.tiny_model import build_tiny_model
+
+    model, tokenizer = load_model_and_tokenizer("tiny", device="cpu")
+    return TinyModel(model, tokenizer, build_tiny_model())
+
+
+@pytest.fixture
+def fake_llm(tiny_tokenizer: Any) -> Callable[..., ScriptedLLM]:
+    """A factory: ``fake_llm(replies, cycle=False)`` gives a :class:`ScriptedLLM` that
+    answers with ``replies`` in order (or ``replies(prompt_text)`` if it is a function)."""
+
+    def make(replies: Script, *, cycle: bool = False) -> ScriptedLLM:
+        return ScriptedLLM(replies, cycle=cycle, tokenizer=tiny_tokenizer)
+
+    return make
+
+
+@pytest.fixture
+def register_plugin() -> Iterator[Callable[..., Plugins]]:
+    """``register_plugin(plugin, name="temporary-plugin")`` registers a throwaway plugin
+    object (a module, class instance or namespace with ``@hookimpl`` functions) in this
+    process and returns the plugin runtime; it is unregistered when the test ends."""
+    with contextlib.ExitStack() as stack:
+
+        def register(plugin: Any, name: str = "temporary-plugin") -> Plugins:
+            return stack.enter_context(temporary_plugin(plugin, name))
+
+        yield register

@@ -24,9 +24,12 @@ def list_command() -> None:
         table = Table(title=kind.capitalize(), title_justify="left")
         table.add_column("name", style="bold")
         table.add_column("description")
+        if kind == "agents":
+            table.add_column("environment")
         table.add_column("distribution")
         for name, registration in sorted(registry.items()):
-            table.add_row(name, registration.description, registration.distribution)
+            env = [str(registration.extra.get("env_id", ""))] if kind == "agents" else []
+            table.add_row(name, registration.description, *env, registration.distribution)
         console.print(table)
 
 

@@ -71,7 +71,8 @@ def policy_value(policy: Callable[[State], str]) -> float:
         expected = 0.0
         for card, probability in CARD_PROBABILITIES.items():
             total, new_usable = _add(player, usable, card)
-            expected += probability * (-1.0 if total > 21 else value(total, dealer_card, new_usable))
+            outcome = -1.0 if total > 21 else value(total, dealer_card, new_usable)
+            expected += probability * outcome
         return expected
 
     total = 0.0

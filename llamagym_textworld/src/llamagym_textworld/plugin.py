@@ -17,6 +17,7 @@ def llamagym_register_agents(register: Callable[..., None]) -> None:
         "textworld",
         "llamagym_textworld.agent:TextWorldAgent",
         description="TextWorld: text adventures generated locally, admissible commands ranked",
+        env_id="TextWorld (generated games)",
     )
 
 

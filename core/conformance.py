@@ -1,0 +1,813 @@
+"""Conformance checks for agents, and the scripted fake model they play with.
+
+``llamagym check AGENT`` and :func:`llamagym.testing.assert_agent_conforms` run the
+same small, named checks, in the spirit of Gymnasium's ``check_env``. Each one passes,
+fails (saying what is wrong and how to fix it) or is skipped (saying why): a check
+whose prerequisite failed is skipped, so one broken ``make_env`` gives one failure, not
+eight.
+
+The checks need no trained model. Prompts are rendered with the tiny model's tokenizer
+and chat template; episodes are played by :class:`FakePolicy`, which stands where
+:class:`llamagym.policy.Policy` stands in the rollout engine and answers from a script
+(:class:`ScriptedLLM`), so replies go through the real extraction chain and the real
+invalid-action policy.
+
+Nothing heavy is imported at module level: ``llamagym --help`` imports the CLI module
+that imports this one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from llamagym.agent import Agent
+    from llamagym.policy import Evaluation
+    from llamagym.trajectory import Episode
+
+#: Decisions one end-to-end episode may take before the check calls it endless.
+MAX_TURNS_PER_EPISODE = 1000
+#: Steps of the random walk that samples observations, per episode and in total.
+SAMPLE_STEPS_PER_EPISODE = 40
+SAMPLE_EPISODES = 3
+#: Tokens the engine keeps free for the reply in score mode (see RolloutEngine).
+SCORE_MODE_REPLY_TOKENS = 16
+#: Distinct legal-action lists whose names are round-tripped (dynamic actions vary a lot).
+ROUND_TRIP_LISTS = 40
+
+Status = Literal["pass", "fail", "skip"]
+
+
+# -- the scripted fake model ------------------------------------------------------------
+class ScriptExhaustedError(AssertionError):
+    """A :class:`ScriptedLLM` was asked for more replies than its script holds."""
+
+
+class TurnBudgetExceededError(AssertionError):
+    """A :class:`FakePolicy` was asked for more decisions than its budget allows."""
+
+
+Script = Sequence[str] | Callable[[str], str]
+
+
+class ScriptedLLM:
+    """A fake language model that replies from a script.
+
+    ``replies`` is a list of reply texts, given in order (with ``cycle=True`` it starts
+    over when it runs out; otherwise running out is an error, because a test that
+    miscounted its turns should say so), or a function from the rendered prompt text
+    to a reply. Every prompt seen and reply given is recorded in :attr:`prompts` and
+    :attr:`replies`, so a test can assert on exactly what the model was shown.
+    """
+
+    def __init__(self, replies: Script, *, cycle: bool = False, tokenizer: Any = None):
+        if not callable(replies) and not list(replies):
+            raise ValueError("a ScriptedLLM needs at least one reply")
+        self.script = replies if callable(replies) else list(replies)
+        self.cycle = cycle
+        self.tokenizer = tokenizer
+        self.prompts: list[str] = []
+        self.replies: list[str] = []
+
+    def reply(self, prompt: str) -> str:
+        """The next reply of the script for ``prompt`` (recorded)."""
+        if callable(self.script):
+            text = self.script(prompt)
+        else:
+            position = len(self.replies)
+            if position >= len(self.script) and not self.cycle:
+                raise ScriptExhaustedError(
+                    f"the scripted LLM was asked for reply {position + 1} but its script "
+                    f"holds {len(self.script)}; add replies or pass cycle=True"
+                )
+            text = self.script[position % len(self.script)]
+        self.prompts.append(prompt)
+        self.replies.append(text)
+        return text
+
+    def policy(self, max_turns: int | None = None) -> FakePolicy:
+        """A policy stand-in answering from this script (tiny tokenizer by default)."""
+        if self.tokenizer is None:
+            self.tokenizer = load_tiny_tokenizer()
+        return FakePolicy(self, self.tokenizer, max_turns=max_turns)
+
+    def attach(self, agent: Agent) -> Agent:
+        """Make ``agent`` decide with this fake: ``agent.act`` and ``agent.engine`` then
+        run the real engine and extraction chain with no model loaded. Training is not
+        possible with a fake (it has no weights); ``agent.algorithm`` would fail."""
+        agent.use_policy(self.policy())
+        return agent
+
+    def play(
+        self,
+        agent: Agent,
+        episodes: int = 1,
+        *,
+        num_envs: int = 1,
+        seed: int = 0,
+        mode: Literal["generate", "score"] = "generate",
+        max_turns: int | None = None,
+    ) -> list[Episode]:
+        """Play ``episodes`` seeded episodes of ``agent``'s env with this fake model.
+
+        Generate mode (the default) asks the script for every reply; score mode gives
+        every legal action the same score, so actions are drawn uniformly.
+        """
+        from llamagym.engine import RolloutEngine
+
+        settings = agent.config.rollout.model_copy(update={"mode": mode, "num_envs": num_envs})
+        engine = RolloutEngine(agent, self.policy(max_turns), settings, seed=seed)
+        envs = [agent.make_env() for _ in range(num_envs)]
+        try:
+            return engine.collect(envs, episodes)
+        finally:
+            for env in envs:
+                env.close()
+
+
+class FakePolicy:
+    """What :class:`~llamagym.engine.RolloutEngine` needs of a policy, with no model.
+
+    ``generate`` encodes the script's reply with the real tokenizer and appends the
+    end-of-turn token, as a model would; log-probabilities, values and scores are all
+    zero. ``max_turns`` bounds the decisions taken, so an environment that never ends
+    an episode fails a test instead of hanging it.
+    """
+
+    def __init__(self, llm: ScriptedLLM, tokenizer: Any, max_turns: int | None = None):
+        self.llm = llm
+        self.tokenizer = tokenizer
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        self.pad_id = tokenizer.pad_token_id
+        self.eos_id = tokenizer.eos_token_id
+        self.max_context = tokenizer_context(tokenizer)
+        import torch
+
+        self.device = torch.device("cpu")
+        self.training = False
+        self.max_turns = max_turns
+        self.turns = 0
+
+    def train(self, mode: bool = True) -> FakePolicy:
+        self.training = mode
+        return self
+
+    def eval(self) -> FakePolicy:
+        return self.train(False)
+
+    def _count(self, rows: int) -> None:
+        self.turns += rows
+        if self.max_turns is not None and self.turns > self.max_turns:
+            raise TurnBudgetExceededError(
+                f"more than {self.max_turns} decisions were asked of the fake model"
+            )
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        greedy: bool = False,
+    ) -> list[list[int]]:
+        self._count(len(prompts))
+        replies = []
+        for prompt in prompts:
+            text = self.llm.reply(self.tokenizer.decode(list(prompt)))
+            tokens = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            # A real model cannot say more than max_new_tokens either.
+            replies.append((list(tokens) + [self.eos_id])[:max_new_tokens])
+        return replies
+
+    def evaluate_replies(
+        self,
+        prompts: Sequence[Sequence[int]],
+        replies: Sequence[Sequence[int]],
+        reference: bool = False,
+    ) -> Evaluation:
+        import torch
+
+        from llamagym.policy import Evaluation
+
+        width = max(1, max(len(reply) for reply in replies))
+        mask = torch.zeros(len(replies), width)
+        for row, reply in enumerate(replies):
+            mask[row, : len(reply)] = 1.0
+        zeros = torch.zeros(len(replies), width)
+        return Evaluation(zeros, zeros.clone(), mask, torch.zeros(len(replies)))
+
+    def score(
+        self,
+        prompts: Sequence[Sequence[int]],
+        candidates: Sequence[Sequence[Sequence[int]]],
+        reference: bool = False,
+    ) -> tuple[Any, Any]:
+        import torch
+
+        self._count(len(prompts))
+        width = max(len(options) for options in candidates)
+        scores = torch.full((len(prompts), width), float("-inf"))
+        for row, options in enumerate(candidates):
+            scores[row, : len(options)] = 0.0
+        return scores, torch.zeros(len(prompts))
+
+
+def tokenizer_context(tokenizer: Any, default: int = 2048) -> int:
+    """The tokenizer's context length, or ``default`` when it declares none."""
+    limit = getattr(tokenizer, "model_max_length", None)
+    return int(limit) if limit and limit < 1_000_000 else default
+
+
+_tokenizers: dict[Path, Any] = {}
+
+
+def load_tiny_tokenizer() -> Any:
+    """The offline tiny model's tokenizer (built into the cache on first use)."""
+    from llamagym.tiny_model import build_tiny_model
+
+    directory = build_tiny_model()
+    if directory not in _tokenizers:
+        from transformers import AutoTokenizer
+
+        _tokenizers[directory] = AutoTokenizer.from_pretrained(directory)
+    return _tokenizers[directory]
+
+
+# -- results ------------------------------------------------------------------------
+@dataclass
+class CheckResult:
+    """One check's outcome. ``detail`` says what was verified (pass), what is wrong
+    (fail) or why it did not run (skip); ``fix`` says how to put a failure right."""
+
+    name: str
+    status: Status
+    detail: str
+    fix: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "fail"
+
+    def lines(self) -> list[str]:
+        label = {"pass": "PASS", "fail": "FAIL", "skip": "SKIP"}[self.status]
+        lines = [f"{label}  {self.name:<18} {self.detail}"]
+        if self.fix:
+            lines.append(f"      {'':<18} fix: {self.fix}")
+        return lines
+
+
+class CheckFailure(Exception):
+    """Raised inside a check: ``problem`` is what is wrong, ``fix`` how to fix it."""
+
+    def __init__(self, problem: str, fix: str):
+        super().__init__(problem)
+        self.problem, self.fix = problem, fix
+
+
+class CheckSkipped(Exception):
+    """Raised inside a check that does not apply to this agent (the message says why)."""
+
+
+def format_results(results: Sequence[CheckResult]) -> str:
+    """Every result as ``PASS/FAIL/SKIP name detail`` lines, then a one-line tally."""
+    lines = [line for result in results for line in result.lines()]
+    failed = sum(result.failed for result in results)
+    passed = sum(result.status == "pass" for result in results)
+    skipped = len(results) - failed - passed
+    lines.append(f"{len(results)} checks: {passed} passed, {failed} failed, {skipped} skipped")
+    return "\n".join(lines)
+
+
+# -- what the checks share ----------------------------------------------------------
+@dataclass
+class Sample:
+    """An observation met on a random walk, with its info and legal actions."""
+
+    observation: Any
+    info: dict
+    legal: list[str]
+
+
+@dataclass
+class CheckContext:
+    agent: Agent
+    seed: int
+    episodes: int
+    samples: list[Sample] = field(default_factory=list)
+    _tokenizer: Any = None
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            self._tokenizer = load_tiny_tokenizer()
+        return self._tokenizer
+
+    def make_env(self) -> Any:
+        return self.agent.make_env()
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    run: Callable[[CheckContext], str]
+    needs: tuple[str, ...] = ()
+
+
+def _describe(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Structural equality for observations: arrays, tuples, dicts, strings, numbers."""
+    import numpy as np
+
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        a, b = np.asarray(a), np.asarray(b)
+        return a.shape == b.shape and bool(np.array_equal(a, b, equal_nan=a.dtype.kind == "f"))
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    try:
+        return bool(a == b)
+    except Exception:  # an object whose == is ambiguous or broken is not comparable
+        return False
+
+
+def _reset(env: Any, seed: int) -> tuple[Any, dict]:
+    result = env.reset(seed=seed)
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict)):
+        raise CheckFailure(
+            f"env.reset(seed={seed}) returned {_describe(result)}, not (observation, info)",
+            "follow the Gymnasium API: reset(*, seed=None, options=None) returns "
+            "(observation, info_dict)",
+        )
+    return result
+
+
+def _step(env: Any, action: Any) -> tuple[Any, float, bool, bool, dict]:
+    result = env.step(action)
+    if not (isinstance(result, tuple) and len(result) == 5):
+        raise CheckFailure(
+            f"env.step({_describe(action)}) returned {_describe(result)}, not 5 values",
+            "follow the Gymnasium API: step returns (observation, reward, terminated, "
+            "truncated, info); old Gym envs can be wrapped with "
+            "gymnasium.wrappers.EnvCompatibility or shimmy",
+        )
+    observation, reward, terminated, truncated, info = result
+    if not math.isfinite(float(reward)):
+        raise CheckFailure(
+            f"env.step returned the reward {reward!r}", "rewards must be finite numbers"
+        )
+    return observation, float(reward), bool(terminated), bool(truncated), dict(info)
+
+
+def _key(name: str) -> str:
+    """How the parsers compare names: case and runs of spaces do not count."""
+    return " ".join(name.split()).lower()
+
+
+# -- the checks -----------------------------------------------------------------------
+def check_make_env(ctx: CheckContext) -> str:
+    try:
+        env = ctx.make_env()
+    except Exception as error:
+        raise CheckFailure(
+            f"make_env() raised {type(error).__name__}: {error}",
+            "set env_id to a registered Gymnasium id (register your own env with the "
+            "llamagym_register_envs hook), or override make_env(); install what the "
+            "message says is missing",
+        ) from error
+    for method in ("reset", "step", "close"):
+        if not callable(getattr(env, method, None)):
+            raise CheckFailure(
+                f"make_env() returned {type(env).__name__}, which has no {method}()",
+                "return a gymnasium.Env (e.g. gymnasium.make(...))",
+            )
+    env.close()
+    return f"make_env() gives {type(getattr(env, 'unwrapped', env)).__name__}"
+
+
+def check_seeded_reset(ctx: CheckContext) -> str:
+    first, second = ctx.make_env(), ctx.make_env()
+    try:
+        observation, _ = _reset(first, ctx.seed)
+        again, _ = _reset(first, ctx.seed)
+        other, _ = _reset(second, ctx.seed)
+    finally:
+        first.close()
+        second.close()
+    if not (_same(observation, again) and _same(observation, other)):
+        raise CheckFailure(
+            f"reset(seed={ctx.seed}) gave different observations: {_describe(observation)}, "
+            f"then {_describe(again)} (same env) and {_describe(other)} (a new env)",
+            "call super().reset(seed=seed) in your env's reset and draw every random "
+            "number from self.np_random; training and evaluation replay episodes by seed",
+        )
+    return f"reset(seed={ctx.seed}) is repeatable: {_describe(observation, 50)}"
+
+
+def _check_legal(ctx: CheckContext, observation: Any, info: dict) -> list[str]:
+    agent = ctx.agent
+    try:
+        legal = agent.legal_actions(observation, info)
+    except Exception as error:
+        raise CheckFailure(
+            f"legal_actions() raised {type(error).__name__}: {error}",
+            "set action_names = (...) on the agent class (one word per Discrete action, "
+            "in the env's order), or override legal_actions(observation, info)",
+        ) from error
+    legal = list(legal) if legal is not None else []
+    where = f"for observation {_describe(observation, 60)}"
+    if not legal:
+        raise CheckFailure(
+            f"legal_actions() is empty {where}",
+            "every observation an episode can reach needs at least one legal action",
+        )
+    if not all(isinstance(name, str) and name.strip() for name in legal):
+        raise CheckFailure(
+            f"legal_actions() {where} holds a name that is not a non-empty string: "
+            f"{_describe(legal)}",
+            "action names are the words the model says: non-empty strings",
+        )
+    keys = [_key(name) for name in legal]
+    if len(set(keys)) != len(keys):
+        twins = sorted({name for name in legal if keys.count(_key(name)) > 1})
+        raise CheckFailure(
+            f"legal_actions() {where} holds names the parsers cannot tell apart: {twins}",
+            "parsers ignore case and extra spaces: make every name distinct without them",
+        )
+    return legal
+
+
+def check_legal_actions(ctx: CheckContext) -> str:
+    """Walks the env with random legal actions, keeping what it meets for later checks."""
+    import numpy as np
+
+    agent = ctx.agent
+    rng = np.random.default_rng(ctx.seed)
+    env = ctx.make_env()
+    try:
+        space = getattr(env, "action_space", None)
+        discrete = getattr(space, "n", None) if type(space).__name__ == "Discrete" else None
+        names = agent.action_names
+        if names is not None and discrete is not None and len(names) != int(discrete):
+            raise CheckFailure(
+                f"action_names has {len(names)} names but the env's action space is "
+                f"Discrete({int(discrete)})",
+                "give exactly one name per action, in the order of the env's action indices",
+            )
+        steps = 0
+        for episode in range(SAMPLE_EPISODES):
+            observation, info = _reset(env, ctx.seed + episode)
+            for _ in range(SAMPLE_STEPS_PER_EPISODE):
+                legal = _check_legal(ctx, observation, info)
+                ctx.samples.append(Sample(observation, info, legal))
+                index = int(rng.integers(len(legal)))
+                action = agent.env_action(index, legal)
+                if space is not None and discrete is not None and not space.contains(action):
+                    raise CheckFailure(
+                        f"env_action({index}, ...) gave {action!r}, which is not in the "
+                        f"env's action space {space}",
+                        "override env_action(index, legal_actions) to return what "
+                        "env.step expects",
+                    )
+                try:
+                    observation, _, terminated, truncated, info = _step(env, action)
+                except CheckFailure:
+                    raise
+                except Exception as error:
+                    raise CheckFailure(
+                        f"env.step({action!r}) raised {type(error).__name__}: {error} "
+                        f"(legal action {legal[index]!r})",
+                        "every legal action must be accepted by env.step: check "
+                        "legal_actions() and env_action()",
+                    ) from error
+                steps += 1
+                if terminated or truncated:
+                    break
+    finally:
+        env.close()
+    sizes = sorted({len(sample.legal) for sample in ctx.samples})
+    counts = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
+    return f"{steps} random steps, {counts} legal actions at each"
+
+
+def check_prompts(ctx: CheckContext) -> str:
+    agent, tokenizer = ctx.agent, ctx.tokenizer
+    plugins = agent.plugins
+    system = plugins.system_prompt(agent)
+    rollout = agent.config.rollout
+    reserve = rollout.max_new_tokens if rollout.mode == "generate" else SCORE_MODE_REPLY_TOKENS
+    context = tokenizer_context(tokenizer)
+    budget = context - reserve
+    longest, longest_text = 0, ""
+    for sample in ctx.samples:
+        try:
+            text = plugins.format_observation(agent, sample.observation, sample.info)
+        except Exception as error:
+            raise CheckFailure(
+                f"format_observation raised {type(error).__name__}: {error} for observation "
+                f"{_describe(sample.observation, 60)}",
+                "format_observation must handle every observation the env can return",
+            ) from error
+        if not text.strip():
+            raise CheckFailure(
+                f"format_observation gave empty text for {_describe(sample.observation, 60)}",
+                "return a description of the observation the model can read",
+            )
+        messages = [{"role": "system", "content": system}] if system else []
+        messages.append({"role": "user", "content": text})
+        rendered = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
+        )
+        size = len(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+        if size > longest:
+            longest, longest_text = size, text
+    if longest > budget:
+        raise CheckFailure(
+            f"the longest prompt is {longest} tokens; the tiny model's context is {context}, "
+            f"{reserve} of them kept for the reply (observation: {_describe(longest_text)})",
+            "shorten the system prompt or format_observation's text: the engine drops "
+            "old turns to fit, but never the system prompt or the current observation",
+        )
+    where = "no system prompt" if not system else f"system prompt {len(system)} chars"
+    return f"{len(ctx.samples)} observations rendered ({where}); longest {longest}/{budget} tokens"
+
+
+def _legal_lists(ctx: CheckContext) -> list[list[str]]:
+    seen: dict[tuple[str, ...], list[str]] = {}
+    for sample in ctx.samples:
+        seen.setdefault(tuple(sample.legal), sample.legal)
+    return list(seen.values())[:ROUND_TRIP_LISTS]
+
+
+def _answering_plugin(ctx: CheckContext, reply: str, legal: list[str]) -> str:
+    """Which plugin gave the first answer for ``reply`` (pluggy asks in reverse order of
+    its implementation list), to point a failure at the parser that misread."""
+    caller = ctx.agent.plugins.manager.hook.llamagym_extract_action
+    arguments = {"agent": ctx.agent, "reply": reply, "legal_actions": legal}
+    for implementation in reversed(caller.get_hookimpls()):
+        if implementation.hookwrapper or getattr(implementation, "wrapper", False):
+            continue
+        try:
+            answer = implementation.function(*(arguments[a] for a in implementation.argnames))
+        except Exception:  # the runtime skips a parser that raises; so does this
+            continue
+        if answer is not None:
+            name = implementation.plugin_name
+            return "the agent's extract_action" if name == "agent" else f"plugin {name!r}"
+    return "no parser"
+
+
+def check_action_round_trip(ctx: CheckContext) -> str:
+    agent, plugins = ctx.agent, ctx.agent.plugins
+    problems: list[str] = []
+    names = 0
+    for legal in _legal_lists(ctx):
+        for index, name in enumerate(legal):
+            names += 1
+            for label, reply in (("JSON", json.dumps({"action": name})), ("bare", name)):
+                found = plugins.extract_action(agent, reply, legal)
+                if found != index:
+                    got = "nothing" if found is None else repr(legal[found])
+                    by = _answering_plugin(ctx, reply, legal)
+                    problems.append(f"{label} reply {reply!r} was read as {got} by {by}")
+    if problems:
+        more = len(problems) - 3
+        shown = "; ".join(problems[:3]) + (f" (and {more} more)" if more > 0 else "")
+        raise CheckFailure(
+            shown,
+            "an extract_action must match whole words (\"up\" is not in \"pickup\") and "
+            "return None for replies it does not recognise; no action name may contain "
+            "another as whole words",
+        )
+    return f"{names} names read back from {{\"action\": name}} and from the bare name"
+
+
+def check_score_candidates(ctx: CheckContext) -> str:
+    tokenizer = ctx.tokenizer
+    lengths: list[int] = []
+    for legal in _legal_lists(ctx):
+        for name in legal:
+            tokens = tokenizer(name, add_special_tokens=False)["input_ids"]
+            if not tokens:
+                raise CheckFailure(
+                    f"action {name!r} tokenizes to nothing, so score mode cannot rank it",
+                    "use action names made of ordinary characters",
+                )
+            lengths.append(len(tokens))
+    return f"every legal action is a candidate of {min(lengths)}-{max(lengths)} tokens"
+
+
+def check_baselines(ctx: CheckContext) -> str:
+    import numpy as np
+
+    agent = ctx.agent
+    if not agent.baselines:
+        raise CheckSkipped(
+            "no baselines declared (optional: baselines = {name: policy} puts the trained "
+            "agent's score next to them)"
+        )
+    played = []
+    for name, baseline in agent.baselines.items():
+        rng = np.random.default_rng(ctx.seed)
+        env = ctx.make_env()
+        try:
+            if hasattr(baseline, "reset"):
+                baseline.reset()
+            observation, info = _reset(env, ctx.seed)
+            total, steps, done = 0.0, 0, False
+            while not done:
+                if steps >= MAX_TURNS_PER_EPISODE:
+                    raise CheckFailure(
+                        f"baseline {name!r} played {steps} steps without the episode ending",
+                        "make episodes end: register the env with max_episode_steps or "
+                        "wrap it in gymnasium.wrappers.TimeLimit",
+                    )
+                legal = list(agent.legal_actions(observation, info))
+                try:
+                    choice = baseline(observation, info, legal, rng)
+                except Exception as error:
+                    raise CheckFailure(
+                        f"baseline {name!r} raised {type(error).__name__}: {error}",
+                        "a baseline is called as baseline(observation, info, legal_actions, "
+                        "rng) and returns one of legal_actions",
+                    ) from error
+                if choice not in legal:
+                    raise CheckFailure(
+                        f"baseline {name!r} returned {choice!r}, not one of {_describe(legal)}",
+                        "a baseline returns the *name* of a legal action, exactly as listed",
+                    )
+                action = agent.env_action(legal.index(choice), legal)
+                observation, reward, terminated, truncated, info = _step(env, action)
+                total += reward
+                steps += 1
+                done = terminated or truncated
+        finally:
+            env.close()
+        played.append(f"{name} {total:+g}")
+    return "one episode each: " + ", ".join(played)
+
+
+def _scripted_replies(ctx: CheckContext) -> list[str]:
+    """Replies a model might give: JSON, a bare name, and one nothing can parse."""
+    names = ctx.samples[0].legal if ctx.samples else []
+    replies = ["I am not sure what to do."]  # first, so the fallback path always runs
+    replies += [json.dumps({"action": name}) for name in names[:3]] + names[:2]
+    return replies
+
+
+def check_episodes(ctx: CheckContext) -> str:
+    agent = ctx.agent
+    episodes = ctx.episodes
+    budget = episodes * MAX_TURNS_PER_EPISODE
+    summaries = []
+    modes: tuple[Literal["score", "generate"], ...] = ("score", "generate")
+    for mode in modes:
+        llm = ScriptedLLM(_scripted_replies(ctx), cycle=True, tokenizer=ctx.tokenizer)
+        try:
+            finished = llm.play(
+                agent,
+                episodes,
+                num_envs=min(2, episodes),
+                seed=ctx.seed,
+                mode=mode,
+                max_turns=budget,
+            )
+        except TurnBudgetExceededError as error:
+            raise CheckFailure(
+                f"{mode} mode: {episodes} episodes did not end within {budget} decisions",
+                "make episodes end: register the env with max_episode_steps or wrap it "
+                "in gymnasium.wrappers.TimeLimit",
+            ) from error
+        if len(finished) != episodes:
+            raise CheckFailure(
+                f"{mode} mode: {len(finished)} of {episodes} episodes finished; the env "
+                "raised during the others (see the warnings above)",
+                "env.reset and env.step must not raise for legal actions",
+            )
+        turns = [turn for episode in finished for turn in episode.turns]
+        bad = [t for t in turns if t.action_index is None or t.action_index >= len(t.legal_actions)]
+        if bad or not turns:
+            raise CheckFailure(
+                f"{mode} mode: {len(bad)} turns ended without a legal action",
+                "report this as a LlamaGym bug, with the agent",
+            )
+        summary = f"{mode} mode {len(finished)} episodes, {len(turns)} turns"
+        if mode == "generate":
+            invalid = sum(not turn.valid for turn in turns)
+            summary += f" ({len(turns) - invalid} replies read, {invalid} given a fallback)"
+        summaries.append(summary)
+    return "; ".join(summaries)
+
+
+CHECKS: tuple[Check, ...] = (
+    Check("make-env", check_make_env),
+    Check("seeded-reset", check_seeded_reset, ("make-env",)),
+    Check("legal-actions", check_legal_actions, ("seeded-reset",)),
+    Check("prompts", check_prompts, ("legal-actions",)),
+    Check("action-round-trip", check_action_round_trip, ("legal-actions",)),
+    Check("score-candidates", check_score_candidates, ("legal-actions",)),
+    Check("baselines", check_baselines, ("seeded-reset",)),
+    Check("episodes", check_episodes, ("legal-actions",)),
+)
+CHECK_NAMES: tuple[str, ...] = tuple(check.name for check in CHECKS)
+
+
+def _unexpected(error: Exception) -> CheckResult:
+    """A check that crashed: the error and where in the plugin's code it came from."""
+    import llamagym
+
+    ours = Path(llamagym.__file__).resolve().parent
+    frames = traceback.extract_tb(error.__traceback__)
+    outside = [f for f in frames if ours not in Path(f.filename).resolve().parents]
+    where = f" at {outside[-1].filename}:{outside[-1].lineno}" if outside else ""
+    return CheckResult(
+        "", "fail", f"raised {type(error).__name__}: {error}{where}", "see the error above"
+    )
+
+
+def check_agent(
+    agent_class: type[Agent],
+    config: Mapping[str, Any] | None = None,
+    *,
+    name: str | None = None,
+    episodes: int = 4,
+    seed: int = 0,
+    skip: Sequence[str] = (),
+) -> list[CheckResult]:
+    """Run every conformance check on ``agent_class`` and return the results in order.
+
+    ``config`` is laid over the agent's ``defaults`` (e.g. ``{"agent": {"games": 2}}``);
+    ``name`` is the registered agent name (default: the class's ``name``); checks named
+    in ``skip`` are reported as skipped.
+    """
+    from llamagym.config import deep_merge
+
+    unknown = sorted(set(skip) - set(CHECK_NAMES))
+    if unknown:
+        raise ValueError(f"unknown check(s) {unknown}; known: {', '.join(CHECK_NAMES)}")
+    layers = deep_merge(dict(config or {}), {"output": {"dir": None, "quiet": True}})
+    layers = deep_merge({"agent": {"name": name or agent_class.name}}, layers)
+    try:
+        agent = agent_class(config=layers)
+    except Exception as error:
+        return [
+            CheckResult(
+                "construct",
+                "fail",
+                f"{agent_class.__name__}(config=...) raised {type(error).__name__}: {error}",
+                "check the agent's defaults and any options its __init__ validates",
+            )
+        ]
+    ctx = CheckContext(agent, seed=seed, episodes=episodes)
+    results: list[CheckResult] = []
+    outcome: dict[str, Status] = {}
+    for check in CHECKS:
+        blocked = [need for need in check.needs if outcome.get(need) != "pass"]
+        if check.name in skip:
+            result = CheckResult(check.name, "skip", "skipped on request")
+        elif blocked:
+            result = CheckResult(check.name, "skip", f"needs {', '.join(blocked)} to pass")
+        else:
+            try:
+                result = CheckResult(check.name, "pass", check.run(ctx))
+            except CheckFailure as failure:
+                result = CheckResult(check.name, "fail", failure.problem, failure.fix)
+            except CheckSkipped as skipped:
+                result = CheckResult(check.name, "skip", str(skipped))
+            except Exception as error:
+                result = _unexpected(error)
+                result.name = check.name
+        outcome[check.name] = result.status
+        results.append(result)
+    return results
+
+
+def assert_agent_conforms(
+    agent_class: type[Agent],
+    config: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> list[CheckResult]:
+    """Run :func:`check_agent` and raise ``AssertionError`` listing every failure.
+
+    Returns the results, so a test can also look at what was skipped.
+    """
+    results = check_agent(agent_class, config, **options)
+    if any(result.failed for result in results):
+        failures = [result for result in results if result.failed]
+        raise AssertionError(
+            f"{agent_class.__name__} fails {len(failures)} conformance check(s):\n"
+            + format_results(failures)
+        )
+    return results

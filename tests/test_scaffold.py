@@ -1,0 +1,145 @@
+"""`llamagym new-plugin`: names are checked, nothing is overwritten, the files are valid,
+and a generated package installs, is listed, passes `llamagym check` and trains."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+from typer.testing import CliRunner
+
+from llamagym.cli import app
+from llamagym.scaffold import ScaffoldError, llamagym_requirement, validate_name, write_plugin
+
+LLAMAGYM = [sys.executable, "-m", "llamagym.cli"]
+
+
+@pytest.mark.parametrize("name", ["frozen_lake", "taxi2", "a"])
+def test_valid_names(name: str) -> None:
+    assert validate_name(name) == name
+
+
+@pytest.mark.parametrize(
+    ("name", "suggestion"),
+    [("frozen-lake", "'frozen_lake'"), ("Taxi", "'taxi'"), ("2048", "'env_2048'"),
+     ("class", None), ("", None)],
+)
+def test_invalid_names_say_what_to_type(name: str, suggestion: str | None) -> None:
+    with pytest.raises(ScaffoldError, match="lowercase letters, digits and underscores") as error:
+        validate_name(name)
+    if suggestion:
+        assert f"try {suggestion}" in str(error.value)
+
+
+def test_a_bad_name_is_one_line_and_exit_code_2(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [*LLAMAGYM, "new-plugin", "frozen-lake", "--dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: plugin name 'frozen-lake' is not valid")
+    assert "Traceback" not in result.stderr and list(tmp_path.iterdir()) == []
+
+
+def test_never_overwrites(tmp_path: Path) -> None:
+    write_plugin("lake", directory=tmp_path)
+    readme = tmp_path / "llamagym-lake" / "README.md"
+    readme.write_text("mine")
+    with pytest.raises(ScaffoldError, match="already exists"):
+        write_plugin("lake", directory=tmp_path)
+    assert readme.read_text() == "mine"
+
+
+def test_requirement_is_the_release_series() -> None:
+    assert llamagym_requirement("0.2.0") == "llamagym>=0.2,<0.3"
+    assert llamagym_requirement("1.4.2") == "llamagym>=1.4,<2"
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "module"),
+    [
+        ("lake", {}, "agent"),
+        ("cliff", {"env_id": "CliffWalking-v1"}, "agent"),
+        ("steps", {"kind": "algorithm"}, "algorithm"),
+    ],
+)
+def test_generated_packages_are_complete(tmp_path: Path, name, options, module) -> None:
+    spec, root = write_plugin(name, directory=tmp_path, **options)
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    assert project["name"] == f"llamagym-{name}"
+    assert project["entry-points"]["llamagym"] == {name: f"llamagym_{name}.plugin"}
+    assert llamagym_requirement() in project["dependencies"]
+    package = root / "src" / f"llamagym_{name}"
+    for path in [*package.glob("*.py"), root / "tests" / f"test_{name}.py"]:
+        compile(path.read_text(), str(path), "exec")  # a template typo fails here
+    assert (package / f"{module}.py").is_file() and (root / "README.md").is_file()
+    ruff = shutil.which("ruff") or str(Path(sys.executable).with_name("ruff"))
+    if Path(ruff).exists():  # generated code is as clean as ours, under its own config
+        lint = subprocess.run([ruff, "check", "-q", "."], cwd=root, capture_output=True,
+                              text=True, timeout=60)
+        assert lint.returncode == 0, lint.stdout
+    if name == "cliff":  # the env's own documentation is quoted where it helps
+        agent = (package / "agent.py").read_text()
+        assert '"action 0",  # Move up' in agent and "current_row * ncols" in agent
+
+
+def test_env_template_refuses_continuous_actions(tmp_path: Path) -> None:
+    with pytest.raises(ScaffoldError, match="Discrete"):
+        write_plugin("pendulum", directory=tmp_path, env_id="Pendulum-v1")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_new_plugin_command_prints_the_next_steps(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["new-plugin", "lake", "--dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "src/llamagym_lake/agent.py" in result.output
+    assert "llamagym check lake" in result.output
+
+
+def test_a_new_plugin_installs_lists_checks_and_trains(tmp_path: Path) -> None:
+    """The whole path of a plugin author, each step in its own process: generate,
+    install (into a directory of its own, so nothing stays installed), list, check, run."""
+    run = subprocess.run(
+        [*LLAMAGYM, "new-plugin", "lake", "--dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    site = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+         "--no-deps", "--no-build-isolation", "--target", str(site),
+         str(tmp_path / "llamagym-lake")],
+        check=True, capture_output=True, timeout=300,
+    )
+    # One torch thread per process: the machine's cores are shared.
+    env = {**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1"}
+
+    def llamagym(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*LLAMAGYM, *args], capture_output=True, text=True,
+                              timeout=600, env=env)
+
+    listing = llamagym("list")
+    assert listing.returncode == 0, listing.stderr
+    row = next(line for line in listing.stdout.splitlines() if " lake " in line)
+    assert "llamagym-lake" in row
+
+    check = llamagym("check", "lake", "--episodes", "2")
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "8 checks: 8 passed, 0 failed, 0 skipped" in check.stdout
+
+    output = tmp_path / "run"
+    trained = llamagym("run", "lake", "--episodes", "8", "--eval-episodes", "4", "--quiet",
+                       "--threads", "1", "--output", str(output))
+    assert trained.returncode == 0, trained.stdout + trained.stderr
+    assert "trained 16 episodes" in trained.stdout  # one update of the agent's batch
+    assert (output / "report.md").is_file() and any((output / "checkpoints").iterdir())
+    assert "route" in (output / "report.md").read_text()  # the baseline was evaluated
