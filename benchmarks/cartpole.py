@@ -28,11 +28,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-# Run as ``python benchmarks/cartpole.py``, this folder is first on sys.path, where
-# benchmarks/profile.py would shadow the standard library's ``profile`` (torch imports
-# cProfile, which imports it). Nothing here imports a sibling module, so drop it.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 TARGET = 475.0
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776}  # two-sided Student t, by degrees of freedom

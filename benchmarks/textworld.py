@@ -31,11 +31,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-# Run as ``python benchmarks/textworld.py``, this folder is first on sys.path, where
-# benchmarks/profile.py would shadow the standard library's ``profile`` (torch imports
-# cProfile, which imports it). Nothing here imports a sibling module, so drop it.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 TARGET = 0.9
 UNSEEN_FIRST_SEED = 1000

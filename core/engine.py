@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+PROMPT_CACHE_TOKENS = 1_000_000  # about 8 MB of cached prompt ids at most
+
 
 @dataclass
 class Slot:
@@ -59,6 +61,8 @@ class RolloutEngine:
         self.generator = torch.Generator().manual_seed(seed)
         self.stats = RolloutStats()
         self._candidate_cache: dict[str, list[int]] = {}
+        self._prompt_cache: dict[tuple, list[int]] = {}
+        self._prompt_cache_tokens = 0
         self.max_failures_in_a_row = 10
 
     # -- checkpoints -------------------------------------------------------------------
@@ -97,7 +101,6 @@ class RolloutEngine:
         self, slots: Sequence[Slot]
     ) -> tuple[list[str], list[list[int]], list[list[dict[str, str]]]]:
         """User texts and prompt token ids; the oldest history turns go first if too long."""
-        tokenizer = self.policy.tokenizer
         user_texts = [
             self.plugins.format_observation(self.agent, slot.observation, slot.info)
             for slot in slots
@@ -107,10 +110,7 @@ class RolloutEngine:
             self._messages(slot, text, history)
             for slot, text, history in zip(slots, user_texts, histories, strict=True)
         ]
-        texts = tokenizer.apply_chat_template(
-            conversations, add_generation_prompt=True, tokenize=False
-        )
-        ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        ids = self.prompt_tokens(conversations)
         budget = self.policy.max_context - (
             self.settings.max_new_tokens if self.settings.mode == "generate" else 16
         )
@@ -118,15 +118,30 @@ class RolloutEngine:
             # Never cut the system prompt or the current observation: drop old turns.
             while len(prompt) > budget and histories[row]:
                 histories[row] = histories[row][2:]
-                text = tokenizer.apply_chat_template(
-                    self._messages(slots[row], user_texts[row], histories[row]),
-                    add_generation_prompt=True,
-                    tokenize=False,
-                )
-                prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
+                conversations[row] = self._messages(slots[row], user_texts[row], histories[row])
+                [prompt] = self.prompt_tokens([conversations[row]])
             ids[row] = prompt
-            conversations[row] = self._messages(slots[row], user_texts[row], histories[row])
         return user_texts, ids, conversations
+
+    def prompt_tokens(self, conversations: list[list[dict[str, str]]]) -> list[list[int]]:
+        """Token ids of each conversation through the chat template, with a generation
+        prompt. Rendering is deterministic, so prompts seen before (a small state space
+        repeats them constantly) come from a bounded cache."""
+        keys = [tuple((m["role"], m["content"]) for m in c) for c in conversations]
+        ids = [self._prompt_cache.get(key) for key in keys]
+        missing = [row for row, found in enumerate(ids) if found is None]
+        if missing:
+            tokenizer = self.policy.tokenizer
+            texts = tokenizer.apply_chat_template(
+                [conversations[row] for row in missing], add_generation_prompt=True, tokenize=False
+            )
+            encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
+            for row, prompt in zip(missing, encoded, strict=True):
+                ids[row] = prompt
+                if self._prompt_cache_tokens + len(prompt) <= PROMPT_CACHE_TOKENS:
+                    self._prompt_cache[keys[row]] = prompt
+                    self._prompt_cache_tokens += len(prompt)
+        return [list(prompt) for prompt in ids]
 
     def candidate_tokens(self, name: str) -> list[int]:
         tokens = self._candidate_cache.get(name)
@@ -227,7 +242,6 @@ class RolloutEngine:
         """Ask again, up to ``max_reprompts`` times, the envs whose reply had no legal
         action; the failed reply and the feedback stay in the conversation."""
         policy = self.settings.invalid_action
-        tokenizer = self.policy.tokenizer
         for _ in range(policy.max_reprompts):
             pending = [row for row, turn in enumerate(turns) if not turn.valid]
             if not pending:
@@ -241,10 +255,7 @@ class RolloutEngine:
                     {"role": "assistant", "content": failed.reply},
                     {"role": "user", "content": failed.feedback},
                 ]
-                text = tokenizer.apply_chat_template(
-                    conversations[row], add_generation_prompt=True, tokenize=False
-                )
-                prompts.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+                prompts += self.prompt_tokens([conversations[row]])
             if max(map(len, prompts)) > self.policy.max_context - self.settings.max_new_tokens:
                 return  # no room left to ask again: the fallback applies
             legal = [turns[row].legal_actions for row in pending]

@@ -126,7 +126,8 @@ def _define_bandit() -> dict[str, type]:
 
 def __getattr__(name: str) -> Any:
     if name in ("TwoArmedBandit", "BanditAgent"):
-        globals().update(_define_bandit())  # later lookups find them directly
+        if "BanditAgent" not in globals():  # define once: every lookup gets the same class
+            globals().update(_define_bandit())
         return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -146,7 +147,7 @@ def tiny_agent(agent_class: type[Agent] | None = None, **overrides: Any) -> Agen
     from llamagym.plugin_manager import get_plugins
 
     if agent_class is None:
-        agent_class = __getattr__("BanditAgent")
+        agent_class = globals().get("BanditAgent") or __getattr__("BanditAgent")
     fast = deep_merge(dict(FAST_SETTINGS), {})
     chosen = deep_merge(dict(agent_class.defaults), overrides).get("algorithm", {})
     try:

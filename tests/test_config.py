@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from llamagym_blackjack.agent import BlackjackAgent
 
 from llamagym.cli import main
 from llamagym.cli.run_commands import resolve_run_config
@@ -64,7 +65,8 @@ def test_each_layer_overrides_the_one_below(tmp_path) -> None:
     assert config.algorithm.epochs == 3  # file > agent default (4)
     assert config.rollout.temperature == 0.7  # file > built-in default (1.0)
     assert config.training.seed == 7
-    assert config.training.episodes == 60_000  # agent default > built-in (None)
+    agent_default = BlackjackAgent.defaults["training"]["episodes"]
+    assert config.training.episodes == agent_default  # agent default > built-in (None)
     assert config.rollout.max_new_tokens == RunConfig().rollout.max_new_tokens
     # The algorithm section is complete: its plugin's defaults are filled in.
     assert config.algorithm.clip_range == 0.2

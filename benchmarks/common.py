@@ -1,0 +1,291 @@
+"""What every benchmark part shares: the machine description, result files, worker
+subprocesses, and the median/min/max summary used for every repeated number.
+
+Measurements run in fresh worker processes (``python -m benchmarks.<part> --worker
+SPEC``) so one configuration's memory, caches and thread pools never leak into the
+next; a worker prints its result as one ``BENCHMARK-RESULT {json}`` line on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+BENCHMARKS_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BENCHMARKS_DIR.parent
+DEFAULT_RESULTS_DIR = BENCHMARKS_DIR / "results"
+RESULT_MARKER = "BENCHMARK-RESULT "
+WORKER_TIMEOUT_SECONDS = 4 * 3600
+# One torch thread per process unless --threads says otherwise: on a shared machine,
+# more threads than idle cores makes every side many times slower (and noisier).
+DEFAULT_THREADS = 1
+
+
+class BenchmarkError(RuntimeError):
+    """A measurement could not be taken (a worker failed, a tool is missing)."""
+
+
+# -- the machine ------------------------------------------------------------------------
+def available_cores() -> int:
+    """CPUs this process may run on (the affinity mask, not the host's total)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def _memory_gb() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 1024**2, 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def machine_info() -> dict[str, Any]:
+    """Where a result was measured; written into every result file."""
+    return {
+        "cores": available_cores(),
+        "logical_cpus": os.cpu_count(),
+        "cpu_model": cpu_model(),
+        "memory_gb": _memory_gb(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": _version("torch"),
+        "transformers": _version("transformers"),
+        "llamagym": _version("llamagym"),
+        # A busy machine explains slow numbers; record how busy it was.
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+
+
+def machine_label(machine: Mapping[str, Any]) -> str:
+    """``"2 cores, Intel(R) Xeon(R) Processor"``: the table's machine column."""
+    return f"{machine.get('cores', '?')} cores, {machine.get('cpu_model', 'unknown CPU')}"
+
+
+def today() -> str:
+    return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+# -- numbers ----------------------------------------------------------------------------
+def spread(values: Iterable[float | None]) -> dict[str, Any] | None:
+    """Median, min and max of the repeats (``None`` entries dropped; ``None`` if empty)."""
+    kept = [float(v) for v in values if v is not None]
+    if not kept:
+        return None
+    return {
+        "median": statistics.median(kept),
+        "min": min(kept),
+        "max": max(kept),
+        "n": len(kept),
+        "values": kept,
+    }
+
+
+def median_of(summary: Mapping[str, Any] | None) -> float | None:
+    return None if summary is None else summary.get("median")
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size so far, in MiB."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # Linux reports KiB, macOS bytes.
+    return peak / 1024**2 if sys.platform == "darwin" else peak / 1024
+
+
+# -- worker processes -------------------------------------------------------------------
+def worker_environment(threads: int) -> dict[str, str]:
+    """The environment every worker (ours and the peer's) runs with."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "OMP_NUM_THREADS": str(threads),
+            "MKL_NUM_THREADS": str(threads),
+            "PYTHONHASHSEED": "0",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1",
+            "WANDB_MODE": "disabled",
+            "TRANSFORMERS_VERBOSITY": "error",
+            "PYTHONWARNINGS": "ignore",
+        }
+    )
+    return env
+
+
+def emit_result(data: Mapping[str, Any]) -> None:
+    """A worker's answer: one marked JSON line on stdout, read by :func:`parse_result`."""
+    sys.stdout.write(RESULT_MARKER + json.dumps(data) + "\n")
+    sys.stdout.flush()
+
+
+def parse_result(stdout: str) -> dict[str, Any] | None:
+    for line in reversed(stdout.splitlines()):
+        if line.startswith(RESULT_MARKER):
+            return json.loads(line[len(RESULT_MARKER) :])
+    return None
+
+
+def run_command(
+    command: Sequence[str], threads: int, timeout: float = WORKER_TIMEOUT_SECONDS
+) -> dict[str, Any]:
+    """Run one worker command and return the JSON it printed."""
+    try:
+        completed = subprocess.run(
+            list(command),
+            cwd=REPO_ROOT,
+            env=worker_environment(threads),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as error:
+        shown = " ".join(command[:4])
+        raise BenchmarkError(f"{shown} ... timed out after {timeout:.0f}s") from error
+    result = parse_result(completed.stdout)
+    if completed.returncode != 0 or result is None:
+        tail = "\n".join((completed.stderr or completed.stdout).strip().splitlines()[-15:])
+        raise BenchmarkError(
+            f"worker {' '.join(command[:4])} ... exited with {completed.returncode}:\n{tail}"
+        )
+    return result
+
+
+def run_worker(
+    part: str, spec: Mapping[str, Any], threads: int, timeout: float = WORKER_TIMEOUT_SECONDS
+) -> dict[str, Any]:
+    """Run ``benchmarks.<part>``'s worker with ``spec`` in a fresh interpreter."""
+    command = [sys.executable, "-m", f"benchmarks.{part}", "--worker", json.dumps(dict(spec))]
+    return run_command(command, threads, timeout)
+
+
+def worker_main(argv: Sequence[str] | None, work: Any) -> int:
+    """Entry point of ``python -m benchmarks.<part> --worker SPEC``."""
+    parser = argparse.ArgumentParser(description="internal: one measurement, JSON out")
+    parser.add_argument("--worker", required=True, help="the measurement, as JSON")
+    spec = json.loads(parser.parse_args(argv).worker)
+    threads = int(spec.get("threads") or DEFAULT_THREADS)
+    import torch
+
+    torch.set_num_threads(threads)
+    emit_result(work(spec))
+    return 0
+
+
+def log(part: str, message: str) -> None:
+    print(f"[{part}] {message}", file=sys.stderr, flush=True)
+
+
+# -- options and result files -----------------------------------------------------------
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="a smoke run (seconds, not minutes)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads for every process, ours and the peer's (default: 1; on a "
+        "shared machine more threads than idle cores makes every side many times slower)",
+    )
+    parser.add_argument(
+        "--output-dir",
+        type=Path,
+        default=DEFAULT_RESULTS_DIR,
+        help="where the JSON and PNG files go (default: benchmarks/results)",
+    )
+    parser.add_argument(
+        "--skip-peer", action="store_true", help="measure LlamaGym only (no original LlamaGym)"
+    )
+    parser.add_argument(
+        "--peer-venv",
+        type=Path,
+        default=None,
+        help="the original LlamaGym's venv (default: $LLAMAGYM_PEER_VENV or ../.peer-venv); "
+        "created on first use",
+    )
+
+
+def threads_of(args: argparse.Namespace) -> int:
+    return int(args.threads or DEFAULT_THREADS)
+
+
+def part_command(part: str, args: argparse.Namespace, extra: Sequence[str] = ()) -> str:
+    """The command line that reproduces one part's result file."""
+    words = ["python", "-m", "benchmarks", part]
+    if args.quick:
+        words.append("--quick")
+    if args.threads:
+        words += ["--threads", str(args.threads)]
+    if getattr(args, "skip_peer", False):
+        words.append("--skip-peer")
+    words += list(extra)
+    return " ".join(words)
+
+
+def result_path(output_dir: Path, name: str, quick: bool) -> Path:
+    """``<name>.json``, or ``<name>-quick.json`` for a smoke run, which so never
+    overwrites a full result."""
+    return Path(output_dir) / f"{name}{'-quick' if quick else ''}.json"
+
+
+def write_result(
+    name: str, data: Mapping[str, Any], args: argparse.Namespace, command: str
+) -> Path:
+    """Write ``<output-dir>/<name>[-quick].json`` with the header every result file has."""
+    output_dir = Path(args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    record = {
+        "benchmark": name,
+        "command": command,
+        "date": today(),
+        "quick": bool(args.quick),
+        "threads": threads_of(args),
+        "machine": machine_info(),
+        **data,
+    }
+    path = result_path(output_dir, name, bool(args.quick))
+    path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def pyplot() -> Any | None:
+    """matplotlib's pyplot on the Agg backend, or None (plots are skipped) if missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("plot", "matplotlib is not installed; skipping the PNG (pip install matplotlib)")
+        return None
+    return plt

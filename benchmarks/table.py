@@ -1,0 +1,225 @@
+"""The README's results table, made from ``benchmarks/results/*.json``.
+
+    python -m benchmarks table            # full results -> results/table.md (and stdout)
+    python -m benchmarks table --quick    # the smoke-run results -> results/table-quick.md
+
+Every row names the command that produced it, the machine (cores, CPU model) and the
+date, all read from the JSON file the row comes from. A part without a result file is
+left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import DEFAULT_RESULTS_DIR, machine_label, result_path
+
+Row = list[str]
+
+
+def _load(directory: Path, name: str, quick: bool) -> dict[str, Any] | None:
+    path = result_path(directory, name, quick)
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _number(value: float | None, digits: int = 1) -> str:
+    if value is None:
+        return "–"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}f}"
+
+
+def _spread(summary: Mapping[str, Any] | None, digits: int = 1) -> str:
+    """``median [min–max]``, or the median alone for a single run."""
+    if not summary:
+        return "–"
+    text = _number(summary["median"], digits)
+    if summary.get("n", 1) > 1:
+        text += f" [{_number(summary['min'], digits)}–{_number(summary['max'], digits)}]"
+    return text
+
+
+def _provenance(result: Mapping[str, Any]) -> Row:
+    return [f"`{result['command']}`", machine_label(result["machine"]),
+            str(result["date"])[:10]]
+
+
+def _table(header: Sequence[str], rows: Sequence[Row]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+PROVENANCE = ("Command", "Machine", "Date")
+
+
+def throughput_section(result: Mapping[str, Any]) -> str:
+    updates = {(u["side"], u["mode"], u.get("max_position_embeddings")): u
+               for u in result["updates"]}
+    rows = []
+    for row in result["rows"]:
+        positions = row.get("max_position_embeddings")
+        update = updates.get((row["side"], row["mode"], positions))
+        side = "LlamaGym" if row["side"] == "llamagym" else f"LlamaGym 0.1.1 ({positions} pos.)"
+        update_text = "–"
+        if update and update["update_seconds"]:
+            turns = update["turns_per_update"]["median"] if update["turns_per_update"] else None
+            update_text = f"{_spread(update['update_seconds'], 2)} ({_number(turns, 0)} turns)"
+        rows.append([
+            side, row["mode"], str(row["num_envs"]),
+            _spread(row["env_steps_per_second"]),
+            _spread(row["generated_tokens_per_second"]),
+            update_text,
+            _number(row["peak_rss_mb"]["median"], 0) if row["peak_rss_mb"] else "–",
+            *_provenance(result),
+        ])
+    text = _table(("Side", "Mode", "Envs", "Env steps/s", "Tokens/s", "s / update",
+                   "Peak RSS (MB)", *PROVENANCE), rows)
+    lines = []
+    for ratio in result["ratios"]:
+        steps = ratio["env_steps_per_second"]
+        with_updates = ratio["env_steps_per_second_with_updates"]
+        tokens = ratio["generated_tokens_per_second"]
+        spread_text = ""
+        if steps["low"] != steps["high"]:
+            spread_text = f"range {steps['low']:.0f}–{steps['high']:.0f}×; "
+        line = (f"- Ours / peer at {ratio['num_envs']} envs, {ratio['mode']} mode: "
+                f"**{steps['ratio']:.0f}×** env steps/s ({spread_text}target "
+                f"{result['settings']['target_ratio']:g}×, "
+                f"{'met' if ratio['meets_target'] else 'missed'})")
+        if with_updates:
+            line += f"; {with_updates:.0f}× with updates included"
+        if tokens:
+            line += f"; {tokens['ratio']:.0f}× generated tokens/s"
+        lines.append(line + ".")
+    threads = result.get("threads")
+    heading = f"### Throughput (Blackjack, tiny model, {threads} torch thread(s) per side)"
+    return "\n\n".join(filter(None, [heading, text, "\n".join(lines)]))
+
+
+def profile_section(result: Mapping[str, Any]) -> str:
+    columns = ("model forward", "prompt rendering", "tokenisation", "extraction",
+               "env.step", "env.reset")
+    rows = []
+    for entry in result["summary"]:
+        shares = entry["categories"]
+        other = sum(s["median"] for name, s in shares.items() if name not in columns)
+        rows.append([
+            entry.get("model_name", "tiny"), entry["mode"], str(entry["num_envs"]),
+            *[f"{shares[name]['median']:.0%}" if name in shares else "–" for name in columns],
+            f"{other:.0%}",
+            *_provenance(result),
+        ])
+    heading = "### Where the rollout's time goes (share of wall time)"
+    target = result["settings"]["target_forward_share"]
+    note = (f"Target: model forward ≥ {target:.0%}. \"Other\" is the policy's tensor work "
+            "(padding, log-softmax, gathers), sampling, and the engine's loop.")
+    return "\n\n".join([heading, _table(("Model", "Mode", "Envs", "Forward", "Prompt rendering",
+                                          "Tokenisation", "Extraction", "env.step",
+                                          "env.reset", "Other", *PROVENANCE), rows), note])
+
+
+def learning_section(result: Mapping[str, Any]) -> str:
+    rows = []
+    for side, label in (("ours", "LlamaGym (defaults)"), ("peer", "LlamaGym 0.1.1 (defaults)")):
+        block = result[side]
+        runs = block["runs"]
+        if not runs:
+            continue
+        finals = [r["final"] if side == "ours" else r["evaluation"] for r in runs]
+        per_seed = ", ".join(f"{f['mean']:+.3f} ± {f['ci95']:.3f}" for f in finals)
+        episodes = finals[0]["episodes"]
+        if side == "ours":
+            reached = block["seeds_reaching_threshold"]
+            time_text = (f"{_spread(block['time_to_threshold'], 0)} s ({reached}/{len(runs)} "
+                         "seeds)") if block["time_to_threshold"] else f"not reached (0/{len(runs)})"
+            exact = [r.get("final_exact") for r in runs]
+            if all(value is not None for value in exact):
+                per_seed += " (exact: " + ", ".join(f"{v:+.3f}" for v in exact) + ")"
+        else:
+            time_text = "final evaluation only"
+        rows.append([label, f"{result['budget_minutes']:g} min",
+                     f"{block['final_mean_over_seeds']:+.3f}", per_seed, str(episodes),
+                     time_text, *_provenance(result)])
+    baselines = ", ".join(f"{name} {value:+.3f}" for name, value in result["baselines"].items())
+    heading = "### Learning per wall-clock (Blackjack, greedy evaluation)"
+    note = f"Baselines: {baselines}."
+    return "\n\n".join([heading, _table(
+        ("Side", "Budget", "Mean return (over seeds)", "Per seed (± 95% CI)", "Eval episodes",
+         f"Time to {result['threshold']:+.2f}", *PROVENANCE), rows), note])
+
+
+def scaling_section(result: Mapping[str, Any]) -> str:
+    rows = []
+    for row in sorted(result["models"], key=lambda r: (r["mode"], r["parameters"])):
+        rows.append([
+            row["size"], f"{row['parameters'] / 1e6:.2f}M", "LoRA" if row["lora"] else "full",
+            row["mode"], _spread(row["env_steps_per_second"]),
+            f"{_spread(row['update_seconds'], 2)} ({row['episodes_per_update']} episodes)",
+            *_provenance(result),
+        ])
+    models = _table(("Model", "Parameters", "Training", "Mode", "Env steps/s (32 envs)",
+                     "s / update", *PROVENANCE), rows)
+    rows = []
+    for row in sorted(result["history"], key=lambda r: r["history_turns"]):
+        rows.append([
+            str(row["history_turns"]), _number(row["prompt_tokens_mean"]["median"], 0),
+            _spread(row["env_steps_per_second"]),
+            f"{_spread(row['update_seconds'], 2)} ({_number(row['turns_per_update']['median'], 0)}"
+            " turns)",
+            *_provenance(result),
+        ])
+    history = _table(("History turns", "Prompt tokens", "Env steps/s (32 envs)", "s / update",
+                      *PROVENANCE), rows)
+    return "\n\n".join(["### Scaling with model size", models,
+                        "### Scaling with prompt length (tiny model, score mode)", history])
+
+
+SECTIONS: dict[str, Callable[[Mapping[str, Any]], str]] = {
+    "throughput": throughput_section,
+    "breakdown": profile_section,
+    "learning": learning_section,
+    "scaling": scaling_section,
+}
+
+
+def render(directory: Path, quick: bool = False) -> str:
+    parts = []
+    for name, section in SECTIONS.items():
+        result = _load(directory, name, quick)
+        if result is not None:
+            parts.append(section(result))
+    if not parts:
+        return "(no benchmark results yet: run `python -m benchmarks all`)\n"
+    title = "## Benchmarks" + (" (smoke run: --quick, not for comparison)" if quick else "")
+    return "\n\n".join([title, *parts]) + "\n"
+
+
+def write_table(directory: Path, quick: bool | None = None) -> Path:
+    """Write ``table.md`` (full results, if any) or ``table-quick.md``; return its path."""
+    directory = Path(directory)
+    if quick is None:  # the kind of result that exists, full preferred
+        quick = not any(result_path(directory, n, False).is_file() for n in SECTIONS)
+    path = directory / f"table{'-quick' if quick else ''}.md"
+    directory.mkdir(parents=True, exist_ok=True)
+    path.write_text(render(directory, quick), encoding="utf-8")
+    return path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="tabulate the --quick results")
+    parser.add_argument("--output-dir", type=Path, default=DEFAULT_RESULTS_DIR,
+                        help="where the result files are (default: benchmarks/results)")
+
+
+def main_from_args(args: argparse.Namespace) -> int:
+    path = write_table(args.output_dir, args.quick)
+    print(path.read_text(encoding="utf-8"), end="")
+    return 0

@@ -1,0 +1,70 @@
+"""The benchmark harness stays runnable: `python -m benchmarks throughput --quick` (our
+side only; the original LlamaGym needs its own venv) writes a result file with the
+documented fields, its plot, and a table row that names command, machine and date."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def benchmarks(monkeypatch):
+    """The ``benchmarks`` package (a folder of the repository, not an installed one)."""
+    monkeypatch.syspath_prepend(str(REPO))
+    import benchmarks.table
+    import benchmarks.throughput
+
+    return benchmarks
+
+
+def test_throughput_quick_writes_documented_json(tmp_path, benchmarks):
+    throughput, table = benchmarks.throughput, benchmarks.table
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "throughput", "--quick", "--skip-peer",
+         "--batch-sizes", "1", "8", "--output-dir", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+
+    result = json.loads((tmp_path / "throughput-quick.json").read_text())
+    assert (tmp_path / "throughput-quick.png").stat().st_size > 0
+    assert not (tmp_path / "throughput.json").exists()  # a smoke run keeps full results
+    for key in ("benchmark", "command", "date", "quick", "threads", "machine",
+                *throughput.TOP_FIELDS):
+        assert key in result, key
+    assert result["quick"] is True
+    assert result["command"].startswith("python -m benchmarks throughput --quick")
+    assert result["machine"]["cores"] >= 1 and result["machine"]["cpu_model"]
+    assert result["peer"]["skipped"] is True and result["ratios"] == []
+
+    rows = result["rows"]
+    assert {(r["mode"], r["num_envs"]) for r in rows} == {
+        (mode, n) for mode in throughput.MODES for n in (1, 8)
+    }
+    for row in rows:
+        assert set(throughput.ROW_FIELDS) <= set(row), row
+        assert row["side"] == "llamagym"
+        steps = row["env_steps_per_second"]
+        assert steps["min"] <= steps["median"] <= steps["max"] and steps["median"] > 0
+        assert (row["generated_tokens_per_second"] is None) == (row["mode"] == "score")
+        assert row["peak_rss_mb"]["median"] > 50
+    assert {u["mode"] for u in result["updates"]} == set(throughput.MODES)
+    for update in result["updates"]:
+        assert set(throughput.UPDATE_FIELDS) <= set(update), update
+        assert update["update_seconds"]["median"] > 0
+        assert update["turns_per_update"]["median"] >= update["episodes_per_update"]
+
+    markdown = table.render(tmp_path, quick=True)
+    assert "### Throughput" in markdown
+    throughput_rows = [line for line in markdown.splitlines() if "| LlamaGym |" in line]
+    assert len(throughput_rows) == len(rows)
+    for line in throughput_rows:
+        assert "`python -m benchmarks throughput --quick" in line
+        assert result["machine"]["cpu_model"] in line and result["date"][:10] in line
