@@ -43,3 +43,19 @@ def _fresh_plugins(monkeypatch):
     plugin_manager.reset_plugins()
     yield
     plugin_manager.reset_plugins()
+
+
+@pytest.fixture(autouse=True)
+def _restore_process_state():
+    """A run sets logging up and pins torch threads for the whole process: give every
+    test the state it would have had alone."""
+    import logging
+
+    import torch
+
+    root, package = logging.getLogger(), logging.getLogger("llamagym")
+    handlers, level, threads = list(root.handlers), package.level, torch.get_num_threads()
+    yield
+    root.handlers[:] = handlers
+    package.setLevel(level)
+    torch.set_num_threads(threads)

@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llamagym.errors import ModelLoadError
-from llamagym.model_registry import GENERIC_CHAT_TEMPLATE, ModelEntry, get_model_entry
+from llamagym.model_registry import (
+    GENERIC_CHAT_TEMPLATE,
+    LLAMA_LIKE_TARGETS,
+    PHI3_TARGETS,
+    PHI_TARGETS,
+    ModelEntry,
+    get_model_entry,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -37,28 +44,23 @@ DEFAULT_LORA_RANK = 16
 # Linear layer names that LoRA commonly adapts, across the architectures on the
 # Hub (Llama/Mistral/Qwen, Phi, Phi-3, GPT-2, GPT-NeoX, MPT, Falcon, Baichuan).
 # Used only when the registry has no entry for the model.
-KNOWN_LORA_TARGETS: tuple[str, ...] = (
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-    "qkv_proj",
-    "gate_up_proj",
-    "dense",
-    "fc1",
-    "fc2",
-    "Wqkv",
-    "out_proj",
-    "c_attn",
-    "c_proj",
-    "c_fc",
-    "query_key_value",
-    "dense_h_to_4h",
-    "dense_4h_to_h",
-    "W_pack",
+KNOWN_LORA_TARGETS: tuple[str, ...] = tuple(
+    dict.fromkeys(
+        LLAMA_LIKE_TARGETS
+        + PHI3_TARGETS
+        + PHI_TARGETS
+        + (
+            "Wqkv",
+            "out_proj",
+            "c_attn",
+            "c_proj",
+            "c_fc",
+            "query_key_value",
+            "dense_h_to_4h",
+            "dense_4h_to_h",
+            "W_pack",
+        )
+    )
 )
 
 _DTYPE_ALIASES = {

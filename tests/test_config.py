@@ -16,22 +16,6 @@ from llamagym.config import RunConfig, render_config_yaml
 from llamagym.errors import ConfigError
 
 
-@pytest.fixture(autouse=True)
-def _restore_process_state():
-    """Runs set logging up and pin torch threads for this process; give the next test
-    (whoever's it is) the state it would have had."""
-    import logging
-
-    import torch
-
-    root, package = logging.getLogger(), logging.getLogger("llamagym")
-    handlers, level, threads = list(root.handlers), package.level, torch.get_num_threads()
-    yield
-    root.handlers[:] = handlers
-    package.setLevel(level)
-    torch.set_num_threads(threads)
-
-
 def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     monkeypatch.setattr(sys, "argv", ["llamagym", *map(str, args)])
     with pytest.raises(SystemExit) as stopped:

@@ -28,22 +28,6 @@ FAST = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _restore_process_state():
-    """Runs set logging up and pin torch threads for this process; give the next test
-    (whoever's it is) the state it would have had."""
-    import logging
-
-    import torch
-
-    root, package = logging.getLogger(), logging.getLogger("llamagym")
-    handlers, level, threads = list(root.handlers), package.level, torch.get_num_threads()
-    yield
-    root.handlers[:] = handlers
-    package.setLevel(level)
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory) -> tuple[Path, str]:
     """One real run (progress bar on), shared by the tests of this module."""
