@@ -3,9 +3,11 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# A CPU build of torch is all the demo and tests need; pin it so pip does not fetch a
-# multi-GB CUDA build. Override e.g. TORCH="torch==2.14.1" or add an index URL.
+# torch is installed first, on its own, so the project's range (>=2.2,<2.15) is already
+# met and pip fetches no other build. A CPU build is all the demo and tests need: where
+# PyPI's default wheel is a CUDA one (Linux), pass TORCH_INDEX=https://download.pytorch.org/whl/cpu.
 TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
 PLUGINS := -e ./llamagym_blackjack -e ./llamagym_cartpole -e "./llamagym_textworld[textworld]"
 STAMP := $(VENV)/.installed
 
@@ -14,7 +16,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml llamagym_blackjack/pyproject.toml llamagym_cartpole/pyproject.toml llamagym_textworld/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(BIN)/python -m pip install --quiet -e ".[dev,quantize,report]" $(PLUGINS)
 	touch $@
 
