@@ -26,12 +26,6 @@ class EvalResult:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def line(self) -> str:
-        text = f"{self.name:<16} {self.mean:+.3f} ± {self.ci95:.3f}  ({self.episodes} episodes)"
-        if self.outcomes:
-            text += "  " + " ".join(f"{k} {v:.1%}" for k, v in self.outcomes.items())
-        return text
-
 
 def summarise(name: str, returns: Sequence[float], invalid_rate: float = 0.0) -> EvalResult:
     values = np.asarray(returns, dtype=float)

@@ -190,11 +190,7 @@ class Plugins:
             try:
                 impl.function(register=register)
             except Exception as error:
-                self._problem(
-                    f"plugin {plugin_name!r} (distribution {distribution or 'unknown'}) "
-                    f"raised in {hook_name}: {type(error).__name__}: {error}; "
-                    f"{_disable_hint(plugin_name)}"
-                )
+                self._hook_failed(plugin_name, hook_name, error)
         return registry
 
     def _registry(self, kind: str) -> dict[str, Registration]:
@@ -239,7 +235,7 @@ class Plugins:
             if id not in gymnasium.registry:
                 gymnasium.register(id=id, entry_point=entry_point, **kwargs)
 
-        self.manager.hook.llamagym_register_envs(register=register)
+        self._call("llamagym_register_envs", False, register=register)
         self._envs_registered = True
 
     def register_models(self) -> None:
@@ -249,28 +245,28 @@ class Plugins:
         self._models_registered = True
         from llamagym.model_registry import register_model_entry
 
-        for impl in self.manager.hook.llamagym_register_models.get_hookimpls():
-            try:
-                impl.function(register=register_model_entry)
-            except Exception as error:
-                self._problem(
-                    f"plugin {impl.plugin_name!r} raised in llamagym_register_models: "
-                    f"{type(error).__name__}: {error}; {_disable_hint(impl.plugin_name)}"
-                )
+        self._call("llamagym_register_models", False, register=register_model_entry)
 
     def register_commands(self, cli: Any) -> None:
-        for impl in self.manager.hook.llamagym_register_commands.get_hookimpls():
-            try:
-                impl.function(cli=cli)
-            except Exception as error:
-                self._problem(
-                    f"plugin {impl.plugin_name!r} raised in llamagym_register_commands: "
-                    f"{type(error).__name__}: {error}; {_disable_hint(impl.plugin_name)}"
-                )
+        self._call("llamagym_register_commands", False, cli=cli)
+
+    def _hook_failed(self, plugin_name: str, hook_name: str, error: Exception) -> None:
+        """Report, once per plugin and hook, that a plugin raised inside a hook."""
+        key = f"{plugin_name}:{hook_name}"
+        if key in self._failed_hooks:
+            return
+        self._failed_hooks.add(key)
+        distribution = self._distributions.get(plugin_name, ("", ""))[0] or "unknown"
+        self._problem(
+            f"plugin {plugin_name!r} (distribution {distribution}) raised in {hook_name}: "
+            f"{type(error).__name__}: {error}; its answer is skipped; "
+            f"{_disable_hint(plugin_name)}"
+        )
 
     def _call(self, hook_name: str, first_result: bool, **kwargs: Any) -> Any:
         """Call a hook's implementations in pluggy's order, one at a time, so a plugin
-        that raises is reported (once, by name) and skipped instead of ending the run."""
+        that raises is reported (once, by name) and skipped instead of ending the run.
+        With ``first_result`` the first non-None answer is returned, else all of them."""
         results = []
         for impl in reversed(getattr(self.manager.hook, hook_name).get_hookimpls()):
             if impl.hookwrapper or impl.wrapper:
@@ -278,15 +274,7 @@ class Plugins:
             try:
                 result = impl.function(**{name: kwargs[name] for name in impl.argnames})
             except Exception as error:
-                key = f"{impl.plugin_name}:{hook_name}"
-                if key not in self._failed_hooks:
-                    self._failed_hooks.add(key)
-                    distribution = self._distributions.get(impl.plugin_name, ("", ""))[0]
-                    self._problem(
-                        f"plugin {impl.plugin_name!r} (distribution {distribution or 'unknown'}) "
-                        f"raised in {hook_name}: {type(error).__name__}: {error}; it is skipped "
-                        f"from now on for this call; {_disable_hint(impl.plugin_name)}"
-                    )
+                self._hook_failed(impl.plugin_name, hook_name, error)
                 continue
             if result is not None:
                 if first_result:
