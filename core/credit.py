@@ -63,13 +63,18 @@ def terminal_reward(rewards: Sequence[float]) -> list[float]:
 
 
 def gae(
-    rewards: Sequence[float], values: Sequence[float], gamma: float, lam: float
+    rewards: Sequence[float],
+    values: Sequence[float],
+    gamma: float,
+    lam: float,
+    last_value: float = 0.0,
 ) -> tuple[list[float], list[float]]:
-    """(advantages, returns) for one finished episode; the state after the last turn
-    is terminal, so its value is zero."""
+    """(advantages, returns) for one finished episode. ``last_value`` is the value of the
+    state after the last turn: 0 when the episode terminated; for an episode cut off by a
+    time limit (truncated), an estimate of it, so the cut is not mistaken for an end."""
     advantages, running = [0.0] * len(rewards), 0.0
     for t in reversed(range(len(rewards))):
-        next_value = values[t + 1] if t + 1 < len(rewards) else 0.0
+        next_value = values[t + 1] if t + 1 < len(rewards) else last_value
         delta = rewards[t] + gamma * next_value - values[t]
         running = delta + gamma * lam * running
         advantages[t] = running

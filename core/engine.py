@@ -369,7 +369,7 @@ class RolloutEngine:
                 slot.history += turn.context_messages()
                 slot.observation, slot.info = observation, dict(info)
                 if terminated or truncated:
-                    finish(position, {"terminated": bool(terminated), **_summary(info)})
+                    finish(position, {**_summary(info), "terminated": bool(terminated)})
         self.stats.seconds_total += time.perf_counter() - started_at
         return finished
 

@@ -61,6 +61,15 @@ class Episode:
         return sum(not turn.valid for turn in self.turns)
 
     @property
+    def truncated(self) -> bool:
+        """Cut off by the env's time limit rather than ended: the last state still had a
+        future. An episode ended by an invalid reply, or built by the act/
+        terminate_episode loop (no summary), counts as ended."""
+        return self.info.get("terminated") is False and not self.info.get(
+            "ended_by_invalid_reply", False
+        )
+
+    @property
     def total_reward(self) -> float:
         """The reward the learner saw: the env's plus penalties and shaping."""
         return sum(turn.reward for turn in self.turns)

@@ -85,8 +85,11 @@ class PPO(Algorithm):
             rewards = [turn.reward for turn in episode.turns]
             values = [turn.value for turn in episode.turns]
             if config.credit == "gae":
+                # A truncated episode's last state had a future: its value stands in
+                # for the unseen next state's (one step of bootstrap, no extra forward).
+                last_value = values[-1] if episode.truncated and values else 0.0
                 episode_advantages, episode_returns = gae(
-                    rewards, values, config.gamma, config.gae_lambda
+                    rewards, values, config.gamma, config.gae_lambda, last_value
                 )
             else:
                 episode_returns = turn_returns(rewards, config.credit, config.gamma)

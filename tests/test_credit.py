@@ -18,6 +18,7 @@ from llamagym.credit import (
     terminal_reward,
     turn_returns,
 )
+from llamagym.trajectory import Episode
 
 
 def close(actual, expected, tol: float = 1e-6) -> bool:
@@ -53,6 +54,29 @@ def test_gae_by_hand() -> None:
     advantages, returns = gae([1.0, 0.0, 2.0], [0.5, 1.0, 1.5], gamma=0.9, lam=0.8)
     assert close(advantages, [1.9112, 0.71, 0.5])
     assert close(returns, [2.4112, 1.71, 2.0])
+
+
+def test_gae_bootstraps_a_truncated_episode() -> None:
+    # Same episode cut off by a time limit, the next state's value estimated at 3.0:
+    # t=2: delta = 2 + 0.9 * 3.0 - 1.5 = 3.2            -> A = 3.2
+    # t=1: delta = 0.35                                  -> A = 0.35 + 0.72 * 3.2 = 2.654
+    # t=0: delta = 1.4                                   -> A = 1.4 + 0.72 * 2.654 = 3.31088
+    advantages, returns = gae([1.0, 0.0, 2.0], [0.5, 1.0, 1.5], 0.9, 0.8, last_value=3.0)
+    assert close(advantages, [3.31088, 2.654, 3.2])
+    assert close(returns, [3.81088, 3.654, 4.7])
+
+
+@pytest.mark.parametrize(
+    ("info", "truncated"),
+    [
+        ({"terminated": False}, True),  # the time limit cut it
+        ({"terminated": True}, False),
+        ({"terminated": False, "ended_by_invalid_reply": True}, False),
+        ({}, False),  # the act/terminate_episode loop: no summary, counts as ended
+    ],
+)
+def test_episode_knows_whether_it_was_truncated(info: dict, truncated: bool) -> None:
+    assert Episode(info=info).truncated is truncated
 
 
 def test_turn_returns_dispatches_and_refuses_gae() -> None:
