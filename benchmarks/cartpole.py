@@ -2,16 +2,17 @@
 
     python benchmarks/cartpole.py            # 15 min x 3 seeds, 100 greedy eval episodes
     python benchmarks/cartpole.py --quick    # a smoke run: 1 seed, 1 min, under 2 min in all
+    python benchmarks/cartpole.py --jobs 2   # two seeds at a time, one core each
 
 Each seed is the CLI a user would type (``llamagym run cartpole --minutes M --seed S
---eval-episodes 100 --output DIR --quiet``), one after another so runs never share the
-cores, with the agent's default settings. The run keeps a checkpoint every few updates;
-afterwards, outside the training budget, each checkpoint is played greedily on a few
-episodes, which gives the learning curve: greedy length against the training wall time
-at which the checkpoint was written. The training batches' own mean length (sampled
-actions) is recorded too. Everything goes to ``benchmarks/results/cartpole.json``
-(``cartpole-quick.json`` for ``--quick``), beside the random and heuristic baselines and
-the issue's target (>= 475 of a possible 500).
+--eval-episodes 100 --output DIR --quiet``), one after another by default or ``--jobs``
+at a time (each run uses one torch thread), with the agent's default settings. The run
+keeps a checkpoint every few updates; afterwards, outside the training budget, each
+checkpoint is played greedily on a few episodes, which gives the learning curve: greedy
+length against the training wall time at which the checkpoint was written. The training
+batches' own mean length (sampled actions) is recorded too. Everything goes to
+``benchmarks/results/cartpole.json`` (``cartpole-quick.json`` for ``--quick``), beside
+the random and heuristic baselines and the target (>= 475 of a possible 500).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +156,8 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, help="Training budget per seed.")
     parser.add_argument("--seeds", type=int, nargs="+", help="Seeds to run.")
     parser.add_argument("--keep-runs", type=Path, help="Keep run directories here.")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="Seeds at a time (each uses one core; at most the core count).")
     args = parser.parse_args()
     quick = args.quick
     minutes = args.minutes or (1.0 if quick else 15.0)
@@ -165,11 +169,13 @@ def main() -> None:
     runs_dir = args.keep_runs or Path(tempfile.mkdtemp(prefix="llamagym-cartpole-bench-"))
     runs_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    runs = [
-        run_seed(seed, minutes, eval_episodes, runs_dir, checkpoint_every, curve_episodes,
-                 curve_points, quick)
-        for seed in seeds
-    ]
+    # One torch thread per run: --jobs 2 runs two seeds at once on a 2-core machine.
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        runs = list(pool.map(
+            lambda seed: run_seed(seed, minutes, eval_episodes, runs_dir, checkpoint_every,
+                                  curve_episodes, curve_points, quick),
+            seeds,
+        ))
     summary = summarise(runs)
     result = {
         "benchmark": "cartpole",
@@ -177,6 +183,7 @@ def main() -> None:
         "minutes_per_seed": minutes,
         "eval_episodes": eval_episodes,
         "model": "tiny",
+        "jobs": args.jobs,
         "summary": summary,
         "runs": runs,
         "total_seconds": time.perf_counter() - started,

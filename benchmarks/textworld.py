@@ -15,7 +15,7 @@ unseen ones, beside the random-admissible and walkthrough baselines.
    the walkthrough once (a check that every game is winnable).
 
 Results go to ``benchmarks/results/textworld.json`` (``textworld-quick.json`` for
-``--quick``), beside the issue's target of at least 90% on the training games.
+``--quick``), beside the target of at least 90% on the training games.
 """
 
 from __future__ import annotations
