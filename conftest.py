@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import sys
 
 import pytest
 
@@ -59,3 +60,20 @@ def _restore_process_state():
     root.handlers[:] = handlers
     package.setLevel(level)
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def cli(monkeypatch, capsys):
+    """Run the ``llamagym`` CLI in this process: ``cli("run", "blackjack", ...)`` gives
+    ``(exit code, stdout, stderr)``."""
+    from llamagym.cli import main
+
+    def run(*args) -> tuple[int, str, str]:
+        monkeypatch.setattr(sys, "argv", ["llamagym", *map(str, args)])
+        with pytest.raises(SystemExit) as stopped:
+            main()
+        out, err = capsys.readouterr()
+        code = stopped.value.code
+        return (0 if code is None else int(code)), out, err
+
+    return run

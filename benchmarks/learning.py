@@ -1,7 +1,7 @@
 """Learning per wall-clock second: Blackjack greedy return vs training time, LlamaGym
 with its default settings against the original LlamaGym 0.1.1, same budget, 3 seeds.
 
-    python -m benchmarks learning [--quick] [--threads N] [--skip-peer]
+    python -m benchmarks learning [--quick] [--threads N] [--skip-peer] [--jobs 2]
 
 Ours is the command a user types, ``llamagym run blackjack --minutes M --seed S
 --eval-episodes 20000 --quiet --output DIR`` (plus ``--threads``, the same for both
@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -267,12 +268,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--minutes", type=float, default=None,
                         help="training budget per run (default: 10; --quick: 0.1)")
     parser.add_argument("--seeds", type=int, default=None, help="number of seeds (default 3)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="runs at a time: 2 trains each seed's two sides side by side, "
+                        "one core each (at most the core count)")
 
 
 def run(args: argparse.Namespace) -> list[Path]:
     # `python -m benchmarks all` has only the common options.
     args.minutes = getattr(args, "minutes", None)
     args.seeds = getattr(args, "seeds", None)
+    args.jobs = getattr(args, "jobs", 1)
     plan = QUICK if args.quick else FULL
     if args.minutes:
         plan = Plan(**{**asdict(plan), "minutes": args.minutes})
@@ -293,23 +298,34 @@ def run(args: argparse.Namespace) -> list[Path]:
                 model_dir = export_peer_model(workdir / "peer-model")
             except BenchmarkError as error:
                 peer_error = str(error)
-        for seed in plan.seeds:
-            result = run_ours(plan, seed, threads, workdir, args.quick)
-            ours.append(result)
-            log(PART, f"ours seed {seed}: {result['final']['mean']:+.3f} ± "
-                      f"{result['final']['ci95']:.3f} after {result['train_seconds']:.0f}s; "
-                      f"time to {THRESHOLD}: {result['time_to_threshold']}")
-            if venv is not None and model_dir is not None and peer_error is None:
+        # With --jobs 2, each seed's two sides train at the same time, one core each.
+        jobs: list[tuple[str, int, Future]] = []
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            for seed in plan.seeds:
+                jobs.append(("ours", seed, pool.submit(
+                    run_ours, plan, seed, threads, workdir, args.quick)))
+                if venv is not None and model_dir is not None and peer_error is None:
+                    jobs.append(("peer", seed, pool.submit(
+                        run_peer_seed, plan, seed, threads, venv, model_dir)))
+            for side, seed, job in jobs:
+                if side == "ours":
+                    result = job.result()
+                    ours.append(result)
+                    log(PART, f"ours seed {seed}: {result['final']['mean']:+.3f} ± "
+                              f"{result['final']['ci95']:.3f} after "
+                              f"{result['train_seconds']:.0f}s; "
+                              f"time to {THRESHOLD}: {result['time_to_threshold']}")
+                    continue
                 try:
-                    answer = run_peer_seed(plan, seed, threads, venv, model_dir)
+                    answer = job.result()
                 except BenchmarkError as error:
-                    peer_error = str(error)
-                    log(PART, f"peer failed: {error}")
-                else:
-                    peer.append(answer)
-                    evaluation = answer["evaluation"]
-                    log(PART, f"peer seed {seed}: {evaluation['mean']:+.3f} ± "
-                              f"{evaluation['ci95']:.3f} ({evaluation['episodes']} episodes)")
+                    peer_error = peer_error or str(error)
+                    log(PART, f"peer seed {seed} failed: {error}")
+                    continue
+                peer.append(answer)
+                evaluation = answer["evaluation"]
+                log(PART, f"peer seed {seed}: {evaluation['mean']:+.3f} ± "
+                          f"{evaluation['ci95']:.3f} ({evaluation['episodes']} episodes)")
     data = {
         "budget_minutes": plan.minutes,
         "seeds": list(plan.seeds),
@@ -348,6 +364,8 @@ def _extra_flags(args: argparse.Namespace) -> list[str]:
         flags += ["--minutes", f"{args.minutes:g}"]
     if args.seeds:
         flags += ["--seeds", str(args.seeds)]
+    if args.jobs != 1:
+        flags += ["--jobs", str(args.jobs)]
     return flags
 
 

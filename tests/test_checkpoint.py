@@ -8,7 +8,6 @@ import os
 import random
 import shutil
 import signal
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,6 @@ from safetensors.torch import load_file
 
 from llamagym import checkpoint as checkpoints
 from llamagym import hookimpl
-from llamagym.cli import main
 from llamagym.errors import LlamaGymError
 from llamagym.report import read_records
 from llamagym.testing import temporary_plugin
@@ -31,15 +29,6 @@ FAST = [
 ]
 # Wall-clock fields are the only ones allowed to differ between two runs.
 TIMING = {"seconds", "env_steps_per_second"}
-
-
-def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["llamagym", *map(str, args)])
-    with pytest.raises(SystemExit) as stopped:
-        main()
-    out, err = capsys.readouterr()
-    code = stopped.value.code
-    return (0 if code is None else int(code)), out, err
 
 
 def updates_of(run_dir: Path) -> list[dict]:
@@ -96,18 +85,16 @@ def test_state_encoding_round_trips_optimizer_and_random_states() -> None:
     assert torch.equal(decoded["torch"], state["torch"])
 
 
-def test_resumed_run_repeats_the_unbroken_run(tmp_path, monkeypatch, capsys) -> None:
+def test_resumed_run_repeats_the_unbroken_run(tmp_path, monkeypatch, cli) -> None:
     unbroken, broken = tmp_path / "unbroken", tmp_path / "broken"
     budget = ["--episodes", "32"]  # 4 updates of 8 episodes
 
-    code, _, _ = run_cli(monkeypatch, capsys, "run", "blackjack", *budget, *FAST, "-o", unbroken)
+    code, _, _ = cli("run", "blackjack", *budget, *FAST, "-o", unbroken)
     assert code == 0
 
     # The same run, stopped by Ctrl-C after update 2 ...
     with temporary_plugin(SignalAt(2), "ctrl-c"):
-        code, _, err = run_cli(
-            monkeypatch, capsys, "run", "blackjack", *budget, *FAST, "-o", broken
-        )
+        code, _, err = cli("run", "blackjack", *budget, *FAST, "-o", broken)
     assert code == 130
     assert "stopped by SIGINT after update 2" in err
     assert f"llamagym run blackjack --resume {broken}" in err
@@ -115,7 +102,7 @@ def test_resumed_run_repeats_the_unbroken_run(tmp_path, monkeypatch, capsys) -> 
     assert [r["update"] for r in updates_of(broken)] == [1, 2]
 
     # ... then continued from its directory.
-    code, out, _ = run_cli(monkeypatch, capsys, "run", "blackjack", "--resume", broken, "--quiet")
+    code, out, _ = cli("run", "blackjack", "--resume", broken, "--quiet")
     assert code == 0, out
     assert updates_of(broken) == updates_of(unbroken)  # every metric, every update
     kinds = [r["kind"] for r in read_records(broken / "metrics.jsonl")]
@@ -126,9 +113,7 @@ def test_resumed_run_repeats_the_unbroken_run(tmp_path, monkeypatch, capsys) -> 
     assert all(torch.equal(final_unbroken[k], final_resumed[k]) for k in final_unbroken)
 
     # A checkpoint of another model or algorithm is refused, naming the field.
-    code, _, err = run_cli(
-        monkeypatch, capsys, "run", "blackjack", "--resume", broken, "--set", "model.lora=true"
-    )
+    code, _, err = cli("run", "blackjack", "--resume", broken, "--set", "model.lora=true")
     assert code == 2
     assert "model.lora" in err and "cannot resume" in err
 

@@ -3,26 +3,15 @@ kind of bad value (one line naming the key, exit code 2, before anything loads).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from llamagym_blackjack.agent import BlackjackAgent
 
-from llamagym.cli import main
 from llamagym.cli.run_commands import resolve_run_config
 from llamagym.config import RunConfig, render_config_yaml
 from llamagym.errors import ConfigError
-
-
-def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["llamagym", *map(str, args)])
-    with pytest.raises(SystemExit) as stopped:
-        main()
-    out, err = capsys.readouterr()
-    code = stopped.value.code
-    return (0 if code is None else int(code)), out, err
 
 
 def problem_lines(stderr: str) -> list[str]:
@@ -91,11 +80,9 @@ BAD_CONFIGS = [
 
 
 @pytest.mark.parametrize(("arguments", "key", "allowed"), BAD_CONFIGS)
-def test_bad_value_is_one_line_naming_the_key(
-    arguments, key, allowed, tmp_path, monkeypatch, capsys
-) -> None:
+def test_bad_value_is_one_line_naming_the_key(arguments, key, allowed, tmp_path, cli) -> None:
     output = tmp_path / "run"
-    code, out, err = run_cli(monkeypatch, capsys, "run", "blackjack", "-o", output, *arguments)
+    code, out, err = cli("run", "blackjack", "-o", output, *arguments)
     assert code == 2
     lines = problem_lines(err)
     assert len(lines) == 1, err
@@ -104,12 +91,12 @@ def test_bad_value_is_one_line_naming_the_key(
     assert not output.exists()  # rejected before anything was created or loaded
 
 
-def test_bad_file_reports_every_problem_one_line_each(tmp_path, monkeypatch, capsys) -> None:
+def test_bad_file_reports_every_problem_one_line_each(tmp_path, cli) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(
         "rollout:\n  num_envs: -3\n  temprature: 0.5\nalgorithm:\n  epochs: many\ncolour: blue\n"
     )
-    code, _, err = run_cli(monkeypatch, capsys, "run", "blackjack", "--config", path)
+    code, _, err = cli("run", "blackjack", "--config", path)
     assert code == 2
     lines = problem_lines(err)
     assert len(lines) == 4, err
@@ -123,20 +110,18 @@ def test_bad_file_reports_every_problem_one_line_each(tmp_path, monkeypatch, cap
         assert f"{key}: " in text and value in text
 
 
-def test_unreadable_config_file(tmp_path, monkeypatch, capsys) -> None:
+def test_unreadable_config_file(tmp_path, cli) -> None:
     missing = tmp_path / "missing.yaml"
-    code, _, err = run_cli(monkeypatch, capsys, "run", "blackjack", "--config", missing)
+    code, _, err = cli("run", "blackjack", "--config", missing)
     assert code == 2 and "does not exist" in err
     broken = tmp_path / "broken.toml"
     broken.write_text("[rollout\nnum_envs = ")
-    code, _, err = run_cli(monkeypatch, capsys, "run", "blackjack", "--config", broken)
+    code, _, err = cli("run", "blackjack", "--config", broken)
     assert code == 2 and "is not valid" in err
 
 
-def test_config_show_prints_commented_yaml_that_reads_back(tmp_path, monkeypatch, capsys) -> None:
-    code, out, _ = run_cli(
-        monkeypatch, capsys, "config", "show", "blackjack", "--set", "algorithm.lr=3e-4"
-    )
+def test_config_show_prints_commented_yaml_that_reads_back(tmp_path, cli) -> None:
+    code, out, _ = cli("config", "show", "blackjack", "--set", "algorithm.lr=3e-4")
     assert code == 0
     assert "# Adam learning rate." in out  # the algorithm plugin's own field descriptions
     assert "# Environments stepped in lockstep." in out
@@ -150,7 +135,7 @@ def test_config_show_prints_commented_yaml_that_reads_back(tmp_path, monkeypatch
     _, resolved = resolve_run_config("blackjack", saved, [], {})
     assert resolved.config.model_dump() == RunConfig.model_validate(shown).model_dump()
 
-    code, _, err = run_cli(monkeypatch, capsys, "config", "show", "blackjack", "-a", "nope")
+    code, _, err = cli("config", "show", "blackjack", "-a", "nope")
     assert code == 2 and "algorithm.name" in err
 
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from llamagym.cli import app, main
+from llamagym.cli import app
 from llamagym.cli.run_commands import resolve_run_config
 from llamagym.report import EVALUATION_FIELDS, UPDATE_FIELDS, read_records
 
@@ -43,15 +43,6 @@ def finished_run(tmp_path_factory) -> tuple[Path, str]:
         package.setLevel(level)
     assert result.exit_code == 0, (result.output, result.exception)
     return run_dir, result.output
-
-
-def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["llamagym", *map(str, args)])
-    with pytest.raises(SystemExit) as stopped:
-        main()
-    out, err = capsys.readouterr()
-    code = stopped.value.code
-    return (0 if code is None else int(code)), out, err
 
 
 def test_run_writes_config_metrics_checkpoint_and_report(finished_run) -> None:
@@ -108,14 +99,9 @@ def test_written_config_reproduces_the_run(finished_run) -> None:
     assert again.config.model_dump(mode="json") == written
 
 
-def test_eval_command_matches_the_runs_final_evaluation(
-    finished_run, monkeypatch, capsys
-) -> None:
+def test_eval_command_matches_the_runs_final_evaluation(finished_run, cli) -> None:
     run_dir, _ = finished_run
-    code, out, _ = run_cli(
-        monkeypatch, capsys, "eval", "blackjack", "--checkpoint", run_dir,
-        "--episodes", "40", "--json",
-    )
+    code, out, _ = cli("eval", "blackjack", "--checkpoint", run_dir, "--episodes", "40", "--json",)
     assert code == 0
     result = json.loads(out)
     final = [r for r in read_records(run_dir / "metrics.jsonl") if r["kind"] == "evaluation"][0]
@@ -123,26 +109,22 @@ def test_eval_command_matches_the_runs_final_evaluation(
     assert result["mean"] == final["mean"] and result["ci95"] == final["ci95"]
     assert [b["mean"] for b in result["baselines"]] == [b["mean"] for b in final["baselines"]]
 
-    code, out, _ = run_cli(
-        monkeypatch, capsys, "eval", "blackjack", "--checkpoint", run_dir, "-n", "8", "--sample"
-    )
+    code, out, _ = cli("eval", "blackjack", "--checkpoint", run_dir, "-n", "8", "--sample")
     assert code == 0
     assert "8 episodes (sampled)" in out and "basic-strategy" in out
     assert "95% CI [" in out and "invalid replies" in out
 
-    code, _, err = run_cli(monkeypatch, capsys, "eval", "cartpole", "--checkpoint", run_dir)
+    code, _, err = cli("eval", "cartpole", "--checkpoint", run_dir)
     assert code == 2 and "agent.name = 'blackjack'" in err
 
 
-def test_report_command_and_a_second_run_into_the_same_directory(
-    finished_run, monkeypatch, capsys
-) -> None:
+def test_report_command_and_a_second_run_into_the_same_directory(finished_run, cli) -> None:
     run_dir, _ = finished_run
     (run_dir / "report.md").unlink()
-    code, out, _ = run_cli(monkeypatch, capsys, "report", run_dir)
+    code, out, _ = cli("report", run_dir)
     assert code == 0 and (run_dir / "report.md").is_file()
 
-    code, _, err = run_cli(monkeypatch, capsys, "run", "blackjack", *FAST, "-o", run_dir)
+    code, _, err = cli("run", "blackjack", *FAST, "-o", run_dir)
     assert code == 2 and "already holds a run" in err and "--resume" in err
 
 
