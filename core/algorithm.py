@@ -5,6 +5,15 @@ An algorithm gets finished episodes and changes the policy's weights. It owns it
 optimizer; the rollout engine, hooks and loggers sit outside it. Everything it needs to
 resume exactly (optimizer, counters, random state, parts such as a replay buffer) is
 reachable from :meth:`Algorithm.state_dict`, as tensors or JSON-able values.
+
+With several processes (``llamagym.distributed``) every process runs ``update`` on its
+own episodes and :meth:`Algorithm.step` averages the gradients over the processes, so
+every process must call ``step`` the same number of times: an algorithm takes its
+number of minibatches per epoch from :meth:`Algorithm.minibatch_count` (the smallest
+over the processes; the extra turns of a process with more are left out of that
+epoch, a different random share each epoch) and stops early only on an agreed signal
+(:func:`passes_target_kl` compares the largest KL of all processes). With one process
+all of this is exactly the single-process computation.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
+from llamagym import distributed
 from llamagym.config import RolloutSettings
 from llamagym.credit import unsupported_credit_message
 from llamagym.policy import Evaluation, Policy
@@ -203,16 +213,28 @@ class Algorithm:
         algorithms that have no critic)."""
         return [p for p in self.policy.model.parameters() if p.requires_grad]
 
+    def minibatch_count(self, turns: int, size: int) -> int:
+        """Gradient steps per epoch over ``turns`` turns in minibatches of ``size``:
+        ``ceil(turns / size)``, the smallest over the processes when there are several."""
+        return distributed.agreed_min(-(-turns // size))
+
     def step(
         self, optimizer: torch.optim.Optimizer, loss: torch.Tensor, max_grad_norm: float
     ) -> bool:
-        """Backward and step; a non-finite loss or gradient skips the step (counted)."""
+        """Backward and step; a non-finite loss or gradient skips the step (counted).
+
+        With several processes the gradients are averaged over them before clipping, and
+        a non-finite loss on any of them skips the step on all."""
         optimizer.zero_grad(set_to_none=True)
-        if not torch.isfinite(loss):
+        finite = bool(torch.isfinite(loss))
+        if finite:
+            loss.backward()
+        parameters = self.policy.trainable_parameters()
+        if not distributed.average_gradients(parameters, finite):
+            optimizer.zero_grad(set_to_none=True)
             self.skipped_updates += 1
             return False
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(self.policy.trainable_parameters(), max_grad_norm)
+        norm = torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm)
         if not math.isfinite(float(norm)):
             optimizer.zero_grad(set_to_none=True)
             self.skipped_updates += 1
@@ -265,8 +287,18 @@ def reference_kl(
     return masked_mean(delta.exp() - 1 - delta, mask)
 
 
+def minibatches(order: Sequence[int], size: int, count: int) -> list[list[int]]:
+    """The first ``count`` minibatches of ``size`` indices of ``order`` (the last may be
+    shorter); ``count`` comes from :meth:`Algorithm.minibatch_count`."""
+    return [list(order[k * size : (k + 1) * size]) for k in range(count)]
+
+
 def passes_target_kl(approx_kl: float, target_kl: float | None) -> bool:
-    return target_kl is not None and approx_kl > TARGET_KL_TOLERANCE * target_kl
+    """True when the update should stop: KL(rollout || current) past 1.5x the target,
+    judged on the largest KL of all processes so they all stop at the same step."""
+    if target_kl is None:
+        return False
+    return distributed.agreed_max(approx_kl) > TARGET_KL_TOLERANCE * target_kl
 
 
 class KLController:
@@ -278,7 +310,13 @@ class KLController:
         self.coef, self.target, self.horizon = coef, target, horizon
 
     def update(self, measured_kl: float, samples: int) -> None:
-        if self.target is None or not math.isfinite(measured_kl):
+        """Steer by ``measured_kl`` over ``samples`` turns; with several processes, by
+        their turn-weighted mean KL and all their turns, so the weight stays the same on
+        every process (each process must call this once per update)."""
+        if self.target is None:
+            return
+        measured_kl, samples = distributed.weighted_mean(measured_kl, samples)
+        if not math.isfinite(measured_kl):
             return
         error = min(max(measured_kl / self.target - 1.0, -0.2), 0.2)
         self.coef *= 1.0 + error * samples / self.horizon

@@ -126,6 +126,11 @@ class OutputSettings(Settings):
         True, description="Write TensorBoard events when `tensorboard` is installed."
     )
     report: bool = Field(True, description="Write report.md and learning_curve.png at the end.")
+    rank_records: bool = Field(
+        False,
+        description="Each process appends a line per update to <run>/.ranks/rank-N.jsonl: "
+        "its episodes' seeds and a SHA-256 of its weights (checks multi-process runs).",
+    )
 
 
 class RunConfig(Settings):

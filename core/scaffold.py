@@ -619,7 +619,7 @@ from __future__ import annotations
 import math
 
 import torch
-from llamagym.algorithm import Algorithm, AlgorithmConfig, rollout_metrics
+from llamagym.algorithm import Algorithm, AlgorithmConfig, minibatches, rollout_metrics
 from llamagym.config import RolloutSettings
 from llamagym.policy import Policy
 from llamagym.trajectory import Episode, Turn
@@ -661,11 +661,13 @@ class $Class(Algorithm):
         baseline = sum(returns) / len(returns)
         advantages = torch.tensor([r - baseline for r in returns], device=self.policy.device)
         # 3. One gradient step per minibatch on -advantage x log pi(action | prompt).
+        #    minibatch_count: as many steps as every other process takes when a run
+        #    trains in several (their gradients are averaged in self.step).
         order = list(range(len(turns)))
         self.rng.shuffle(order)  # seeded: a seeded run repeats exactly
         losses = []
-        for start in range(0, len(order), config.minibatch_size):
-            batch = order[start : start + config.minibatch_size]
+        steps = self.minibatch_count(len(turns), config.minibatch_size)
+        for batch in minibatches(order, config.minibatch_size, steps):
             evaluation = self.evaluate([turns[i] for i in batch])
             turn_logprobs = (evaluation.logprobs * evaluation.mask).sum(-1)
             loss = -(advantages[batch] * turn_logprobs).mean()

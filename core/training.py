@@ -5,6 +5,18 @@ checkpoint's weights, optimizer, counters and every random state, then carries o
 from the checkpoint's update on it writes the metrics the unbroken run would have.
 SIGINT (Ctrl-C) and SIGTERM finish the update in progress, write a checkpoint and
 return; a second signal aborts at once.
+
+With several processes (:mod:`llamagym.distributed`) every process runs this loop on its
+own environments and episodes; after each update they exchange a small summary (their
+episodes' returns, turns and env steps, rank 0's elapsed time), and before each any stop
+signal, so every process counts the same episodes and time and stops after the same
+update. The metrics logged are over
+all processes for the rollout (``return_mean``, ``return_moving_average``,
+``invalid_rate``, ``episode_length``, ``episodes``, ``total_episodes``, ``env_steps``,
+``env_steps_per_second``, ``env_failures``) and rank 0's own for the algorithm's numbers
+(losses, KL, entropy, ...). Rank 0 alone writes the run directory, calls the
+``update_end`` hooks (the loggers) and evaluates; a resumed run loads the same checkpoint
+everywhere.
 """
 
 from __future__ import annotations
@@ -27,6 +39,7 @@ import numpy as np
 import torch
 
 from llamagym import checkpoint as checkpoints
+from llamagym import distributed
 from llamagym.config import agent_config_class, complete_config, config_descriptions
 from llamagym.errors import EnvFailureError, LlamaGymError, TrainingDivergedError
 from llamagym.evaluation import EvalResult, evaluate_agent, evaluate_baseline
@@ -43,7 +56,15 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_EPISODES = 1000
 MOVING_AVERAGE_EPISODES = 500
-_RUN_FILES = (METRICS, "report.md", "learning_curve.png", "tensorboard", checkpoints.CHECKPOINTS)
+RANK_RECORDS = ".ranks"
+_RUN_FILES = (
+    METRICS,
+    "report.md",
+    "learning_curve.png",
+    "tensorboard",
+    checkpoints.CHECKPOINTS,
+    RANK_RECORDS,
+)
 
 
 @dataclass
@@ -85,6 +106,15 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def reseed_process(agent: Any, seed: int) -> None:
+    """Seed this process's own random streams: the global generators, the engine's episode
+    seeds and sampling, and the algorithm's minibatch order."""
+    seed_everything(seed)
+    agent.engine.rng = np.random.default_rng(seed)
+    agent.engine.generator.manual_seed(seed)
+    agent.algorithm.rng.seed(seed)
+
+
 def default_output_dir(agent_name: str) -> Path:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"{agent_name or 'agent'}-{stamp}"
@@ -118,11 +148,15 @@ class Trainer:
         self.agent = agent
         self.config = agent.config
         self.progress = progress
-        self.output_dir = Path(self.config.output.dir or default_output_dir(self.config.agent.name))
-        # Loggers find the run directory through the agent's config.
-        self.config.output.dir = self.output_dir
+        directory = self.config.output.dir or default_output_dir(self.config.agent.name)
+        # Every process uses rank 0's directory (a default name holds the time).
+        self.output_dir = Path(distributed.all_gather(str(directory))[0])
+        # Loggers find the run directory through the agent's config; only rank 0 logs.
+        self.config.output.dir = self.output_dir if distributed.is_main() else None
         self.resume_from = Path(resume_from) if resume_from is not None else None
+        #: The signal that stops the run, agreed by every process before each update.
         self.stop_signal: str | None = None
+        self._signal_received: str | None = None  # this process's own
         self._last_checkpoint: Path | None = None
         self._last_checkpoint_update = -1
         self._config_dict: dict[str, Any] = {}
@@ -141,13 +175,14 @@ class Trainer:
                     f"with --resume {directory}, choose another --output, or set "
                     "output.overwrite=true to replace it"
                 )
-            for name in _RUN_FILES:
+            for name in _RUN_FILES if distributed.is_main() else ():
                 path = directory / name
                 if path.is_dir():
                     shutil.rmtree(path)
                 elif path.exists():
                     path.unlink()
-        directory.mkdir(parents=True, exist_ok=True)
+        if distributed.is_main():
+            directory.mkdir(parents=True, exist_ok=True)
 
     def _write_config(self) -> None:
         from llamagym.agent import make_algorithm_config
@@ -171,7 +206,8 @@ class Trainer:
                 "",
             ],
         )
-        (self.output_dir / "config.yaml").write_text(self._config_yaml, encoding="utf-8")
+        if distributed.is_main():
+            (self.output_dir / "config.yaml").write_text(self._config_yaml, encoding="utf-8")
 
     def _restore(self, checkpoint: Path, counters: Counters) -> list[dict[str, Any]]:
         """Load the checkpoint into the agent; return the metrics history up to it."""
@@ -188,7 +224,8 @@ class Trainer:
         history.append(
             {"kind": "resume", "update": counters.updates, "checkpoint": str(checkpoint)}
         )
-        rewrite_records(self.output_dir / METRICS, history)
+        if distributed.is_main():
+            rewrite_records(self.output_dir / METRICS, history)
         self._last_checkpoint, self._last_checkpoint_update = checkpoint, counters.updates
         logger.info("resumed from %s at update %d", checkpoint, counters.updates)
         return history
@@ -202,13 +239,13 @@ class Trainer:
             return
 
         def request_stop(signum: int, frame: Any) -> None:
-            if self.stop_signal is not None:
+            if self._signal_received is not None:
                 raise KeyboardInterrupt
-            self.stop_signal = signal.Signals(signum).name
+            self._signal_received = signal.Signals(signum).name
             logger.warning(
                 "%s received: finishing this update, then writing a checkpoint "
                 "(send it again to stop at once, without one)",
-                self.stop_signal,
+                self._signal_received,
             )
 
         signals = (signal.SIGINT, signal.SIGTERM)
@@ -220,22 +257,43 @@ class Trainer:
                 signal.signal(sig, handler)
 
     def _checkpoint(self, counters: Counters) -> Path:
-        path = checkpoints.save_training_checkpoint(
-            self.output_dir,
-            self.agent,
-            counters.as_dict(),
-            self._config_dict,
-            self._config_yaml,
-            keep=self.config.output.keep_checkpoints,
-        )
+        """Rank 0 writes the checkpoint; every process returns its path."""
+        name = checkpoints.checkpoint_name(counters.updates)
+        path = self.output_dir / checkpoints.CHECKPOINTS / name
+        if distributed.is_main():
+            path = checkpoints.save_training_checkpoint(
+                self.output_dir,
+                self.agent,
+                counters.as_dict(),
+                self._config_dict,
+                self._config_yaml,
+                keep=self.config.output.keep_checkpoints,
+            )
+            logger.info("checkpoint written: %s", path)
         self._last_checkpoint, self._last_checkpoint_update = path, counters.updates
-        logger.info("checkpoint written: %s", path)
         return path
+
+    def _record_rank(self, update: int, batch: list[Any]) -> None:
+        """``output.rank_records``: this process's episodes and weights after an update."""
+        rank = distributed.rank()
+        record = {
+            "update": update,
+            "rank": rank,
+            "episodes": len(batch),
+            "seeds": [episode.seed for episode in batch],
+            "parameters_sha256": distributed.parameters_digest(
+                self.agent.policy.trainable_parameters()
+            ),
+        }
+        directory = self.output_dir / RANK_RECORDS
+        directory.mkdir(parents=True, exist_ok=True)
+        append_record(directory / f"rank-{rank}.jsonl", record)
 
     # -- the run --------------------------------------------------------------------
     def run(self) -> RunSummary:
         config, agent = self.config, self.agent
-        seed_everything(config.training.seed)
+        rank = distributed.rank()
+        seed_everything(distributed.process_seed(config.training.seed, rank))
         resume_checkpoint = None
         if self.resume_from is not None:
             resume_checkpoint = checkpoints.find_checkpoint(self.resume_from)
@@ -246,12 +304,20 @@ class Trainer:
         self._prepare_output_dir(resume_checkpoint)
         self._write_config()
 
-        algorithm, engine = agent.algorithm, agent.engine  # loads the model
+        # Loads the model. Every process starts from rank 0's weights, before the
+        # algorithm (built next) copies them as its KL reference.
+        distributed.broadcast_parameters(agent.policy.trainable_parameters())
+        algorithm, engine = agent.algorithm, agent.engine
         envs = [agent.make_env() for _ in range(config.rollout.num_envs)]
         counters = Counters()
         history: list[dict[str, Any]] = []
         if resume_checkpoint is not None:
             history = self._restore(resume_checkpoint, counters)  # last: sets the RNGs
+        if rank > 0:
+            # Its own episodes and samples. A checkpoint holds rank 0's random streams:
+            # the other processes derive theirs from the seed, their rank and the update.
+            seed = distributed.process_seed(config.training.seed, rank, counters.updates)
+            reseed_process(agent, seed)
         recent: deque[float] = deque(counters.recent_returns, maxlen=MOVING_AVERAGE_EPISODES)
 
         episode_budget = config.training.episodes
@@ -269,13 +335,19 @@ class Trainer:
                            counters.seconds)
         try:
             with self._stop_on_signals():
-                while self.stop_signal is None:
+                while True:
+                    # A signal to any process stops them all before the same update.
+                    signals = distributed.all_gather(self._signal_received)
+                    self.stop_signal = next((name for name in signals if name), None)
+                    if self.stop_signal is not None:
+                        break
                     if episode_budget is not None and counters.episodes >= episode_budget:
                         break
                     if time_budget is not None and counters.seconds >= time_budget:
                         break
                     update_started = time.perf_counter()
                     steps_before = engine.stats.env_steps
+                    failures_before = engine.stats.env_failures
                     # Schedules (e.g. learning-rate annealing) read the share of the
                     # budget used before this update.
                     algorithm.progress = budget_fraction(
@@ -287,6 +359,11 @@ class Trainer:
                         )
                     except EnvFailureError as error:
                         # The weights are fine: keep them, and say how to go on.
+                        if not distributed.is_main():
+                            raise EnvFailureError(
+                                f"{error}; every process stops: fix the environment, then "
+                                f"continue with --resume {self.output_dir}"
+                            ) from error
                         path = self._checkpoint(counters)
                         raise EnvFailureError(
                             f"{error}; checkpoint written to {path}: fix the environment, "
@@ -311,33 +388,50 @@ class Trainer:
                             )
                     else:
                         skipped_in_a_row = 0
-                    now = time.perf_counter()
+                    # What every process did this update (one process: just this one).
+                    shares = distributed.all_gather(
+                        {
+                            "returns": [e.env_return for e in batch],
+                            "turns": sum(len(e.turns) for e in batch),
+                            "invalid": sum(e.invalid_replies for e in batch),
+                            "env_steps": engine.stats.env_steps - steps_before,
+                            "env_failures": engine.stats.env_failures - failures_before,
+                            "seconds": time.perf_counter() - started,
+                            "update_seconds": time.perf_counter() - update_started,
+                        }
+                    )
+                    returns = [value for share in shares for value in share["returns"]]
+                    turns = sum(share["turns"] for share in shares)
+                    steps = sum(share["env_steps"] for share in shares)
                     counters.updates += 1
-                    counters.episodes += len(batch)
-                    counters.env_steps = engine.stats.env_steps
-                    counters.env_failures = engine.stats.env_failures
-                    counters.seconds = seconds_before + (now - started)
-                    recent.extend(e.env_return for e in batch)
+                    counters.episodes += len(returns)
+                    counters.env_steps += steps
+                    counters.env_failures += sum(share["env_failures"] for share in shares)
+                    counters.seconds = seconds_before + shares[0]["seconds"]  # rank 0's clock
+                    recent.extend(returns)
                     counters.recent_returns = list(recent)
                     metrics = {
                         "update": counters.updates,
                         "total_episodes": counters.episodes,
                         "env_steps": counters.env_steps,
                         "seconds": counters.seconds,
-                        "return_mean": update_metrics.get("return_mean", float("nan")),
+                        "return_mean": sum(returns) / max(1, len(returns)),
                         "return_moving_average": float(np.mean(recent)) if recent else 0.0,
-                        "invalid_rate": update_metrics.get("invalid_rate", 0.0),
-                        "episode_length": update_metrics.get("episode_length", 0.0),
-                        "env_steps_per_second": (engine.stats.env_steps - steps_before)
-                        / max(now - update_started, 1e-9),
+                        "invalid_rate": sum(s["invalid"] for s in shares) / max(1, turns),
+                        "episode_length": turns / max(1, len(returns)),
+                        "episodes": float(len(returns)),
+                        "env_steps_per_second": steps / max(shares[0]["update_seconds"], 1e-9),
                         "env_failures": counters.env_failures,
                     }
                     metrics.update(
                         {k: v for k, v in update_metrics.items() if k not in metrics}
                     )
                     history.append({"kind": "update", **metrics})
-                    with isolated_rng():
-                        agent.plugins.update_end(agent, counters.updates, metrics)
+                    if config.output.rank_records:
+                        self._record_rank(counters.updates, batch)
+                    if distributed.is_main():
+                        with isolated_rng():
+                            agent.plugins.update_end(agent, counters.updates, metrics)
                     if progress is not None:
                         progress.update(counters.episodes, counters.seconds, metrics)
                     logger.debug(
@@ -358,8 +452,11 @@ class Trainer:
             for env in envs:
                 env.close()
 
+        # A signal after the last update still skips the evaluation (no collective follows).
+        self.stop_signal = self.stop_signal or self._signal_received
         if self._last_checkpoint_update != counters.updates:
             self._checkpoint(counters)
+        distributed.barrier()  # every process has finished training; rank 0 goes on alone
         summary = RunSummary(
             self.output_dir,
             counters.episodes,
@@ -372,6 +469,8 @@ class Trainer:
             resumed_from=resume_checkpoint,
             greedy=config.training.eval_greedy,
         )
+        if not distributed.is_main():
+            return summary
         if self.stop_signal is None and config.training.eval_episodes:
             summary.evaluation, summary.baselines, record = self._evaluate(counters)
             history.append(record)

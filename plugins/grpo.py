@@ -32,6 +32,7 @@ from llamagym.algorithm import (
     check_multiple_of_group,
     clipped_surrogate,
     masked_mean,
+    minibatches,
     passes_target_kl,
     reference_kl,
     rollout_metrics,
@@ -165,11 +166,11 @@ class GRPO(Algorithm):
                 "clip_fraction": 0.0}
         steps, epochs_run, stopped = 0, 0, False
         order = list(range(len(turns)))
+        steps_per_epoch = self.minibatch_count(len(turns), config.minibatch_size)
         for _ in range(config.epochs if turns else 0):
             epochs_run += 1
             self.rng.shuffle(order)
-            for start in range(0, len(order), config.minibatch_size):
-                index = order[start : start + config.minibatch_size]
+            for index in minibatches(order, config.minibatch_size, steps_per_epoch):
                 batch = [turns[i] for i in index]
                 new = self.evaluate(batch)
                 width = new.logprobs.shape[1]
@@ -197,7 +198,7 @@ class GRPO(Algorithm):
                 self.target_kl_stops += 1
                 break
         metrics = {key: value / max(1, steps) for key, value in sums.items()}
-        if reference is not None:
+        if self.kl.coef > 0:  # on every process, even one without turns this update
             self.kl.update(metrics["kl_ref"], len(turns))
         self.updates += 1
 

@@ -16,6 +16,7 @@ from llamagym.algorithm import (
     check_adaptive_kl,
     clipped_surrogate,
     masked_mean,
+    minibatches,
     passes_target_kl,
     reference_kl,
     rollout_metrics,
@@ -113,11 +114,11 @@ class PPO(Algorithm):
                 "approx_kl": 0.0, "clip_fraction": 0.0}
         steps, epochs_run, stopped = 0, 0, False
         order = list(range(len(turns)))
+        steps_per_epoch = self.minibatch_count(len(turns), config.minibatch_size)
         for _ in range(config.epochs):
             epochs_run += 1
             self.rng.shuffle(order)
-            for start in range(0, len(order), config.minibatch_size):
-                index = order[start : start + config.minibatch_size]
+            for index in minibatches(order, config.minibatch_size, steps_per_epoch):
                 batch = [turns[i] for i in index]
                 new = self.evaluate(batch)
                 width = new.logprobs.shape[1]

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from pydantic import Field, field_validator
 
+from llamagym import distributed
 from llamagym.algorithm import AlgorithmConfig, masked_mean
 from llamagym.errors import ConfigError
 from llamagym.trajectory import Episode, Turn
@@ -297,7 +298,9 @@ class WarmStart:
         self.buffer.offer(episodes, self.config.sft_top_k)
         turns = self.buffer.turns()
         losses = []
-        for _ in range(self.config.sft_steps if turns else 0):
+        # The same number of steps on every process (each has its own buffer).
+        steps = distributed.agreed_min(self.config.sft_steps if turns else 0)
+        for _ in range(steps):
             size = min(self.config.sft_batch_size, len(turns))
             losses.append(self.supervised_step(self.algorithm.rng.sample(turns, size)))
         metrics = {"sft_buffer_episodes": float(len(self.buffer))}

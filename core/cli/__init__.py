@@ -4,6 +4,7 @@ plugins add their own through the ``llamagym_register_commands`` hook."""
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import typer
@@ -30,8 +31,14 @@ def main() -> None:
         get_plugins().register_commands(app)
         app()
     except LlamaGymError as error:
-        typer.secho(f"error: {error}", fg="red", err=True)
+        typer.secho(f"error: {_process()}{error}", fg="red", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
         typer.secho("interrupted", fg="yellow", err=True)
         sys.exit(130)
+
+
+def _process() -> str:
+    """``"process N: "`` in the processes after the first of a multi-process run."""
+    rank = os.environ.get("RANK", "0")
+    return f"process {rank}: " if os.environ.get("WORLD_SIZE", "1") != "1" and rank != "0" else ""

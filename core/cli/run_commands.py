@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -102,6 +104,77 @@ def configure_logging(console: Any, quiet: bool, verbose: bool) -> None:
         transformers.utils.logging.disable_progress_bar()
 
 
+def command_words(context: typer.Context, leave_out: set[str]) -> list[str]:
+    """The command's arguments and options as given, without the parameters named in
+    ``leave_out``: what a launched process runs again."""
+    words: list[str] = []
+    for parameter in context.command.params:
+        value = context.params.get(parameter.name)
+        if parameter.name in leave_out or value is None or value is False or value == []:
+            continue
+        if parameter.param_type_name == "argument":
+            words.append(str(value))
+        elif parameter.is_flag:
+            words.append(parameter.opts[0])
+        elif parameter.multiple:
+            for item in value:
+                words += [parameter.opts[0], str(item)]
+        else:
+            words += [parameter.opts[0], str(value)]
+    return words
+
+
+def launch_processes(count: int, run_arguments: list[str]) -> int:
+    """``llamagym run RUN_ARGUMENTS`` in ``count`` processes through accelerate's
+    launcher (torchrun underneath; on a machine without GPUs every process runs on the
+    CPU and they talk over gloo); returns the exit code of the run.
+
+    The launcher runs in this process rather than as ``python -m accelerate...``: run as
+    a program it ends any failed run with exit code 1 and a traceback, while here the
+    failed process's own exit code (2 for a bad input, 130/143 after a signal) is
+    passed on and its own one-line message is all that is printed."""
+    try:
+        from accelerate.commands.launch import launch_command, launch_command_parser
+    except ImportError:
+        raise LlamaGymError(
+            f"--num-processes {count} needs the package 'accelerate': pip install accelerate"
+        ) from None
+    import torch.distributed.run  # noqa: F401  (torchrun's loggers, quieted below)
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    # --multi_gpu is accelerate's name for its torchrun launcher, for GPUs and CPUs alike.
+    launcher = launch_command_parser().parse_args(
+        [
+            *("--multi_gpu", "--num_processes", str(count), "--num_machines", "1"),
+            *("--mixed_precision", "no", "--dynamo_backend", "no"),
+            *("--main_process_port", "0"),  # a free port: runs side by side never collide
+            *("-m", "llamagym.cli", "run", *run_arguments),
+        ]
+    )
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, without its warning
+    # torchrun logs a failed or signalled process; that process says what happened itself.
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("torch.distributed"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+    try:
+        launch_command(launcher)
+    except SignalException as error:
+        return 128 + int(error.sigval)
+    except ChildFailedError as error:
+        rank, failure = min(error.failures.items())
+        code = failure.exitcode if failure.exitcode >= 0 else 128 - failure.exitcode
+        if code not in (2, *SIGNAL_EXIT_CODES.values()):
+            reason = (
+                f"signal {signal.Signals(-failure.exitcode).name}"
+                if failure.exitcode < 0
+                else f"exit code {failure.exitcode}"
+            )
+            typer.secho(f"error: process {rank} of {count} ended with {reason}", fg="red", err=True)
+        return code
+    return 0
+
+
 def _budget(config: Any) -> str:
     training = config.training
     if training.episodes is not None:
@@ -114,6 +187,7 @@ def _budget(config: Any) -> str:
 
 @app.command("run")
 def run_command(
+    context: typer.Context,
     agent: str = typer.Argument(..., help="Agent name (see `llamagym list`)."),
     algorithm: str = typer.Option(None, "--algorithm", "-a", help="Algorithm name."),
     model: str = typer.Option(None, "--model", "-m", help="'tiny', a Hub id or a local dir."),
@@ -135,11 +209,26 @@ def run_command(
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar (CI)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log a line per update."),
+    num_processes: int = typer.Option(
+        None,
+        "--num-processes",
+        help="Train data-parallel in N processes, started through accelerate's launcher "
+        "(each steps its own envs; gradients are averaged).",
+    ),
 ) -> None:
     """Train AGENT online, then evaluate it beside its baselines and write a report."""
-    from rich.console import Console
-
     from llamagym import checkpoint as checkpoints
+    from llamagym import distributed
+
+    if num_processes is not None:
+        if num_processes < 1:
+            raise LlamaGymError(f"--num-processes must be at least 1, got {num_processes}")
+        if num_processes > 1 and distributed.launched_processes() > 1:
+            raise LlamaGymError(
+                "--num-processes cannot be used in a process a launcher started "
+                f"({distributed.launched_processes()} processes already)"
+            )
+    run_arguments = command_words(context, leave_out={"num_processes"})
 
     flags = {
         "algorithm.name": algorithm, "model.name": model, "rollout.mode": mode,
@@ -161,23 +250,46 @@ def run_command(
     agent_class, resolved = resolve_run_config(agent, config_file, assignments, flags, base)
     config = resolved.config
     agent_object = agent_class(config=config)  # the agent's own option checks, still cheap
+    if num_processes is not None and num_processes > 1:
+        # Everything above is checked once, here; each process then runs the command
+        # again without --num-processes.
+        raise typer.Exit(launch_processes(num_processes, run_arguments))
+    config.model.device = distributed.start(config.model.device)  # several processes only
+    try:
+        _train(agent, agent_object, config, resume_checkpoint, verbose)
+    finally:
+        distributed.finish()
 
+
+def _train(
+    agent: str, agent_object: Any, config: Any, resume_checkpoint: Path | None, verbose: bool
+) -> None:
+    from rich.console import Console
+
+    from llamagym import distributed
     from llamagym.progress import RunProgress, summary_table
     from llamagym.training import Trainer
 
-    console = Console()
+    main_process = distributed.is_main()
+    console = Console(quiet=not main_process)  # the other processes print nothing
     status = Console(stderr=True)
-    configure_logging(status, config.output.quiet, verbose)
-    progress = None if config.output.quiet else RunProgress(status)
+    configure_logging(status, config.output.quiet or not main_process, verbose and main_process)
+    if not main_process:
+        logging.getLogger("llamagym").setLevel(logging.ERROR)
+    progress = None if config.output.quiet or not main_process else RunProgress(status)
     trainer = Trainer(agent_object, progress=progress, resume_from=resume_checkpoint)
+    processes = distributed.world_size()
     console.print(
         f"[bold]llamagym run {agent}[/]: {config.algorithm.name} on {config.model.name} "
-        f"({config.rollout.mode} mode, {config.rollout.num_envs} envs), {_budget(config)}, "
-        f"seed {config.training.seed}"
+        f"({config.rollout.mode} mode, {config.rollout.num_envs} envs"
+        + (f" in each of {processes} processes" if processes > 1 else "")
+        + f"), {_budget(config)}, seed {config.training.seed}"
         + (f", resuming {resume_checkpoint}" if resume_checkpoint else "")
     )
     console.print(f"run directory: {trainer.output_dir}")
     summary = trainer.run()
+    if summary.interrupted and not main_process:
+        raise typer.Exit(SIGNAL_EXIT_CODES.get(summary.interrupted, 1))
     if summary.interrupted:
         typer.secho(
             f"stopped by {summary.interrupted} after update {summary.updates} "
