@@ -90,8 +90,8 @@ def start(device: str) -> str:
         if os.environ.get(variable, "").lower() == "true":
             raise ConfigError(
                 f"llamagym run trains data-parallel (each process holds the whole model and "
-                f"gradients are averaged); accelerate's {what} is not supported: choose "
-                "multi-GPU or multi-CPU in `accelerate config`, or use --num-processes N"
+                f"gradients are averaged); accelerate's {what} is not supported: launch with "
+                "`accelerate launch --multi_gpu --num_processes N` or use --num-processes N"
             )
     if device not in ("auto", "cpu", "cuda"):
         raise ConfigError(
@@ -156,7 +156,8 @@ def agreed_max(value: float) -> float:
         return value
     tensor = torch.tensor([value], dtype=torch.float64, device=_device())
     nan = torch.isnan(tensor).to(torch.float64)
-    both = torch.cat([tensor.nan_to_num(nan=float("-inf")), nan])
+    finite = tensor.nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+    both = torch.cat([finite, nan])
     dist.all_reduce(both, op=dist.ReduceOp.MAX)
     return float("nan") if both[1] > 0 else float(both[0])
 
