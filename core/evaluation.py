@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -68,26 +68,47 @@ def evaluate_agent(agent: Any, episodes: int, seed: int = 0, greedy: bool = True
     return summarise("agent", [e.env_return for e in finished], invalid)
 
 
-def evaluate_baseline(agent: Any, name: str, episodes: int, seed: int = 0) -> EvalResult:
-    """Play one of the agent's baseline policies on the evaluation seeds."""
+@dataclass
+class BaselineStep:
+    """One decision of a baseline: what it saw, what it chose, what came of it."""
+
+    episode: int  # index of the episode among those played
+    observation: Any
+    info: dict
+    action: str
+    reward: float
+    done: bool
+
+
+def play_baseline(
+    agent: Any, name: str, seeds: Sequence[int], rng_seed: int = 0
+) -> Iterator[BaselineStep]:
+    """Play one of the agent's baseline policies, one episode per seed, step by step
+    (``rng_seed`` seeds the baseline's own randomness, e.g. the random policy's)."""
     baseline = agent.baselines[name]
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(rng_seed)
     env = agent.make_env()
-    returns = []
     try:
-        for episode_seed in evaluation_seeds(seed, episodes):
+        for index, episode_seed in enumerate(seeds):
             observation, info = env.reset(seed=episode_seed)
             if hasattr(baseline, "reset"):
                 baseline.reset()  # stateful baselines (e.g. a walkthrough) start over
-            total, done = 0.0, False
+            done = False
             while not done:
                 legal = list(agent.legal_actions(observation, info))
                 action_name = baseline(observation, info, legal, rng)
                 action = agent.env_action(legal.index(action_name), legal)
-                observation, reward, terminated, truncated, info = env.step(action)
-                total += float(reward)
-                done = terminated or truncated
-            returns.append(total)
+                next_observation, reward, terminated, truncated, next_info = env.step(action)
+                done = bool(terminated or truncated)
+                yield BaselineStep(index, observation, dict(info), action_name, float(reward), done)
+                observation, info = next_observation, next_info
     finally:
         env.close()
+
+
+def evaluate_baseline(agent: Any, name: str, episodes: int, seed: int = 0) -> EvalResult:
+    """Play one of the agent's baseline policies on the evaluation seeds."""
+    returns = [0.0] * episodes
+    for step in play_baseline(agent, name, evaluation_seeds(seed, episodes), rng_seed=seed):
+        returns[step.episode] += step.reward
     return summarise(name, returns)

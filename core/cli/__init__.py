@@ -13,6 +13,7 @@ from llamagym.cli import (  # noqa: F401  (importing a module attaches its comma
     config_commands,
     inspect_commands,
     plugin_commands,
+    record_commands,
     report_commands,
     run_commands,
 )

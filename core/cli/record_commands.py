@@ -1,0 +1,38 @@
+"""``llamagym record``: demonstrations from an agent's baseline, for the SFT warm-start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from llamagym.cli.app import app
+
+
+@app.command("record")
+def record_command(
+    agent: str = typer.Argument(..., help="Agent name (see `llamagym list`)."),
+    baseline: str = typer.Option(..., "--baseline", "-b", help="One of the agent's baselines."),
+    output: Path = typer.Option(..., "--output", "-o", help="The JSONL file to write."),
+    episodes: int = typer.Option(1000, "--episodes", "-n", min=1, help="Episodes to play."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the recorded episodes."),
+    config_file: Path = typer.Option(None, "--config", "-c", help="YAML/TOML/JSON config."),
+    assignments: list[str] = typer.Option([], "--set", help="KEY=VALUE, e.g. agent.games=20"),
+) -> None:
+    """Play one of the agent's baselines and write each decision as a demonstration:
+    the conversation the model sees in generate mode, answered with the baseline's
+    action. Train on it first with `--set algorithm.sft_demonstrations=FILE`."""
+    from llamagym.cli.run_commands import resolve_run_config
+    from llamagym.demonstrations import record_demonstrations
+
+    # Generate mode: the prompts keep room for a reply, as when the file is trained on.
+    flags = {"rollout.mode": "generate"}
+    agent_class, resolved = resolve_run_config(agent, config_file, assignments, flags)
+    recording = record_demonstrations(
+        agent_class(config=resolved.config), baseline, episodes, output, seed=seed
+    )
+    typer.echo(
+        f"{recording.demonstrations:,} demonstrations from {recording.episodes:,} episodes of "
+        f"{baseline!r} (mean return {recording.mean_return:+.3f}) written to {recording.path}"
+    )
+    typer.echo(f"train on them first: --set algorithm.sft_demonstrations={recording.path}")

@@ -1,0 +1,73 @@
+"""Demonstrations recorded from an agent's baseline policies, for the SFT warm-start.
+
+``llamagym record AGENT --baseline NAME`` plays the baseline and writes one JSONL line per
+decision: ``{"messages": [...]}``, the conversation exactly as the agent's model would see
+it in generate mode (system prompt, the history the agent keeps, the observation), ending
+with the baseline's action as the assistant's reply. ``algorithm.sft_demonstrations``
+reads the file back (``llamagym.plugins.sft.load_demonstrations``).
+
+What a demonstration teaches depends on the baseline. The ``random`` baseline carries no
+strategy at all, only the reply format: a model warm-started on it answers with a legal
+action, each about equally often, and RL is left to learn which one is better. A strong
+baseline (basic strategy, a walkthrough) teaches its play as well.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llamagym.errors import ConfigError
+from llamagym.evaluation import play_baseline
+
+RECORD_SEED_OFFSET = 2_000_003  # recorded episodes never reuse training or evaluation seeds
+
+
+@dataclass
+class Recording:
+    path: Path
+    episodes: int
+    demonstrations: int
+    mean_return: float
+
+
+def record_demonstrations(
+    agent: Any, baseline: str, episodes: int, output: Path, seed: int = 0
+) -> Recording:
+    """Play ``baseline`` for ``episodes`` episodes and write its decisions to ``output``.
+
+    The file appears complete or not at all (written beside it, then renamed)."""
+    if baseline not in agent.baselines:
+        known = ", ".join(sorted(agent.baselines)) or "none"
+        raise ConfigError(
+            f"agent {agent.name!r} has no baseline {baseline!r}; its baselines: {known}"
+        )
+    engine = agent.engine
+    seeds = [RECORD_SEED_OFFSET + seed * 100_003 + k for k in range(episodes)]
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    returns = [0.0] * episodes
+    count, slot, current = 0, None, -1
+    handle, temporary = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as lines:
+            for step in play_baseline(agent, baseline, seeds, rng_seed=seed):
+                if step.episode != current:  # a new episode: a fresh conversation
+                    current = step.episode
+                    slot = engine.new_slot(step.observation, step.info, seeds[current], None)
+                slot.observation, slot.info = step.observation, step.info
+                [user_text], _, [messages] = engine.render_prompts([slot])
+                reply = {"role": "assistant", "content": step.action}
+                lines.write(json.dumps({"messages": [*messages, reply]}) + "\n")
+                slot.history += [{"role": "user", "content": user_text}, reply]
+                returns[step.episode] += step.reward
+                count += 1
+        os.replace(temporary, output)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return Recording(output, episodes, count, sum(returns) / max(1, episodes))

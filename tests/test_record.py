@@ -1,0 +1,77 @@
+"""``llamagym record``: demonstrations played by a baseline, read back by the SFT warm-start."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from llamagym_blackjack.agent import BlackjackAgent, basic_strategy
+from llamagym_blackjack.exact import reachable_states
+
+from llamagym.config import build_config
+from llamagym.evaluation import evaluate_baseline
+from llamagym.plugins.sft import load_demonstrations
+
+OBSERVATION = re.compile(r"Sum (\d+), dealer (\d+), usable ace (yes|no)\.")
+
+
+def state_of(user_text: str) -> tuple[int, int, bool]:
+    total, dealer, ace = OBSERVATION.fullmatch(user_text).groups()
+    return int(total), int(dealer), ace == "yes"
+
+
+def test_each_decision_of_the_baseline_becomes_a_demonstration(tmp_path, cli) -> None:
+    path = tmp_path / "demos" / "basic.jsonl"
+    code, out, _ = cli("record", "blackjack", "-b", "basic-strategy", "-n", "50", "-o", path)
+    assert code == 0, out
+    conversations = load_demonstrations(path)  # the file the warm-start reads
+    assert len(conversations) >= 50  # at least one decision per episode
+    assert f"{len(conversations)} demonstrations from 50 episodes" in out
+    for messages in conversations:
+        system, user, reply = messages  # Blackjack keeps no history
+        assert system == {"role": "system", "content": "Play blackjack: stick or hit."}
+        assert reply["role"] == "assistant"
+        # The reply is what the baseline plays in the state the user message shows.
+        assert reply["content"] == basic_strategy(state_of(user["content"]), {}, [], None)
+    # The recorded play scores what the baseline scores (a different set of seeds).
+    recorded = float(re.search(r"mean return ([+-][\d.]+)", out).group(1))
+    assert abs(recorded - evaluate_baseline(BlackjackAgent(), "basic-strategy", 50).mean) < 0.6
+
+
+def test_unknown_baseline_names_the_known_ones_and_writes_nothing(tmp_path, cli) -> None:
+    path = tmp_path / "demos.jsonl"
+    code, _, err = cli("record", "blackjack", "-b", "perfect", "-o", path)
+    assert code == 2
+    assert "no baseline 'perfect'" in err and "basic-strategy" in err
+    assert not path.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_random_play_teaches_the_reply_format_and_no_preference(tmp_path, cli) -> None:
+    path = tmp_path / "random.jsonl"
+    assert cli("record", "blackjack", "-b", "random", "-n", "600", "-o", path)[0] == 0
+    before, after = (
+        BlackjackAgent(
+            config=build_config(
+                {"agent": {"name": "blackjack"}},
+                {"rollout": {"mode": "generate", "num_envs": 8}},
+                {"algorithm": {"name": "ppo", "sft_lr": 1e-3, "sft_demonstration_epochs": 4}},
+                {"algorithm": {"sft_demonstrations": str(demos)}} if demos else {},
+            )
+        )
+        for demos in (None, path)
+    )
+    states = reachable_states()
+    for agent in (before, after):
+        agent.algorithm  # noqa: B018  (building the algorithm runs the warm-start)
+    with torch.no_grad():
+        untrained, warm = (
+            agent.engine.decide(
+                [agent.engine.new_slot(state, {}, None, None) for state in states], greedy=False
+            )
+            for agent in (before, after)
+        )
+    invalid = [sum(not turn.valid for turn in turns) / len(states) for turns in (untrained, warm)]
+    assert invalid[0] > 0.5  # a random model rarely says "stick" or "hit"
+    assert invalid[1] < 0.15
+    hits = sum(turn.valid and turn.legal_actions[turn.action_index] == "hit" for turn in warm)
+    assert 0.25 < hits / len(states) < 0.75  # both actions, neither preferred
