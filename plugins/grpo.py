@@ -93,11 +93,14 @@ class GRPO(Algorithm):
         self.kl = KLController(
             config.kl_coef, config.adaptive_kl_target, config.adaptive_kl_horizon
         )
-        if config.kl_coef > 0:
-            policy.freeze_reference()  # the reference is the policy before any training
         self.warm_start = WarmStart.create(self, config)
         if self.warm_start is not None:
             self.warm_start.train_on_demonstrations()
+        if config.kl_coef > 0:
+            # The reference is the policy RL starts from: after the demonstrations, so
+            # the KL keeps what they taught (a LoRA reference is the adapter switched
+            # off, i.e. the base model, whatever the demonstrations changed).
+            policy.freeze_reference()
 
     @property
     def group_size(self) -> int:

@@ -320,6 +320,22 @@ def test_demonstrations_warm_start_before_rl(tmp_path: Path) -> None:
     assert action_probabilities(agent, 0)[1] > before + 0.1
 
 
+@pytest.mark.parametrize("name", ["ppo", "grpo"])
+def test_kl_reference_is_the_policy_after_the_demonstrations(tmp_path: Path, name: str) -> None:
+    demo = {"system": BanditAgent().get_system_prompt(), "prompt": "Which lever?",
+            "response": "right"}
+    path = write_lines(tmp_path / "demos.jsonl", [json.dumps(demo)] * 8)
+    agent = agent_for(name, sft_demonstrations=str(path), sft_lr=1e-2, kl_coef=0.1)
+    algorithm = agent.algorithm  # warm-started, then the reference frozen
+    turns = [turn for episode in collect(agent, 8) for turn in episode.turns]
+    with torch.no_grad():
+        reference = algorithm.reference_logprobs(turns)
+        current = algorithm.evaluate(turns).logprobs
+    # RL starts with no KL to pay: the demonstrations' lesson is what it is pulled to.
+    assert algorithm.warm_start.demonstrations_done
+    assert torch.allclose(reference, current, atol=1e-6)
+
+
 def test_sft_steps_after_each_update_on_the_best_episodes() -> None:
     agent = agent_for("ppo", sft_warm_start=True, sft_top_k=4, sft_buffer_size=6, sft_steps=2)
     for _ in range(3):
