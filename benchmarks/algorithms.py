@@ -30,6 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+if __package__ in (None, ""):  # run as a file: make the `benchmarks` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import machine_info, today  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results" / "algorithms.json"
 QUICK_RESULTS = RESULTS.with_name("algorithms-quick.json")
 
@@ -44,6 +49,8 @@ class Setup:
     settings: tuple[str, ...] = ()  # extra ``--set KEY=VALUE`` on top of the agent defaults
     target: float | None = None  # the mean return over seeds to reach
     max_invalid_rate: float | None = None
+    # A baseline whose play (``llamagym record``) the run warm-starts on, if any.
+    demonstrations: str | None = None
 
 
 # The critic-free rows take PPO's batch shape from the Blackjack defaults (512 episodes,
@@ -63,6 +70,25 @@ SETUPS = (
     Setup("rloo", "rloo", settings=("algorithm.group_size=4", *CRITIC_FREE), target=-0.09),
     Setup("reinforce", "reinforce", settings=CRITIC_FREE),
     Setup("ppo-generate", "ppo", mode="generate", target=-0.08, max_invalid_rate=0.01),
+    # Generate mode warm-started on 2,000 episodes of *random* play: the demonstrations
+    # teach the reply format and no strategy (hit and stick equally often); the KL pull
+    # to that warm-started policy keeps both replies alive while PPO learns which is
+    # better where. Without it, "stick" takes over before the states are told apart.
+    Setup(
+        "ppo-generate-warm",
+        "ppo",
+        mode="generate",
+        settings=(
+            "algorithm.sft_lr=1e-3",
+            "algorithm.sft_demonstration_epochs=2",
+            "algorithm.kl_coef=0.2",
+            "algorithm.entropy_coef=0",
+            "algorithm.lr=3e-4",
+        ),
+        target=-0.08,
+        max_invalid_rate=0.01,
+        demonstrations="random",
+    ),
 )
 ALWAYS_STICK = -0.180  # what every trained row must beat by a clear margin
 
@@ -132,17 +158,30 @@ def run_one(
     output = runs_dir / f"{setup.name}-seed{seed}"
     shutil.rmtree(output, ignore_errors=True)
     started = time.perf_counter()
-    completed = subprocess.run(
-        command(setup, seed, minutes, eval_episodes, output, quick),
-        capture_output=True,
-        text=True,
-    )
+    line = command(setup, seed, minutes, eval_episodes, output, quick)
+    if setup.demonstrations is not None:
+        demos = runs_dir / f"{setup.name}-seed{seed}-demonstrations.jsonl"
+        record = [line[0], "record", "blackjack", "--baseline", setup.demonstrations,
+                  "--episodes", "200" if quick else "2000", "--seed", str(seed), "-o", str(demos)]
+        subprocess.run(record, capture_output=True, text=True, check=True)
+        line += ["--set", f"algorithm.sft_demonstrations={demos}"]
+    completed = subprocess.run(line, capture_output=True, text=True)
     wall = time.perf_counter() - started
     if completed.returncode != 0:
         raise RuntimeError(
             f"{setup.name} seed {seed} failed ({completed.returncode}):\n{completed.stderr[-2000:]}"
         )
     return read_run(setup, seed, output, wall)
+
+
+def read_comparable(path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """An earlier result file with the same budget, evaluation and seeds, or {}."""
+    if not path.is_file():
+        return {}
+    earlier = json.loads(path.read_text())
+    same = (earlier.get("quick"), earlier.get("minutes_per_run"), earlier.get("eval_episodes"),
+            earlier.get("seeds"))
+    return earlier if same == (args.quick, args.minutes, args.eval_episodes, args.seeds) else {}
 
 
 # Two-sided 95% Student t quantiles by degrees of freedom (a CI over 2-5 seeds).
@@ -222,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     def run_and_print(setup: Setup, seed: int) -> RunResult:
         run = run_one(setup, seed, args.minutes, args.eval_episodes, runs_dir, args.quick)
         print(
-            f"{setup.name:<13} seed {seed}: {run.mean:+.3f} ± {run.ci95:.3f}  "
+            f"{setup.name:<17} seed {seed}: {run.mean:+.3f} ± {run.ci95:.3f}  "
             f"invalid {run.invalid_rate:.1%}  {run.episodes} episodes  "
             f"{run.wall_seconds:.0f}s",
             flush=True,
@@ -240,6 +279,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs_dir is None:
         shutil.rmtree(runs_dir, ignore_errors=True)
 
+    command = " ".join(
+        ["python benchmarks/algorithms.py", *(argv if argv is not None else sys.argv[1:])]
+    )
+    provenance = {"command": command, "date": today(), "machine": machine_info()}
+    summary = {s.name: {**summarise(s, results[s.name]), **provenance} for s in setups}
+    runs = [vars(run) for runs in results.values() for run in runs]
+    # Rerunning some rows (--only) keeps the other rows of a comparable earlier file.
+    previous = read_comparable(args.output, args) if args.only else {}
+    summary = {**{k: v for k, v in previous.get("summary", {}).items() if k not in summary},
+               **summary}
+    runs = [r for r in previous.get("runs", []) if r["setup"] not in results] + runs
     report = {
         "benchmark": "blackjack, tiny model, greedy evaluation",
         "quick": args.quick,
@@ -248,20 +298,18 @@ def main(argv: list[str] | None = None) -> int:
         "seeds": args.seeds,
         "jobs": args.jobs,
         "total_wall_seconds": time.perf_counter() - started,
-        "command": " ".join(
-            ["python benchmarks/algorithms.py", *(argv if argv is not None else sys.argv[1:])]
-        ),
-        "summary": {s.name: summarise(s, results[s.name]) for s in setups},
-        "runs": [vars(run) for runs in results.values() for run in runs],
+        **provenance,
+        "summary": {s.name: summary[s.name] for s in SETUPS if s.name in summary},
+        "runs": runs,
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\n{'row':<13} {'mean':>7} {'ci95':>6} {'invalid':>8} {'episodes':>9}  target")
+    print(f"\n{'row':<17} {'mean':>7} {'ci95':>6} {'invalid':>8} {'episodes':>9}  target")
     for name, row in report["summary"].items():
         target = "" if row["target"] is None else f"{row['target']:+.3f}"
         verdict = {True: " met", False: " missed"}.get(row.get("meets_target"), "")
         print(
-            f"{name:<13} {row['mean']:+7.3f} {row['ci95']:6.3f} {row['invalid_rate']:8.2%} "
+            f"{name:<17} {row['mean']:+7.3f} {row['ci95']:6.3f} {row['invalid_rate']:8.2%} "
             f"{row['episodes']:9.0f}  {target}{verdict}"
         )
     print(f"written to {args.output} in {report['total_wall_seconds']:.0f}s")
