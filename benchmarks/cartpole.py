@@ -30,6 +30,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+if __package__ in (None, ""):  # run as a file: make the `benchmarks` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import machine_info, today  # noqa: E402
+
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 TARGET = 475.0
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776}  # two-sided Student t, by degrees of freedom
@@ -179,6 +184,9 @@ def main() -> None:
     summary = summarise(runs)
     result = {
         "benchmark": "cartpole",
+        "command": " ".join(["python benchmarks/cartpole.py", *sys.argv[1:]]),
+        "date": today(),
+        "machine": machine_info(),
         "quick": quick,
         "minutes_per_seed": minutes,
         "eval_episodes": eval_episodes,

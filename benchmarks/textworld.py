@@ -31,6 +31,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+if __package__ in (None, ""):  # run as a file: make the `benchmarks` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import machine_info, today  # noqa: E402
+
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 TARGET = 0.9
 UNSEEN_FIRST_SEED = 1000
@@ -206,6 +211,9 @@ def main() -> None:
     }
     result = {
         "benchmark": "textworld",
+        "command": " ".join(["python benchmarks/textworld.py", *sys.argv[1:]]),
+        "date": today(),
+        "machine": machine_info(),
         "quick": quick,
         "model": "tiny",
         "mode": "score",
