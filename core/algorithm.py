@@ -56,19 +56,21 @@ class AlgorithmConfig(BaseModel):
         return rule
 
 
-def check_multiple_of_group(episodes_per_update: int, info: ValidationInfo) -> int:
-    """Field validator body: a batch must hold whole seed groups (``group_size`` must be
-    declared before ``episodes_per_update`` so it is validated first)."""
-    group_size = info.data.get("group_size")
-    if group_size and episodes_per_update % group_size:
-        lower = max(group_size, episodes_per_update - episodes_per_update % group_size)
+def check_group_divides_batch(group_size: int, info: ValidationInfo) -> int:
+    """Field validator body for ``group_size`` (declared after ``episodes_per_update``, so
+    that is validated first): a batch must hold whole seed groups."""
+    episodes = info.data.get("episodes_per_update")
+    if episodes and episodes % group_size:
+        lower = max(group_size, episodes - episodes % group_size)
         raise PydanticCustomError(
             "not_multiple_of_group",
-            "must be a multiple of group_size ({group_size}) so every seed group is "
-            "complete; try {lower} or {upper}",
-            {"group_size": group_size, "lower": lower, "upper": lower + group_size},
+            "episodes_per_update ({episodes}) must be a multiple of group_size "
+            "({group_size}) so every seed group is complete; try episodes_per_update "
+            "{lower} or {upper}",
+            {"episodes": episodes, "group_size": group_size, "lower": lower,
+             "upper": lower + group_size},
         )
-    return episodes_per_update
+    return group_size
 
 
 def check_adaptive_kl(target: float | None, info: ValidationInfo) -> float | None:

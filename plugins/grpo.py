@@ -29,7 +29,7 @@ from llamagym.algorithm import (
     KLController,
     Stateful,
     check_adaptive_kl,
-    check_multiple_of_group,
+    check_group_divides_batch,
     clipped_surrogate,
     masked_mean,
     minibatches,
@@ -49,14 +49,15 @@ logger = logging.getLogger(__name__)
 STD_EPS = 1e-4  # keeps a group with a tiny spread from blowing its advantages up
 
 
-class GRPOConfig(SFTWarmStartConfig):
+class CriticFreeConfig(SFTWarmStartConfig):
+    """The settings GRPO, RLOO and REINFORCE share."""
+
     credit_rules = RULES_WITHOUT_VALUES
 
     lr: float = Field(1e-3, gt=0, description="Adam learning rate.")
     anneal_lr: bool = Field(True, description="Decay the learning rate linearly over the run.")
-    group_size: int = Field(8, ge=2, description="Episodes per group sharing a start seed (G).")
     episodes_per_update: int = Field(
-        64, ge=2, description="Episodes collected per update; a multiple of group_size."
+        64, ge=2, description="Episodes collected per update (whole seed groups)."
     )
     epochs: int = Field(2, ge=1, description="Passes over each batch.")
     minibatch_size: int = Field(64, ge=1, description="Turns per gradient step.")
@@ -74,13 +75,18 @@ class GRPOConfig(SFTWarmStartConfig):
     )
     credit: CreditRule = Field("discounted", description="Credit rule across turns.")
     gamma: float = Field(1.0, ge=0, le=1, description="Discount across turns.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+
+    _adaptive_needs_coef = field_validator("adaptive_kl_target")(check_adaptive_kl)
+
+
+class GRPOConfig(CriticFreeConfig):
+    group_size: int = Field(8, ge=2, description="Episodes per group sharing a start seed (G).")
     scale_by_std: bool = Field(
         True, description="Divide by the group's std (off: only subtract the mean)."
     )
-    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
 
-    _episodes_fit_groups = field_validator("episodes_per_update")(check_multiple_of_group)
-    _adaptive_needs_coef = field_validator("adaptive_kl_target")(check_adaptive_kl)
+    _whole_groups = field_validator("group_size")(check_group_divides_batch)
 
 
 class GRPO(Algorithm):
