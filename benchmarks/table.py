@@ -2,6 +2,7 @@
 
     python -m benchmarks table            # full results -> results/table.md (and stdout)
     python -m benchmarks table --quick    # the smoke-run results -> results/table-quick.md
+    python -m benchmarks table --readme   # ... and into README.md's results section
 
 Every row names the command that produced it, the machine (cores, CPU model) and the
 date, all read from the JSON file the row comes from. A part without a result file is
@@ -294,13 +295,34 @@ def write_table(directory: Path, quick: bool | None = None) -> Path:
     return path
 
 
+README = Path(__file__).resolve().parents[1] / "README.md"
+START, END = "<!-- benchmark tables: start -->", "<!-- benchmark tables: end -->"
+
+
+def update_readme(table: str, readme: Path = README) -> Path:
+    """Put ``table`` (without its title) between the README's two marker lines."""
+    text = readme.read_text(encoding="utf-8")
+    if START not in text or END not in text:
+        raise SystemExit(f"{readme} has no {START} ... {END} block to fill")
+    body = table.split("\n", 2)[2] if table.startswith("## ") else table
+    head, rest = text.split(START, 1)
+    tail = rest.split(END, 1)[1]
+    readme.write_text(f"{head}{START}\n\n{body.strip()}\n\n{END}{tail}", encoding="utf-8")
+    return readme
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="tabulate the --quick results")
     parser.add_argument("--output-dir", type=Path, default=DEFAULT_RESULTS_DIR,
                         help="where the result files are (default: benchmarks/results)")
+    parser.add_argument("--readme", action="store_true",
+                        help="also put the tables into README.md's results section")
 
 
 def main_from_args(args: argparse.Namespace) -> int:
     path = write_table(args.output_dir, args.quick)
-    print(path.read_text(encoding="utf-8"), end="")
+    table = path.read_text(encoding="utf-8")
+    print(table, end="")
+    if getattr(args, "readme", False):
+        print(f"updated {update_readme(table)}")
     return 0
