@@ -31,8 +31,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a file: make the `benchmarks` package importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run as a file: make the `benchmarks` package importable,
+    # and keep this file's folder off the path, or `import textworld` would find this file
+    _here = Path(__file__).resolve().parent
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
+    sys.path.insert(0, str(_here.parent))
 
 from benchmarks.common import machine_info, today  # noqa: E402
 
