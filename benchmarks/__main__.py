@@ -29,7 +29,14 @@ PARTS = {
     "learning": "Blackjack greedy return vs training time, ours vs the peer, 3 seeds",
 }
 # Parts other people maintain as scripts with their own --quick flag; run when present.
-SCRIPTS = ("algorithms.py", "cartpole.py", "textworld.py", "reference_memory.py", "soak.py")
+SCRIPTS = (
+    "algorithms.py",
+    "cartpole.py",
+    "textworld.py",
+    "reference_memory.py",
+    "soak.py",
+    "distributed.py",
+)
 
 
 def _part(name: str):  # noqa: ANN202 - a module
