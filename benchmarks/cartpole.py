@@ -161,6 +161,7 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, help="Training budget per seed.")
     parser.add_argument("--seeds", type=int, nargs="+", help="Seeds to run.")
     parser.add_argument("--keep-runs", type=Path, help="Keep run directories here.")
+    parser.add_argument("--output", type=Path, help="Where the JSON goes (default: results/).")
     parser.add_argument("--jobs", type=int, default=1,
                         help="Seeds at a time (each uses one core; at most the core count).")
     args = parser.parse_args()
@@ -196,8 +197,8 @@ def main() -> None:
         "runs": runs,
         "total_seconds": time.perf_counter() - started,
     }
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / ("cartpole-quick.json" if quick else "cartpole.json")
+    path = args.output or RESULTS_DIR / ("cartpole-quick.json" if quick else "cartpole.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
     if args.keep_runs is None:
         shutil.rmtree(runs_dir, ignore_errors=True)

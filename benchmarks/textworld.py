@@ -147,6 +147,7 @@ def main() -> None:
     parser.add_argument("--set", dest="extra", action="append", default=[],
                         help="Extra KEY=VALUE for the training run, e.g. algorithm.lr=2e-3.")
     parser.add_argument("--keep-runs", type=Path, help="Keep run directories here.")
+    parser.add_argument("--output", type=Path, help="Where the JSON goes (default: results/).")
     args = parser.parse_args()
     quick = args.quick
     minutes = args.minutes or (1.0 if quick else 15.0)
@@ -236,8 +237,8 @@ def main() -> None:
         "generation_seconds": generation_seconds,
         "total_seconds": time.perf_counter() - started,
     }
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / ("textworld-quick.json" if quick else "textworld.json")
+    path = args.output or RESULTS_DIR / ("textworld-quick.json" if quick else "textworld.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
     if args.keep_runs is None:
         shutil.rmtree(runs_dir, ignore_errors=True)

@@ -5,6 +5,7 @@ documented fields, its plot, and a table row that names command, machine and dat
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -68,3 +69,26 @@ def test_throughput_quick_writes_documented_json(tmp_path, benchmarks):
     for line in throughput_rows:
         assert "`python -m benchmarks throughput --quick" in line
         assert result["machine"]["cpu_model"] in line and result["date"][:10] in line
+
+
+@pytest.mark.parametrize(
+    ("script", "heading"), [("cartpole", "### CartPole-v1"), ("textworld", "### TextWorld")]
+)
+def test_env_benchmark_script_runs_from_a_cold_cache(tmp_path, benchmarks, script, heading):
+    """Run as a user runs it (a file, not a module), with nothing cached: TextWorld's games
+    are generated first, which imports the textworld library from the script."""
+    output = tmp_path / f"{script}-quick.json"
+    settings = ["--minutes", "0.05"] + (["--games", "1"] if script == "textworld" else [])
+    completed = subprocess.run(
+        [sys.executable, f"benchmarks/{script}.py", "--quick", *settings, "--output", output],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "LLAMAGYM_CACHE": str(tmp_path / "cache")},
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = json.loads(output.read_text())
+    assert result["quick"] is True
+    assert result["command"].startswith(f"python benchmarks/{script}.py --quick")
+    assert result["machine"]["cores"] >= 1 and result["date"]
+    assert len(result["runs"]) == 1
+    markdown = benchmarks.table.render(tmp_path, quick=True)
+    assert heading in markdown and result["machine"]["cpu_model"] in markdown
