@@ -28,7 +28,7 @@ PARTS = {
     "scaling": "env steps/s and update time vs model size and prompt length",
     "learning": "Blackjack greedy return vs training time, ours vs the peer, 3 seeds",
 }
-# Parts other people maintain as scripts with their own --quick flag; run when present.
+# Parts kept as standalone scripts, each with its own --quick flag; run when present.
 SCRIPTS = (
     "algorithms.py",
     "cartpole.py",

@@ -92,3 +92,40 @@ def test_env_benchmark_script_runs_from_a_cold_cache(tmp_path, benchmarks, scrip
     assert len(result["runs"]) == 1
     markdown = benchmarks.table.render(tmp_path, quick=True)
     assert heading in markdown and result["machine"]["cpu_model"] in markdown
+
+
+def test_algorithms_quick_runs_every_row(tmp_path, benchmarks):
+    from benchmarks.algorithms import SETUPS
+
+    output = tmp_path / "algorithms-quick.json"
+    completed = subprocess.run(
+        [sys.executable, "benchmarks/algorithms.py", "--quick", "--jobs", "2", "--output", output],
+        cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = json.loads(output.read_text())
+    assert list(result["summary"]) == [setup.name for setup in SETUPS]
+    assert sorted(run["setup"] for run in result["runs"]) == sorted(s.name for s in SETUPS)
+    for row in result["summary"].values():
+        assert row["command"].startswith("python benchmarks/algorithms.py --quick")
+        assert row["date"] and row["machine"]["cores"] >= 1
+        assert -1.5 <= row["mean"] <= 1.5 and 0.0 <= row["invalid_rate"] <= 1.0
+    assert "### Algorithms on Blackjack" in benchmarks.table.render(tmp_path, quick=True)
+
+
+def test_every_part_runs_in_quick_mode(tmp_path):
+    """`python -m benchmarks all --quick` for our four parts (the original LlamaGym needs its
+    own venv; the scripts are tested above): each writes its result, then the table."""
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "all", "--quick", "--skip-peer", "--only-ours",
+         "--output-dir", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    for part in ("throughput", "breakdown", "scaling", "learning"):
+        result = json.loads((tmp_path / f"{part}-quick.json").read_text())
+        assert result["quick"] is True and result["command"].startswith(
+            f"python -m benchmarks {part} --quick"
+        ), part
+    table = (tmp_path / "table-quick.md").read_text()
+    assert "### Learning per wall-clock" in table and "### Scaling with model size" in table
