@@ -33,7 +33,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file: make the `benchmarks` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import machine_info, today  # noqa: E402
+from benchmarks.common import machine_info, script_command, today  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "algorithms.json"
 QUICK_RESULTS = RESULTS.with_name("algorithms-quick.json")
@@ -279,9 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs_dir is None:
         shutil.rmtree(runs_dir, ignore_errors=True)
 
-    command = " ".join(
-        ["python benchmarks/algorithms.py", *(argv if argv is not None else sys.argv[1:])]
-    )
+    command = script_command("algorithms.py", argv if argv is not None else sys.argv[1:])
     provenance = {"command": command, "date": today(), "machine": machine_info()}
     summary = {s.name: {**summarise(s, results[s.name]), **provenance} for s in setups}
     runs = [vars(run) for runs in results.values() for run in runs]

@@ -33,7 +33,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file: make the `benchmarks` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import machine_info, today  # noqa: E402
+from benchmarks.common import machine_info, script_command, today  # noqa: E402
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 TARGET = 475.0
@@ -185,7 +185,7 @@ def main() -> None:
     summary = summarise(runs)
     result = {
         "benchmark": "cartpole",
-        "command": " ".join(["python benchmarks/cartpole.py", *sys.argv[1:]]),
+        "command": script_command("cartpole.py", sys.argv[1:]),
         "date": today(),
         "machine": machine_info(),
         "quick": quick,

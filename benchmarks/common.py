@@ -252,6 +252,24 @@ def part_command(part: str, args: argparse.Namespace, extra: Sequence[str] = ())
     return " ".join(words)
 
 
+#: Options that only say where files go: left out of a recorded command.
+LOCATION_OPTIONS = ("--output", "--output-dir", "--runs-dir", "--keep-runs")
+
+
+def script_command(script: str, argv: Sequence[str]) -> str:
+    """``python benchmarks/SCRIPT ARGS`` as run, without the options that only place files,
+    so the recorded command reproduces the numbers anywhere."""
+    words, skip = ["python", f"benchmarks/{script}"], False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word in LOCATION_OPTIONS:
+            skip = True
+        elif not word.startswith(tuple(f"{option}=" for option in LOCATION_OPTIONS)):
+            words.append(word)
+    return " ".join(words)
+
+
 def result_path(output_dir: Path, name: str, quick: bool) -> Path:
     """``<name>.json``, or ``<name>-quick.json`` for a smoke run, which so never
     overwrites a full result."""

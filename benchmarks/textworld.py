@@ -37,7 +37,7 @@ if __package__ in (None, ""):  # run as a file: make the `benchmarks` package im
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
     sys.path.insert(0, str(_here.parent))
 
-from benchmarks.common import machine_info, today  # noqa: E402
+from benchmarks.common import machine_info, script_command, today  # noqa: E402
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 TARGET = 0.9
@@ -215,7 +215,7 @@ def main() -> None:
     }
     result = {
         "benchmark": "textworld",
-        "command": " ".join(["python benchmarks/textworld.py", *sys.argv[1:]]),
+        "command": script_command("textworld.py", sys.argv[1:]),
         "date": today(),
         "machine": machine_info(),
         "quick": quick,
