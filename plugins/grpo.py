@@ -26,7 +26,6 @@ from pydantic import Field, field_validator
 
 from llamagym.algorithm import (
     Algorithm,
-    KLController,
     Stateful,
     check_adaptive_kl,
     check_group_divides_batch,
@@ -40,7 +39,7 @@ from llamagym.algorithm import (
 )
 from llamagym.config import RolloutSettings
 from llamagym.credit import RULES_WITHOUT_VALUES, CreditRule, group_normalized, turn_returns
-from llamagym.plugins.sft import SFTWarmStartConfig, WarmStart
+from llamagym.plugins.sft import SFTWarmStartConfig, kl_and_warm_start
 from llamagym.policy import Policy
 from llamagym.trajectory import Episode, Turn
 
@@ -96,17 +95,7 @@ class GRPO(Algorithm):
     def __init__(self, policy: Policy, config: GRPOConfig, rollout: RolloutSettings):
         super().__init__(policy, config, rollout)
         self.optimizer = torch.optim.Adam(self.model_parameters(), lr=config.lr)
-        self.kl = KLController(
-            config.kl_coef, config.adaptive_kl_target, config.adaptive_kl_horizon
-        )
-        self.warm_start = WarmStart.create(self, config)
-        if self.warm_start is not None:
-            self.warm_start.train_on_demonstrations()
-        if config.kl_coef > 0:
-            # The reference is the policy RL starts from: after the demonstrations, so
-            # the KL keeps what they taught (a LoRA reference is the adapter switched
-            # off, i.e. the base model, whatever the demonstrations changed).
-            policy.freeze_reference()
+        self.kl, self.warm_start = kl_and_warm_start(self, config)
 
     @property
     def group_size(self) -> int:

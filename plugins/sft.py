@@ -45,7 +45,7 @@ import torch
 from pydantic import Field, field_validator
 
 from llamagym import distributed
-from llamagym.algorithm import AlgorithmConfig, masked_mean
+from llamagym.algorithm import AlgorithmConfig, KLController, masked_mean
 from llamagym.errors import ConfigError
 from llamagym.trajectory import Episode, Turn
 
@@ -322,3 +322,19 @@ class WarmStart:
         self.buffer.load_state_dict(state["buffer"])
         self.steps = int(state["steps"])
         self.demonstrations_done = bool(state["demonstrations_done"])
+
+
+def kl_and_warm_start(
+    algorithm: Algorithm, config: Any
+) -> tuple[KLController, WarmStart | None]:
+    """An algorithm's KL controller and optional warm start, set up in the order that
+    makes the KL reference right: the demonstrations first, then the reference frozen,
+    so RL is pulled back to what they taught (a LoRA reference is the adapter switched
+    off, i.e. the base model, whatever the demonstrations changed)."""
+    kl = KLController(config.kl_coef, config.adaptive_kl_target, config.adaptive_kl_horizon)
+    warm_start = WarmStart.create(algorithm, config)
+    if warm_start is not None:
+        warm_start.train_on_demonstrations()
+    if config.kl_coef > 0:
+        algorithm.policy.freeze_reference()
+    return kl, warm_start
