@@ -409,6 +409,9 @@ def plot(data: dict[str, Any], path: Path, quick: bool) -> Path | None:
         axis.grid(alpha=0.3)
         if axis.get_legend_handles_labels()[0]:
             axis.legend(fontsize=8, loc="lower right")
+    # Blackjack returns that matter lie between random and basic strategy; the first
+    # few training episodes' averages swing far outside and would flatten the rest.
+    greedy_axis.set_ylim(-0.45, 0.1)
     greedy_axis.set_ylabel("mean return per episode")
     greedy_axis.set_title("greedy evaluation (95% CI)")
     train_axis.set_title("training episodes (moving average of 500)")
