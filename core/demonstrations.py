@@ -14,15 +14,13 @@ baseline (basic strategy, a walkthrough) teaches its play as well.
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from llamagym.errors import ConfigError
 from llamagym.evaluation import play_baseline
+from llamagym.report import rewrite_records
 
 RECORD_SEED_OFFSET = 2_000_003  # recorded episodes never reuse training or evaluation seeds
 
@@ -38,9 +36,7 @@ class Recording:
 def record_demonstrations(
     agent: Any, baseline: str, episodes: int, output: Path, seed: int = 0
 ) -> Recording:
-    """Play ``baseline`` for ``episodes`` episodes and write its decisions to ``output``.
-
-    The file appears complete or not at all (written beside it, then renamed)."""
+    """Play ``baseline`` for ``episodes`` episodes and write its decisions to ``output``."""
     if baseline not in agent.baselines:
         known = ", ".join(sorted(agent.baselines)) or "none"
         raise ConfigError(
@@ -48,26 +44,20 @@ def record_demonstrations(
         )
     engine = agent.engine
     seeds = [RECORD_SEED_OFFSET + seed * 100_003 + k for k in range(episodes)]
+    records: list[dict[str, Any]] = []
+    returns = [0.0] * episodes
+    slot, current = None, -1
+    for step in play_baseline(agent, baseline, seeds, rng_seed=seed):
+        if step.episode != current:  # a new episode: a fresh conversation
+            current = step.episode
+            slot = engine.new_slot(step.observation, step.info, seeds[current], None)
+        slot.observation, slot.info = step.observation, step.info
+        [user_text], _, [messages] = engine.render_prompts([slot])
+        reply = {"role": "assistant", "content": step.action}
+        records.append({"messages": [*messages, reply]})
+        slot.history += [{"role": "user", "content": user_text}, reply]
+        returns[step.episode] += step.reward
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    returns = [0.0] * episodes
-    count, slot, current = 0, None, -1
-    handle, temporary = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as lines:
-            for step in play_baseline(agent, baseline, seeds, rng_seed=seed):
-                if step.episode != current:  # a new episode: a fresh conversation
-                    current = step.episode
-                    slot = engine.new_slot(step.observation, step.info, seeds[current], None)
-                slot.observation, slot.info = step.observation, step.info
-                [user_text], _, [messages] = engine.render_prompts([slot])
-                reply = {"role": "assistant", "content": step.action}
-                lines.write(json.dumps({"messages": [*messages, reply]}) + "\n")
-                slot.history += [{"role": "user", "content": user_text}, reply]
-                returns[step.episode] += step.reward
-                count += 1
-        os.replace(temporary, output)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    return Recording(output, episodes, count, sum(returns) / max(1, episodes))
+    rewrite_records(output, records)  # one rename: the file is complete or absent
+    return Recording(output, episodes, len(records), sum(returns) / max(1, episodes))
