@@ -33,9 +33,8 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file: make the `benchmarks` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import machine_info, script_command, today  # noqa: E402
+from benchmarks.common import write_script_result  # noqa: E402
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 TARGET = 475.0
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776}  # two-sided Student t, by degrees of freedom
 
@@ -184,11 +183,6 @@ def main() -> None:
         ))
     summary = summarise(runs)
     result = {
-        "benchmark": "cartpole",
-        "command": script_command("cartpole.py", sys.argv[1:]),
-        "date": today(),
-        "machine": machine_info(),
-        "quick": quick,
         "minutes_per_seed": minutes,
         "eval_episodes": eval_episodes,
         "model": "tiny",
@@ -197,9 +191,7 @@ def main() -> None:
         "runs": runs,
         "total_seconds": time.perf_counter() - started,
     }
-    path = args.output or RESULTS_DIR / ("cartpole-quick.json" if quick else "cartpole.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    path = write_script_result("cartpole", quick, args.output, result)
     if args.keep_runs is None:
         shutil.rmtree(runs_dir, ignore_errors=True)
 

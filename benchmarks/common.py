@@ -270,6 +270,26 @@ def script_command(script: str, argv: Sequence[str]) -> str:
     return " ".join(words)
 
 
+def write_script_result(
+    script: str, quick: bool, output: Path | None, data: Mapping[str, Any]
+) -> Path:
+    """Write a standalone script's result file: the header every result file has (its
+    command, date and machine), then ``data``; to ``output`` if given, else to
+    ``results/<script>[-quick].json``."""
+    record = {
+        "benchmark": script,
+        "command": script_command(f"{script}.py", sys.argv[1:]),
+        "date": today(),
+        "machine": machine_info(),
+        "quick": quick,
+        **data,
+    }
+    path = output or result_path(DEFAULT_RESULTS_DIR, script, quick)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
 def result_path(output_dir: Path, name: str, quick: bool) -> Path:
     """``<name>.json``, or ``<name>-quick.json`` for a smoke run, which so never
     overwrites a full result."""

@@ -37,9 +37,8 @@ if __package__ in (None, ""):  # run as a file: make the `benchmarks` package im
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
     sys.path.insert(0, str(_here.parent))
 
-from benchmarks.common import machine_info, script_command, today  # noqa: E402
+from benchmarks.common import write_script_result  # noqa: E402
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 TARGET = 0.9
 UNSEEN_FIRST_SEED = 1000
 
@@ -214,11 +213,6 @@ def main() -> None:
         pool: statistics.fmean(run["success"][pool] for run in runs) for pool in pools
     }
     result = {
-        "benchmark": "textworld",
-        "command": script_command("textworld.py", sys.argv[1:]),
-        "date": today(),
-        "machine": machine_info(),
-        "quick": quick,
         "model": "tiny",
         "mode": "score",
         "minutes_per_seed": minutes,
@@ -237,9 +231,7 @@ def main() -> None:
         "generation_seconds": generation_seconds,
         "total_seconds": time.perf_counter() - started,
     }
-    path = args.output or RESULTS_DIR / ("textworld-quick.json" if quick else "textworld.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    path = write_script_result("textworld", quick, args.output, result)
     if args.keep_runs is None:
         shutil.rmtree(runs_dir, ignore_errors=True)
 
