@@ -85,6 +85,18 @@ class Policy(nn.Module):
         for parameter in self._reference.parameters():
             parameter.requires_grad_(False)
 
+    def _left_padded(
+        self, prompts: Sequence[Sequence[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prompts as one left-padded batch (all end in the last column): ids and mask."""
+        width = max(len(prompt) for prompt in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            attention_mask[row, width - len(prompt) :] = 1
+        return input_ids, attention_mask
+
     def _continuations(
         self,
         prompts: Sequence[Sequence[int]],
@@ -106,12 +118,7 @@ class Policy(nn.Module):
         for prompt_index, _ in pairs:
             slot_of.setdefault(tuple(prompts[prompt_index]), len(slot_of))
         distinct = list(slot_of)
-        width = max(len(prompt) for prompt in distinct)
-        input_ids = torch.full((len(distinct), width), self.pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(distinct), width), dtype=torch.long)
-        for slot, prompt in enumerate(distinct):
-            input_ids[slot, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            attention_mask[slot, width - len(prompt) :] = 1
+        input_ids, attention_mask = self._left_padded(distinct)
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         lengths = torch.tensor([len(tokens) for _, tokens in pairs])
         keep = int(lengths.max())
@@ -234,12 +241,8 @@ class Policy(nn.Module):
         greedy: bool = False,
     ) -> list[list[int]]:
         """Sample one reply per prompt in one batched ``generate`` (left padding)."""
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            attention_mask[row, width - len(prompt) :] = 1
+        input_ids, attention_mask = self._left_padded(prompts)
+        width = input_ids.shape[1]
         sampling = {} if greedy else {"temperature": temperature, "top_p": top_p, "top_k": top_k}
         output = self.model.generate(
             input_ids=input_ids.to(self.device),
