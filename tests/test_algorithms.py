@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 
 import gymnasium
@@ -96,18 +95,16 @@ def test_grpo_in_generate_mode_trains_the_sampled_replies() -> None:
 
 
 @pytest.mark.parametrize("name", ALGORITHMS)
-def test_learns_the_better_lever_within_seconds(name: str) -> None:
+def test_learns_the_better_lever_within_ten_updates(name: str) -> None:
     agent = agent_for(
         name, rollout={"num_envs": 32}, episodes_per_update=64, minibatch_size=64, epochs=2, lr=3e-3
     )
     assert action_probabilities(agent, 0)[1] < 0.9
-    start, updates = time.perf_counter(), 0
+    updates = 0
     while updates < 10 and action_probabilities(agent, 0)[1] <= 0.9:
         agent.algorithm.update(collect(agent, 64))
         updates += 1
     assert action_probabilities(agent, 0)[1] > 0.9, f"not learnt after {updates} updates"
-    # About a second alone on one core; the bound leaves room for a busy machine.
-    assert time.perf_counter() - start < 30
 
 
 class TwoStateBandit(gymnasium.Env):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -35,12 +34,10 @@ def test_help_and_list_do_not_import_torch() -> None:
 
 
 def test_list_shows_agents_and_algorithms_with_distributions() -> None:
-    started = time.perf_counter()
     result = run_cli("list")
     assert result.returncode == 0, result.stderr
     assert "blackjack" in result.stdout and "llamagym-blackjack" in result.stdout
     assert "ppo" in result.stdout
-    assert time.perf_counter() - started < 10  # generous: a loaded CI machine
 
 
 @pytest.mark.parametrize(

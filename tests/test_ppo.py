@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 
 import torch
 
@@ -30,20 +29,18 @@ def test_every_trainable_parameter_changes_and_loss_is_finite() -> None:
         assert unchanged == [], f"{mode} mode left parameters unchanged: {unchanged}"
 
 
-def test_ppo_learns_the_better_lever_within_seconds() -> None:
+def test_ppo_learns_the_better_lever_within_ten_updates() -> None:
     agent = tiny_agent(
         BanditAgent,
         rollout={"num_envs": 32},
         algorithm={"episodes_per_update": 64, "minibatch_size": 64, "epochs": 4, "lr": 3e-3},
     )
-    start = time.perf_counter()
     assert action_probabilities(agent, 0)[1] < 0.9
-    while time.perf_counter() - start < 60:
+    updates = 0
+    while updates < 10 and action_probabilities(agent, 0)[1] <= 0.9:
         collect_and_update(agent, 64)
-        if action_probabilities(agent, 0)[1] > 0.9:
-            break
-    assert action_probabilities(agent, 0)[1] > 0.9
-    assert time.perf_counter() - start < 30
+        updates += 1
+    assert action_probabilities(agent, 0)[1] > 0.9, f"not learnt after {updates} updates"
 
 
 def test_kl_reference_starts_equal_and_drifts_after_updates() -> None:
