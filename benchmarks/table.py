@@ -117,15 +117,19 @@ def profile_section(result: Mapping[str, Any]) -> str:
             entry.get("model_name", "tiny"), entry["mode"], str(entry["num_envs"]),
             *[f"{shares[name]['median']:.0%}" if name in shares else "–" for name in columns],
             f"{other:.0%}",
+            f"{entry['forward_share_ceiling']:.0%}" if entry.get("forward_share_ceiling") else "–",
             *_provenance(result),
         ])
     heading = "### Where the rollout's time goes (share of wall time)"
     target = result["settings"]["target_forward_share"]
     note = (f"Target: model forward ≥ {target:.0%}. \"Other\" is the policy's tensor work "
-            "(padding, log-softmax, gathers), sampling, and the engine's loop.")
+            "(padding, log-softmax, gathers), sampling, and the engine's loop. \"Ceiling\" is "
+            "the forward's share if the framework cost nothing: model forward against the "
+            "env's own reset and step alone.")
     return "\n\n".join([heading, _table(("Model", "Mode", "Envs", "Forward", "Prompt rendering",
                                           "Tokenisation", "Extraction", "env.step",
-                                          "env.reset", "Other", *PROVENANCE), rows), note])
+                                          "env.reset", "Other", "Ceiling", *PROVENANCE),
+                                         rows), note])
 
 
 def learning_section(result: Mapping[str, Any]) -> str:

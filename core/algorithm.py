@@ -31,7 +31,7 @@ from pydantic_core import PydanticCustomError
 from llamagym import distributed
 from llamagym.config import RolloutSettings
 from llamagym.credit import unsupported_credit_message
-from llamagym.policy import Evaluation, Policy
+from llamagym.policy import Evaluation, Policy, padded
 from llamagym.trajectory import Episode, Turn
 
 #: An update's remaining epochs stop once KL(rollout || current) passes this x target_kl.
@@ -180,10 +180,7 @@ class Algorithm:
 
     def padded(self, rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
         """Per-turn lists of per-unit numbers as a zero-padded [N, width] tensor."""
-        table = torch.zeros(len(rows), width)
-        for row, values in enumerate(rows):
-            table[row, : min(len(values), width)] = torch.tensor(values[:width])
-        return table.to(self.policy.device)
+        return padded(rows, width, 0.0, dtype=torch.float32).to(self.policy.device)
 
     @torch.no_grad()
     def reference_logprobs(self, turns: Sequence[Turn]) -> torch.Tensor:

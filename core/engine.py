@@ -214,6 +214,7 @@ class RolloutEngine:
             top_p=settings.top_p,
             top_k=settings.top_k,
             greedy=greedy,
+            generator=self.generator,
         )
         evaluation = self.policy.evaluate_replies(prompts, replies)
         tokenizer = self.policy.tokenizer

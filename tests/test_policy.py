@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from llamagym.models import load_model_and_tokenizer
-from llamagym.policy import Policy
+from llamagym.policy import Policy, sampling_processors
 
 
 def naive_logprob(model, prompt: list[int], continuation: list[int]) -> float:
@@ -57,3 +57,33 @@ def test_generate_returns_replies_that_stop_at_end_of_turn() -> None:
     for reply in replies:
         assert 1 <= len(reply) <= 6
         assert tokenizer.eos_token_id not in reply[:-1]
+
+
+def test_sampling_draws_from_the_warped_distribution() -> None:
+    probabilities = torch.tensor([0.0, 0.1, 0.6, 0.3])
+    scores = probabilities.log().repeat(20_000, 1)
+    generator = torch.Generator().manual_seed(0)
+    drawn = sampling_processors(1.0, 1.0, 0, generator)[-1](None, scores.clone()).argmax(-1)
+    frequencies = torch.bincount(drawn, minlength=4) / len(drawn)
+    assert frequencies[0] == 0  # probability 0 is never drawn
+    assert torch.allclose(frequencies, probabilities, atol=0.015)
+    # top-k=2 keeps the two likeliest; temperature 0.5 squares their odds (0.6:0.3 -> 4:1).
+    warped = scores.clone()
+    for processor in sampling_processors(0.5, 1.0, 2, generator):
+        warped = processor(None, warped)
+    frequencies = torch.bincount(warped.argmax(-1), minlength=4) / len(warped)
+    assert frequencies[0] == 0 and frequencies[1] == 0
+    assert abs(float(frequencies[2]) - 0.8) < 0.015
+
+
+def test_generate_repeats_with_the_callers_generator() -> None:
+    model, tokenizer = load_model_and_tokenizer("tiny")
+    policy = Policy(model, tokenizer)
+    prompts = [[5, 6, 7]] * 16
+
+    def replies(seed: int) -> list[list[int]]:
+        return policy.generate(prompts, 6, generator=torch.Generator().manual_seed(seed))
+
+    assert replies(1) == replies(1)
+    assert replies(1) != replies(2)
+    assert len({tuple(reply) for reply in replies(1)}) > 1  # rows sample independently
