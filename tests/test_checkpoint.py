@@ -85,12 +85,16 @@ def test_state_encoding_round_trips_optimizer_and_random_states() -> None:
     assert torch.equal(decoded["torch"], state["torch"])
 
 
-def test_resumed_run_repeats_the_unbroken_run(tmp_path, monkeypatch, cli) -> None:
+@pytest.mark.parametrize("mode", ["score", "generate"])
+def test_resumed_run_repeats_the_unbroken_run(mode, tmp_path, monkeypatch, cli) -> None:
     unbroken, broken = tmp_path / "unbroken", tmp_path / "broken"
-    budget = ["--episodes", "32"]  # 4 updates of 8 episodes
+    # 4 updates of 8 episodes; in generate mode the replies are sampled token by token.
+    budget = ["--episodes", "32", "--mode", mode]
 
     code, _, _ = cli("run", "blackjack", *budget, *FAST, "-o", unbroken)
     assert code == 0
+    if mode == "generate":  # replies must vary between updates, or this proves nothing
+        assert len({r["invalid_rate"] for r in updates_of(unbroken)}) > 1
 
     # The same run, stopped by Ctrl-C after update 2 ...
     with temporary_plugin(SignalAt(2), "ctrl-c"):
@@ -112,6 +116,8 @@ def test_resumed_run_repeats_the_unbroken_run(tmp_path, monkeypatch, cli) -> Non
     assert final_unbroken.keys() == final_resumed.keys()
     assert all(torch.equal(final_unbroken[k], final_resumed[k]) for k in final_unbroken)
 
+    if mode == "generate":
+        return  # the rest does not depend on the mode
     # A checkpoint of another model or algorithm is refused, naming the field.
     code, _, err = cli("run", "blackjack", "--resume", broken, "--set", "model.lora=true")
     assert code == 2
