@@ -67,7 +67,8 @@ def test_observation_text(precision: int, observation: list[float], text: str) -
     assert rendered == text
 
 
-def test_rounded_zero_has_one_spelling(agent: CartPoleAgent) -> None:
+def test_rounded_zero_has_one_spelling() -> None:
+    agent = tiny_agent(CartPoleAgent, agent={"precision": 2})
     assert agent.format_number(-0.001) == "+0.00"
     assert agent.format_number(0.0) == "+0.00"
     assert agent.format_number(-0.006) == "-0.01"
