@@ -12,7 +12,8 @@ checkpoint is played greedily on a few episodes, which gives the learning curve:
 length against the training wall time at which the checkpoint was written. The training
 batches' own mean length (sampled actions) is recorded too. Everything goes to
 ``benchmarks/results/cartpole.json`` (``cartpole-quick.json`` for ``--quick``), beside
-the random and heuristic baselines and the target (>= 475 of a possible 500).
+the random and heuristic baselines and the target (>= 475 of a possible 500), and the
+curves to ``cartpole.png``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file: make the `benchmarks` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import write_script_result  # noqa: E402
+from benchmarks.common import pyplot, write_script_result  # noqa: E402
 
 TARGET = 475.0
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776}  # two-sided Student t, by degrees of freedom
@@ -154,6 +155,35 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def plot(result: dict[str, Any], path: Path) -> Path | None:
+    """Length against training wall time per seed: greedy at each checkpoint (thick),
+    the training batches' sampled episodes (thin), beside the baselines and the target."""
+    plt = pyplot()
+    if plt is None or not any(run["greedy_curve"] for run in result["runs"]):
+        return None
+    fig, axis = plt.subplots(figsize=(8, 4.5))
+    for index, run in enumerate(result["runs"]):
+        color = plt.cm.tab10(index)
+        greedy = run["greedy_curve"]
+        axis.plot([p["seconds"] / 60 for p in greedy], [p["greedy_mean_length"] for p in greedy],
+                  "o-", color=color, lw=2, label=f"seed {run['seed']}, greedy")
+        sampled = run["training_curve"]
+        axis.plot([p["seconds"] / 60 for p in sampled], [p["mean_length"] for p in sampled],
+                  color=color, lw=0.7, alpha=0.5)
+    for name, length in result["summary"]["baselines"].items():
+        axis.axhline(length, color="grey", ls=":", lw=1)
+        axis.annotate(name, (0, length), textcoords="offset points", xytext=(2, 2), fontsize=7)
+    axis.axhline(TARGET, color="black", ls="--", lw=1, label=f"target {TARGET:.0f}")
+    axis.set_xlabel("training wall time (min); thin lines: sampled training episodes")
+    axis.set_ylabel("episode length")
+    axis.set_title(f"CartPole-v1, tiny model, {result['minutes_per_seed']:g} min per seed")
+    axis.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 seed, 1 minute: a smoke run.")
@@ -192,6 +222,7 @@ def main() -> None:
         "total_seconds": time.perf_counter() - started,
     }
     path = write_script_result("cartpole", quick, args.output, result)
+    picture = plot(result, path.with_suffix(".png"))
     if args.keep_runs is None:
         shutil.rmtree(runs_dir, ignore_errors=True)
 
@@ -207,7 +238,7 @@ def main() -> None:
           + (f" ± {spread:.1f}" if spread is not None else "")
           + f" (target {TARGET:.0f}: {'met' if summary['meets_target'] else 'not met'}); "
           + ", ".join(f"{k} {v:.1f}" for k, v in summary["baselines"].items()))
-    print(f"written to {path}")
+    print(f"written to {path}" + (f" and {picture}" if picture else ""))
 
 
 if __name__ == "__main__":

@@ -236,7 +236,8 @@ def cartpole_section(result: Mapping[str, Any]) -> str:
     heading = (f"### CartPole-v1 (tiny model, greedy mean length over "
                f"{result['eval_episodes']} episodes, max 500)")
     note = (f"Target ≥ {summary['target']:.0f}: {_verdict(summary['meets_target'])}. "
-            f"Baselines: {baselines}.")
+            f"Baselines: {baselines}. Length against training time, greedy at every "
+            "checkpoint and sampled in training: `benchmarks/results/cartpole.png`.")
     return "\n\n".join([heading, _table(
         ("Run", "Greedy length", "Training", "Episodes", "Best checkpoint", *PROVENANCE), rows),
         note])
