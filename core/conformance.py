@@ -177,6 +177,7 @@ class FakePolicy:
         top_p: float = 1.0,
         top_k: int = 0,
         greedy: bool = False,
+        generator: Any = None,  # the script decides; nothing is sampled
     ) -> list[list[int]]:
         self._count(len(prompts))
         replies = []
