@@ -251,10 +251,12 @@ class Policy(nn.Module):
             attention_mask=attention_mask.to(self.device),
             max_new_tokens=max_new_tokens,
             # HF's greedy step picks the one token the sampling processor leaves standing.
+            # Its neutral sampling values are given so that a model's own (a chat model's
+            # temperature 0.6, say) are not filled in and warned about.
             do_sample=False,
             temperature=1.0,
             top_p=1.0,
-            top_k=50,  # HF's default: greedy decoding ignores it
+            top_k=50,
             logits_processor=processors,
             pad_token_id=self.pad_id,
             eos_token_id=self.eos_id,
