@@ -236,8 +236,8 @@ class Policy(nn.Module):
         """Sample one reply per prompt in one batched ``generate`` (left padding).
 
         Sampling draws from ``generator`` (the caller's seeded state), so a run's replies
-        repeat with its seed. The model's own generation defaults (a chat model's
-        temperature, say) do not apply: the rollout settings are the one source.
+        repeat with its seed. The model's own sampling settings (a chat model's
+        temperature or top-p) do not apply: the rollout settings are the one source.
         """
         from transformers import LogitsProcessorList
 
@@ -250,13 +250,9 @@ class Policy(nn.Module):
             input_ids=input_ids.to(self.device),
             attention_mask=attention_mask.to(self.device),
             max_new_tokens=max_new_tokens,
-            # HF's greedy step picks the one token the sampling processor leaves standing.
-            # Its neutral sampling values are given so that a model's own (a chat model's
-            # temperature 0.6, say) are not filled in and warned about.
+            # HF's greedy step picks the one token the sampling processor leaves standing;
+            # with sampling off, HF adds no temperature/top-k/top-p warpers of its own.
             do_sample=False,
-            temperature=1.0,
-            top_p=1.0,
-            top_k=50,
             logits_processor=processors,
             pad_token_id=self.pad_id,
             eos_token_id=self.eos_id,
