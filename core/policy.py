@@ -106,59 +106,78 @@ class Policy(nn.Module):
         Returns per-token logprobs [P, T], their mask [P, T], per-token entropy [P, T]
         (if asked) and the hidden state at each pair's last prompt token [P, H].
 
-        Each distinct prompt runs through the model once (left-padded, so all end in the
-        same column); the continuations after it reuse its key/value cache. Scoring A
-        candidates costs one prompt row, not A, and a prompt met in many turns (a small
-        state space such as Blackjack's repeats prompts all the time) is computed once.
+        One forward pass does it all. Each distinct prompt is one row, left-padded so
+        all prompts end in the same column, and the continuations of that prompt follow
+        it side by side, each attending to its prompt and its own earlier tokens only
+        (a block of the attention mask). Scoring A candidates costs one row, not A, and
+        a prompt met in many turns (a small state space such as Blackjack's repeats
+        prompts all the time) is computed once. The tokens every prompt starts with
+        (system prompt, chat template...) run once for the whole batch, as a cache.
         """
         slot_of: dict[tuple[int, ...], int] = {}
-        for prompt_index, _ in pairs:
-            slot_of.setdefault(tuple(prompts[prompt_index]), len(slot_of))
+        pair_rows = [slot_of.setdefault(tuple(prompts[i]), len(slot_of)) for i, _ in pairs]
         distinct = list(slot_of)
-        input_ids, attention_mask = self._left_padded(distinct)
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        lengths = torch.tensor([len(tokens) for _, tokens in pairs])
-        keep = int(lengths.max())
-        pair_slots = torch.tensor([slot_of[tuple(prompts[index])] for index, _ in pairs])
+        rows = len(distinct)
+        shared = shared_prefix_length(distinct)
+        prompt_ids, prompt_mask = self._left_padded([prompt[shared:] for prompt in distinct])
+        width = prompt_ids.shape[1]
+        prompt_lengths = shared + prompt_mask.sum(-1)
+
+        # Each continuation's tokens but the last (which is only predicted) go after
+        # its prompt's row: `segment` says which pair a column holds (-1: none).
+        used = [0] * rows
+        starts = []
+        for row, (_, tokens) in zip(pair_rows, pairs, strict=True):
+            starts.append(used[row])
+            used[row] += max(len(tokens) - 1, 0)
+        tail_width = max(used)
+        tail_ids = torch.full((rows, tail_width), self.pad_id, dtype=torch.long)
+        segment = torch.full((rows, tail_width), -1, dtype=torch.long)
+        tail_positions = torch.zeros(rows, tail_width, dtype=torch.long)
+        for k, (row, start, (_, tokens)) in enumerate(zip(pair_rows, starts, pairs, strict=True)):
+            n = max(len(tokens) - 1, 0)
+            tail_ids[row, start : start + n] = torch.tensor(list(tokens[:n]), dtype=torch.long)
+            segment[row, start : start + n] = k
+            tail_positions[row, start : start + n] = prompt_lengths[row] + torch.arange(n)
+        input_ids = torch.cat([prompt_ids, tail_ids], dim=1)
+        position_ids = torch.cat(
+            [shared + (prompt_mask.cumsum(-1) - 1).clamp(min=0), tail_positions], dim=1
+        )
+        allowed = _block_causal_mask(prompt_mask.bool(), segment, shared)
+
         with self._reference_context(reference) as model:
-            # 1. Every prompt once: each continuation's first-token distribution, the
-            #    hidden state the value head reads, and the cache the continuations extend.
+            cache = None
+            if shared:
+                prefix = torch.tensor([distinct[0][:shared]], device=self.device)
+                cache = model(input_ids=prefix, use_cache=True).past_key_values
+                cache.batch_repeat_interleave(rows)
             output = model(
                 input_ids=input_ids.to(self.device),
-                attention_mask=attention_mask.to(self.device),
+                attention_mask=_attention_bias(allowed.to(self.device), model),
                 position_ids=position_ids.to(self.device),
+                past_key_values=cache,
+                use_cache=cache is not None,
                 output_hidden_states=not reference,
-                use_cache=keep > 1,
-                logits_to_keep=1,
+                logits_to_keep=tail_width + 1,  # the last prompt column and the tails
             )
-            first = output.logits[:, -1].float().log_softmax(-1)[pair_slots.to(self.device)]
-            log_dists = [first[:, None]]  # [P, 1, V]
-            if keep > 1:
-                # 2. The continuations' tokens but the last (which is only scored),
-                #    right-padded, each row attending to its own prompt's cached keys.
-                cache = output.past_key_values
-                cache.batch_select_indices(pair_slots.to(self.device))
-                tails = padded([tokens[:-1] for _, tokens in pairs], keep - 1, self.pad_id)
-                prompt_lengths = attention_mask.sum(-1)[pair_slots]
-                tail_positions = prompt_lengths[:, None] + torch.arange(keep - 1)[None, :]
-                tail_ones = torch.ones(len(pairs), keep - 1, dtype=torch.long)
-                tail_mask = torch.cat([attention_mask[pair_slots], tail_ones], dim=1)
-                tail_output = model(
-                    input_ids=tails.to(self.device),
-                    attention_mask=tail_mask.to(self.device),
-                    position_ids=tail_positions.to(self.device),
-                    past_key_values=cache,
-                    use_cache=True,
-                )
-                log_dists.append(tail_output.logits.float().log_softmax(-1))  # [P, keep-1, V]
-        dist = torch.cat(log_dists, dim=1)  # [P, keep, V]: column t predicts token t
+        # Token t of pair k is predicted by kept column 0 (the prompt's last) for t = 0,
+        # and by kept column 1 + start_k + t - 1 (its own previous token) after that.
+        lengths = torch.tensor([len(tokens) for _, tokens in pairs])
+        keep = max(int(lengths.max()), 1)
+        columns = [
+            [0] + [start + t for t in range(1, len(tokens))]
+            for start, (_, tokens) in zip(starts, pairs, strict=True)
+        ]
+        rows_t = torch.tensor(pair_rows, device=self.device)
+        kept = output.logits[rows_t[:, None], padded(columns, keep).to(self.device)]
+        dist = kept.float().log_softmax(-1)  # [P, keep, V]: column t predicts token t
         mask = (torch.arange(keep)[None, :] < lengths[:, None]).float().to(self.device)
         targets = padded([tokens for _, tokens in pairs], keep, 0)
         token_logprobs = dist.gather(-1, targets.to(self.device)[..., None]).squeeze(-1) * mask
         token_entropy = -(dist.exp() * dist).sum(-1) * mask if entropy else None
         state_hidden = None
         if not reference:
-            state_hidden = output.hidden_states[-1][pair_slots.to(self.device), -1]
+            state_hidden = output.hidden_states[-1][rows_t, width - 1]
         return token_logprobs, mask, token_entropy, state_hidden
 
     def _values(self, state_hidden: torch.Tensor) -> torch.Tensor:
@@ -307,6 +326,49 @@ class InverseCdfSample:
         return chosen.scatter_(-1, tokens, 0.0)
 
 
+def _block_causal_mask(
+    prompt_mask: torch.Tensor, segment: torch.Tensor, shared: int
+) -> torch.Tensor:
+    """Which key each query may attend to, [rows, 1, columns, shared + columns].
+
+    Columns are a row's (left-padded) prompt followed by its continuations' tokens;
+    ``segment`` numbers the continuation each tail column belongs to (-1: padding). A
+    query sees the shared prefix, the real prompt tokens up to itself and, in a tail,
+    the earlier tokens of its own continuation. Every query also sees itself, so a
+    padding query has somewhere to attend (an empty row would make NaNs).
+    """
+    rows, width = prompt_mask.shape
+    columns = width + segment.shape[1]
+    index = torch.arange(columns)
+    real = torch.cat([prompt_mask, segment >= 0], dim=1)  # [rows, columns]
+    group = torch.cat([torch.full((rows, width), -2), segment], dim=1)
+    in_prompt = index < width
+    allowed = (
+        (index[:, None] >= index[None, :])[None]
+        & real[:, None, :]
+        & (in_prompt[None, None, :] | (group[:, :, None] == group[:, None, :]))
+    ) | torch.eye(columns, dtype=torch.bool)[None]
+    prefix = torch.ones(rows, columns, shared, dtype=torch.bool)
+    return torch.cat([prefix, allowed], dim=2)[:, None]
+
+
+def _attention_bias(allowed: torch.Tensor, model: nn.Module) -> torch.Tensor:
+    """A boolean mask as the model's attention wants it: as is for SDPA and flex
+    attention, as an additive bias (0 or the dtype's minimum) for eager attention."""
+    implementation = getattr(model.config, "_attn_implementation", None) or "eager"
+    if implementation in ("sdpa", "flex_attention"):
+        return allowed
+    if implementation != "eager":
+        raise ValueError(
+            f"attention implementation {implementation!r} takes no custom attention mask; "
+            "load the model with attn_implementation='sdpa' (the default) or 'eager'"
+        )
+    dtype = model.get_input_embeddings().weight.dtype
+    dtype = dtype if dtype.is_floating_point else torch.float32
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return bias.masked_fill(~allowed, torch.finfo(dtype).min)
+
+
 def padded(
     rows: Sequence[Sequence[float]],
     width: int,
@@ -322,6 +384,23 @@ def padded(
         filling = [fill] * (width - len(row))
         table.append(filling + row if left else row + filling)
     return torch.tensor(table, dtype=dtype).reshape(len(rows), width)
+
+
+# Running a shared prefix is one more model call (about a millisecond for the tiny
+# model on CPU): worth it once it spares the batch at least this many token positions.
+MIN_SHARED_TOKENS = 64
+
+
+def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens all ``prompts`` have in common (leaving each at least
+    one token of its own, the position that predicts the continuation), or 0 where
+    computing them once would spare fewer than ``MIN_SHARED_TOKENS`` positions."""
+    first = prompts[0]
+    limit = min(len(prompt) for prompt in prompts) - 1
+    length = 0
+    while length < limit and all(prompt[length] == first[length] for prompt in prompts):
+        length += 1
+    return length if length * (len(prompts) - 1) >= MIN_SHARED_TOKENS else 0
 
 
 def _model_device(model: nn.Module) -> torch.device:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from llamagym.models import load_model_and_tokenizer
-from llamagym.policy import Policy, sampling_processors
+from llamagym.policy import MIN_SHARED_TOKENS, Policy, sampling_processors, shared_prefix_length
+from llamagym.tiny_model import build_tiny_model
 
 
 def naive_logprob(model, prompt: list[int], continuation: list[int]) -> float:
@@ -43,9 +46,55 @@ def test_reply_logprobs_match_unbatched_forward() -> None:
         evaluation = policy.evaluate_replies(prompts, replies)
     assert evaluation.mask.tolist() == [[1, 1, 1], [1, 0, 0]]
     for row in range(2):
-        total = float(evaluation.logprobs[row].sum())
+        total = float(evaluation.logprobs[row].detach().sum())
         assert abs(total - naive_logprob(model, prompts[row], replies[row])) < 1e-4
     assert torch.all(evaluation.entropy[0] > 0) and float(evaluation.entropy[1, 1:].sum()) == 0
+
+
+def test_shared_prefix_runs_once_only_where_it_pays() -> None:
+    system = list(range(100, 140))
+    assert shared_prefix_length([system + [1, 2], system + [1, 3], system + [4]]) == 40
+    assert shared_prefix_length([system + [1]] * 3) == 40  # each keeps its last token
+    assert shared_prefix_length([system[:5] + [1], system[:5] + [2]]) == 0  # saves 5 < 64
+    assert shared_prefix_length([system + [1]]) == 0  # a single prompt has nobody to share with
+    assert shared_prefix_length([[1, 2], [3, 4]]) == 0
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_shared_prefix_and_side_by_side_continuations_match_one_sequence_at_a_time(
+    attention: str,
+) -> None:
+    """Prompts sharing a long system prompt, a prompt met twice with replies of different
+    lengths, an empty reply: log-probs, values and gradients equal the naive ones."""
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_model(), attn_implementation=attention)
+    _, tokenizer = load_model_and_tokenizer("tiny")
+    policy = Policy(model, tokenizer)
+    torch.nn.init.normal_(policy.value_head.weight, generator=torch.Generator().manual_seed(0))
+    system = list(range(200, 200 + MIN_SHARED_TOKENS))
+    prompts = [system + [5, 6, 7], system + [8], system + [5, 6, 7], system + [9, 10]]
+    replies = [[20, 21, 22], [30, 31], [40, 41], []]
+    assert shared_prefix_length(prompts) == MIN_SHARED_TOKENS
+    evaluation = policy.evaluate_replies(prompts, replies)
+    batched_total = evaluation.logprobs.sum() + evaluation.values.sum()
+    batched_total.backward()
+    batched_grad = model.get_input_embeddings().weight.grad.clone()
+    model.zero_grad()
+    policy.value_head.zero_grad()
+
+    naive_total = torch.zeros(())
+    for row, (prompt, reply) in enumerate(zip(prompts, replies, strict=True)):
+        output = model(input_ids=torch.tensor([prompt + reply]), output_hidden_states=True)
+        logits = output.logits[0].log_softmax(-1)
+        logprob = sum(logits[len(prompt) - 1 + k, token] for k, token in enumerate(reply))
+        value = policy.value_head(output.hidden_states[-1][0, len(prompt) - 1]).squeeze()
+        assert abs(float(evaluation.logprobs[row].detach().sum()) - float(logprob)) < 1e-4
+        assert abs(float(evaluation.values[row]) - float(value)) < 1e-4
+        naive_total = naive_total + logprob + value
+    assert evaluation.mask.tolist() == [[1, 1, 1], [1, 1, 0], [1, 1, 0], [0, 0, 0]]
+    naive_total.backward()
+    naive_grad = model.get_input_embeddings().weight.grad
+    assert torch.allclose(batched_grad, naive_grad, atol=1e-4)
+    assert float(batched_grad[system].abs().sum()) > 0  # the shared prefix is trained too
 
 
 def test_generate_returns_replies_that_stop_at_end_of_turn() -> None:
