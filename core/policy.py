@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from llamagym.errors import ModelLoadError
+
 
 @dataclass
 class Evaluation:
@@ -49,6 +51,7 @@ class Policy(nn.Module):
         nn.init.zeros_(self.value_head.bias)
         self._reference: nn.Module | None = None
         self.max_context = _max_context(model, tokenizer)
+        self.additive_mask = _uses_additive_mask(model)
 
     # -- parameters ----------------------------------------------------------------
     def trainable_parameters(self) -> list[nn.Parameter]:
@@ -153,7 +156,7 @@ class Policy(nn.Module):
                 cache.batch_repeat_interleave(rows)
             output = model(
                 input_ids=input_ids.to(self.device),
-                attention_mask=_attention_bias(allowed.to(self.device), model),
+                attention_mask=self._attention_mask(allowed.to(self.device)),
                 position_ids=position_ids.to(self.device),
                 past_key_values=cache,
                 use_cache=cache is not None,
@@ -179,6 +182,16 @@ class Policy(nn.Module):
         if not reference:
             state_hidden = output.hidden_states[-1][rows_t, width - 1]
         return token_logprobs, mask, token_entropy, state_hidden
+
+    def _attention_mask(self, allowed: torch.Tensor) -> torch.Tensor:
+        """A boolean mask as the model's attention takes it: as is, or as an additive
+        bias (0, or the dtype's minimum where a key is hidden) for eager attention."""
+        if not self.additive_mask:
+            return allowed
+        dtype = self.model.get_input_embeddings().weight.dtype
+        dtype = dtype if dtype.is_floating_point else torch.float32
+        bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+        return bias.masked_fill(~allowed, torch.finfo(dtype).min)
 
     def _values(self, state_hidden: torch.Tensor) -> torch.Tensor:
         return self.value_head(state_hidden.float()).squeeze(-1)
@@ -352,21 +365,17 @@ def _block_causal_mask(
     return torch.cat([prefix, allowed], dim=2)[:, None]
 
 
-def _attention_bias(allowed: torch.Tensor, model: nn.Module) -> torch.Tensor:
-    """A boolean mask as the model's attention wants it: as is for SDPA and flex
-    attention, as an additive bias (0 or the dtype's minimum) for eager attention."""
+def _uses_additive_mask(model: nn.Module) -> bool:
+    """Whether the model's attention takes a custom mask as an additive bias (eager)
+    rather than as booleans (SDPA, flex); other kernels take no custom mask at all."""
     implementation = getattr(model.config, "_attn_implementation", None) or "eager"
-    if implementation in ("sdpa", "flex_attention"):
-        return allowed
-    if implementation != "eager":
-        raise ValueError(
-            f"attention implementation {implementation!r} takes no custom attention mask; "
-            "load the model with attn_implementation='sdpa' (the default) or 'eager'"
+    if implementation not in ("sdpa", "flex_attention", "eager"):
+        raise ModelLoadError(
+            f"the model uses the attention implementation {implementation!r}, which takes "
+            "no custom attention mask; load it with attn_implementation='sdpa' (the "
+            "default) or 'eager'"
         )
-    dtype = model.get_input_embeddings().weight.dtype
-    dtype = dtype if dtype.is_floating_point else torch.float32
-    bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    return bias.masked_fill(~allowed, torch.finfo(dtype).min)
+    return implementation == "eager"
 
 
 def padded(

@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from llamagym.errors import ModelLoadError
 from llamagym.models import load_model_and_tokenizer
 from llamagym.policy import MIN_SHARED_TOKENS, Policy, sampling_processors, shared_prefix_length
 from llamagym.tiny_model import build_tiny_model
@@ -95,6 +96,13 @@ def test_shared_prefix_and_side_by_side_continuations_match_one_sequence_at_a_ti
     naive_grad = model.get_input_embeddings().weight.grad
     assert torch.allclose(batched_grad, naive_grad, atol=1e-4)
     assert float(batched_grad[system].abs().sum()) > 0  # the shared prefix is trained too
+
+
+def test_an_attention_kernel_without_custom_masks_is_refused_up_front() -> None:
+    model, tokenizer = load_model_and_tokenizer("tiny")
+    model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ModelLoadError, match="attn_implementation='sdpa'"):
+        Policy(model, tokenizer)
 
 
 def test_generate_returns_replies_that_stop_at_end_of_turn() -> None:
