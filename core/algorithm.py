@@ -105,7 +105,7 @@ class Algorithm:
         self.rng = random.Random(torch.initial_seed())
         self.optimizer: torch.optim.Optimizer | None = None  # set by each algorithm
         #: Fraction of the run's budget used so far, set by the trainer before each update
-        #: (learning-rate schedules read it); stays 0 in a hand-written loop.
+        #: (learning-rate and temperature schedules read it); stays 0 in a hand-written loop.
         self.progress = 0.0
 
     def annealed_lr(self, lr: float, anneal: bool) -> float:
@@ -170,7 +170,7 @@ class Algorithm:
                 prompts,
                 [turn.candidates for turn in turns],
                 [turn.action_index for turn in turns],
-                temperature=self.rollout.temperature,
+                temperature=self.rollout.temperature_at(self.progress),
             )
         return self.policy.evaluate_replies(prompts, [turn.action_tokens for turn in turns])
 
@@ -189,7 +189,7 @@ class Algorithm:
         prompts = [turn.prompt_tokens for turn in turns]
         if turns[0].candidates:
             scores, _ = self.policy.score(prompts, [t.candidates for t in turns], reference=True)
-            log_policy = (scores / self.rollout.temperature).log_softmax(-1)
+            log_policy = (scores / self.rollout.temperature_at(self.progress)).log_softmax(-1)
             chosen = torch.tensor([t.action_index for t in turns], device=self.policy.device)
             return log_policy.gather(-1, chosen[:, None])
         replies = [turn.action_tokens for turn in turns]

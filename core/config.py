@@ -84,10 +84,24 @@ class RolloutSettings(Settings):
     )
     max_new_tokens: int = Field(24, ge=1, le=4096, description="Reply length in generate mode.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
+    final_temperature: float | None = Field(
+        None,
+        gt=0,
+        description="Anneal the sampling temperature linearly to this over the run's "
+        "budget (episodes or minutes), so late rollouts play closer to the greedy policy "
+        "that is evaluated; null = constant.",
+    )
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling in generate mode.")
     top_k: int = Field(0, ge=0, description="Top-k sampling in generate mode; 0 = off.")
     reward_shaping: bool = Field(False, description="Add llamagym_shape_reward hook terms.")
     invalid_action: InvalidActionSettings = Field(default_factory=InvalidActionSettings)
+
+    def temperature_at(self, progress: float) -> float:
+        """The sampling temperature once ``progress`` (0 to 1) of the budget is used."""
+        if self.final_temperature is None:
+            return self.temperature
+        share = min(max(progress, 0.0), 1.0)
+        return self.temperature + share * (self.final_temperature - self.temperature)
 
 
 class TrainingSettings(Settings):

@@ -60,6 +60,9 @@ class RolloutEngine:
         self.rng = np.random.default_rng(seed)
         self.generator = torch.Generator().manual_seed(seed)
         self.stats = RolloutStats()
+        #: Fraction of the run's budget used so far, set by the trainer before each
+        #: collection (a temperature schedule reads it); stays 0 in a hand-written loop.
+        self.progress = 0.0
         self._candidate_cache: dict[str, list[int]] = {}
         self._prompt_cache: dict[tuple, list[int]] = {}
         self._prompt_cache_tokens = 0
@@ -143,6 +146,10 @@ class RolloutEngine:
                     self._prompt_cache_tokens += len(prompt)
         return [list(prompt) for prompt in ids]
 
+    @property
+    def temperature(self) -> float:
+        return self.settings.temperature_at(self.progress)
+
     def candidate_tokens(self, name: str) -> list[int]:
         tokens = self._candidate_cache.get(name)
         if tokens is None:
@@ -183,7 +190,7 @@ class RolloutEngine:
     ) -> list[Turn]:
         candidates = [[self.candidate_tokens(name) for name in names] for names in legal]
         scores, values = self.policy.score(prompts, candidates)
-        log_policy = (scores / self.settings.temperature).log_softmax(-1).cpu()
+        log_policy = (scores / self.temperature).log_softmax(-1).cpu()
         if greedy:
             chosen = log_policy.argmax(-1)
         else:
@@ -210,7 +217,7 @@ class RolloutEngine:
         replies = self.policy.generate(
             prompts,
             max_new_tokens=settings.max_new_tokens,
-            temperature=settings.temperature,
+            temperature=self.temperature,
             top_p=settings.top_p,
             top_k=settings.top_k,
             greedy=greedy,

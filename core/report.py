@@ -35,6 +35,7 @@ UPDATE_FIELDS: Mapping[str, str] = {
     "total_episodes": "training episodes finished so far",
     "env_steps": "environment steps taken so far",
     "seconds": "wall-clock seconds of training so far (resumed runs continue the count)",
+    "temperature": "sampling temperature of this update's rollouts (rollout.final_temperature)",
     "return_mean": "mean environment return of this update's episodes",
     "return_moving_average": "mean environment return of the last 500 training episodes",
     "invalid_rate": "share of this update's turns whose reply no parser understood",

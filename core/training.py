@@ -350,7 +350,7 @@ class Trainer:
                     failures_before = engine.stats.env_failures
                     # Schedules (e.g. learning-rate annealing) read the share of the
                     # budget used before this update.
-                    algorithm.progress = budget_fraction(
+                    algorithm.progress = engine.progress = budget_fraction(
                         counters, episode_budget, time_budget
                     )
                     try:
@@ -422,6 +422,7 @@ class Trainer:
                         "episodes": float(len(returns)),
                         "env_steps_per_second": steps / max(shares[0]["update_seconds"], 1e-9),
                         "env_failures": counters.env_failures,
+                        "temperature": engine.temperature,
                     }
                     metrics.update(
                         {k: v for k, v in update_metrics.items() if k not in metrics}

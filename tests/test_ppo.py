@@ -29,6 +29,32 @@ def test_every_trainable_parameter_changes_and_loss_is_finite() -> None:
         assert unchanged == [], f"{mode} mode left parameters unchanged: {unchanged}"
 
 
+def test_rollout_and_update_share_the_annealed_temperature() -> None:
+    """With final_temperature, the rollout samples at the scheduled temperature and the
+    update's first step sees the same policy (ratio 1: the log-probs agree)."""
+    agent = tiny_agent(
+        rollout={"mode": "score", "temperature": 1.0, "final_temperature": 0.25},
+        algorithm={"epochs": 1, "episodes_per_update": 8, "minibatch_size": 8},
+    )
+    assert agent.config.rollout.temperature_at(0.5) == 0.625
+    assert agent.config.rollout.temperature_at(2.0) == 0.25  # clamped to the budget
+    agent.engine.progress = agent.algorithm.progress = 1.0
+    envs = [agent.make_env() for _ in range(agent.config.rollout.num_envs)]
+    batch = agent.engine.collect(envs, 8)
+    turns = [turn for episode in batch for turn in episode.turns]
+    with torch.no_grad():
+        scores, _ = agent.policy.score(
+            [t.prompt_tokens for t in turns], [t.candidates for t in turns]
+        )
+        sharp = (scores / 0.25).log_softmax(-1)
+        fresh = agent.algorithm.evaluate(turns).logprobs[:, 0]
+    chosen = torch.tensor([t.action_index for t in turns])
+    recorded = torch.tensor([t.logprobs[0] for t in turns])
+    assert torch.allclose(recorded, sharp[torch.arange(len(turns)), chosen], atol=1e-5)
+    assert torch.allclose(fresh, recorded, atol=1e-5)
+    assert not torch.allclose(recorded, scores.log_softmax(-1)[torch.arange(len(turns)), chosen])
+
+
 def test_ppo_learns_the_better_lever_within_ten_updates() -> None:
     agent = tiny_agent(
         BanditAgent,

@@ -24,7 +24,7 @@ from llamagym.report import EVALUATION_FIELDS, UPDATE_FIELDS, read_records
 FAST = [
     "--num-envs", "4", "--threads", "1", "--episodes", "16", "--eval-episodes", "40",
     "--set", "algorithm.episodes_per_update=8", "--set", "algorithm.minibatch_size=8",
-    "--set", "algorithm.epochs=1",
+    "--set", "algorithm.epochs=1", "--set", "rollout.final_temperature=0.5",
 ]
 
 
@@ -82,6 +82,7 @@ def test_metrics_lines_carry_the_documented_fields(finished_run) -> None:
         assert all(isinstance(record[k], (int, float)) for k in UPDATE_FIELDS if k != "kind")
         assert "policy_loss" in record  # and the algorithm's own
     assert [r["total_episodes"] for r in updates] == [8, 16]
+    assert [r["temperature"] for r in updates] == [1.0, 0.75]  # annealed over the budget
     evaluation = evaluations[0]
     assert set(EVALUATION_FIELDS) <= set(evaluation)
     assert evaluation["episodes"] == 40 and evaluation["greedy"] is True
