@@ -120,28 +120,26 @@ class Policy(nn.Module):
         slot_of: dict[tuple[int, ...], int] = {}
         pair_rows = [slot_of.setdefault(tuple(prompts[i]), len(slot_of)) for i, _ in pairs]
         distinct = list(slot_of)
-        rows = len(distinct)
         shared = shared_prefix_length(distinct)
         prompt_ids, prompt_mask = self._left_padded([prompt[shared:] for prompt in distinct])
         width = prompt_ids.shape[1]
-        prompt_lengths = shared + prompt_mask.sum(-1)
 
         # Each continuation's tokens but the last (which is only predicted) go after
         # its prompt's row: `segment` says which pair a column holds (-1: none).
-        used = [0] * rows
+        tails: list[list[int]] = [[] for _ in distinct]
+        segments: list[list[int]] = [[] for _ in distinct]
+        positions: list[list[int]] = [[] for _ in distinct]
         starts = []
-        for row, (_, tokens) in zip(pair_rows, pairs, strict=True):
-            starts.append(used[row])
-            used[row] += max(len(tokens) - 1, 0)
-        tail_width = max(used)
-        tail_ids = torch.full((rows, tail_width), self.pad_id, dtype=torch.long)
-        segment = torch.full((rows, tail_width), -1, dtype=torch.long)
-        tail_positions = torch.zeros(rows, tail_width, dtype=torch.long)
-        for k, (row, start, (_, tokens)) in enumerate(zip(pair_rows, starts, pairs, strict=True)):
+        for k, (row, (_, tokens)) in enumerate(zip(pair_rows, pairs, strict=True)):
             n = max(len(tokens) - 1, 0)
-            tail_ids[row, start : start + n] = torch.tensor(list(tokens[:n]), dtype=torch.long)
-            segment[row, start : start + n] = k
-            tail_positions[row, start : start + n] = prompt_lengths[row] + torch.arange(n)
+            starts.append(len(tails[row]))
+            tails[row] += tokens[:n]
+            segments[row] += [k] * n
+            positions[row] += range(len(distinct[row]), len(distinct[row]) + n)
+        tail_width = max(len(tail) for tail in tails)
+        tail_ids = padded(tails, tail_width, self.pad_id)
+        segment = padded(segments, tail_width, -1)
+        tail_positions = padded(positions, tail_width)
         input_ids = torch.cat([prompt_ids, tail_ids], dim=1)
         position_ids = torch.cat(
             [shared + (prompt_mask.cumsum(-1) - 1).clamp(min=0), tail_positions], dim=1
@@ -153,7 +151,7 @@ class Policy(nn.Module):
             if shared:
                 prefix = torch.tensor([distinct[0][:shared]], device=self.device)
                 cache = model(input_ids=prefix, use_cache=True).past_key_values
-                cache.batch_repeat_interleave(rows)
+                cache.batch_repeat_interleave(len(distinct))
             output = model(
                 input_ids=input_ids.to(self.device),
                 attention_mask=self._attention_mask(allowed.to(self.device)),
