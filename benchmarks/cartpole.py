@@ -3,6 +3,7 @@
     python benchmarks/cartpole.py            # 15 min x 3 seeds, 100 greedy eval episodes
     python benchmarks/cartpole.py --quick    # a smoke run: 1 seed, 1 min, under 2 min in all
     python benchmarks/cartpole.py --jobs 2   # two seeds at a time, one core each
+    python benchmarks/cartpole.py --set algorithm.epochs=2   # settings other than the defaults
 
 Each seed is the CLI a user would type (``llamagym run cartpole --minutes M --seed S
 --eval-episodes 100 --output DIR --quiet``), one after another by default or ``--jobs``
@@ -41,7 +42,7 @@ T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776}  # two-sided Student t, by degre
 
 
 def train_command(seed: int, minutes: float, eval_episodes: int, output: Path,
-                  checkpoint_every: int, quick: bool) -> list[str]:
+                  checkpoint_every: int, quick: bool, overrides: list[str]) -> list[str]:
     executable = shutil.which("llamagym", path=str(Path(sys.executable).parent)) or "llamagym"
     line = [
         executable, "run", "cartpole",
@@ -55,6 +56,8 @@ def train_command(seed: int, minutes: float, eval_episodes: int, output: Path,
     ]
     if quick:  # a smoke run needs no report, picture or TensorBoard events
         line += ["--set", "output.report=false", "--set", "output.tensorboard=false"]
+    for override in overrides:
+        line += ["--set", override]
     return line
 
 
@@ -98,10 +101,10 @@ def greedy_curve(run_dir: Path, updates: list[dict[str, Any]], episodes: int,
 
 def run_seed(seed: int, minutes: float, eval_episodes: int, runs_dir: Path,
              checkpoint_every: int, curve_episodes: int, curve_points: int,
-             quick: bool) -> dict[str, Any]:
+             quick: bool, overrides: list[str]) -> dict[str, Any]:
     output = runs_dir / f"seed{seed}"
     shutil.rmtree(output, ignore_errors=True)
-    line = train_command(seed, minutes, eval_episodes, output, checkpoint_every, quick)
+    line = train_command(seed, minutes, eval_episodes, output, checkpoint_every, quick, overrides)
     print("$", " ".join(line), flush=True)
     started = time.perf_counter()
     completed = subprocess.run(line, capture_output=True, text=True)
@@ -193,6 +196,8 @@ def main() -> None:
     parser.add_argument("--output", type=Path, help="Where the JSON goes (default: results/).")
     parser.add_argument("--jobs", type=int, default=1,
                         help="Seeds at a time (each uses one core; at most the core count).")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE", help="A setting passed to every run (repeatable).")
     args = parser.parse_args()
     quick = args.quick
     minutes = args.minutes or (1.0 if quick else 15.0)
@@ -208,7 +213,7 @@ def main() -> None:
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         runs = list(pool.map(
             lambda seed: run_seed(seed, minutes, eval_episodes, runs_dir, checkpoint_every,
-                                  curve_episodes, curve_points, quick),
+                                  curve_episodes, curve_points, quick, args.overrides),
             seeds,
         ))
     summary = summarise(runs)
@@ -217,6 +222,7 @@ def main() -> None:
         "eval_episodes": eval_episodes,
         "model": "tiny",
         "jobs": args.jobs,
+        "overrides": args.overrides,
         "summary": summary,
         "runs": runs,
         "total_seconds": time.perf_counter() - started,
