@@ -73,8 +73,8 @@ class CartPoleAgent(Agent):
     # its gradient does not drown the policy's in the shared trunk; the value head has
     # no other gradient, and Adam's per-parameter scaling lets it learn at full speed.
     # Sampling cools from temperature 1 to 0.3 over the run's budget: early rollouts
-    # explore, late ones play almost as the greedy policy that is evaluated, so the
-    # policy learns to correct the drift greedy play has and sampled play hides.
+    # explore, late ones play almost as the greedy policy that is evaluated, so training
+    # sees the states greedy play drifts into (off-centre carts sampled play never meets).
     # Constant temperatures (1, 0.5), three decimals and 2 epochs were each tried over
     # 3 seeds and gave a lower mean greedy length (see this plugin's README).
     defaults = {
