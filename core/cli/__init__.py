@@ -12,6 +12,7 @@ import typer
 from llamagym.cli import (  # noqa: F401  (importing a module attaches its commands)
     config_commands,
     inspect_commands,
+    model_commands,
     plugin_commands,
     record_commands,
     report_commands,

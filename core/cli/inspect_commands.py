@@ -43,32 +43,3 @@ def plugins_command() -> None:
     plugins = get_plugins()
     report_plugin_problems()
     typer.echo(json.dumps([asdict(info) for info in plugins.plugin_infos()], indent=2))
-
-
-@app.command("models")
-def models_command(
-    as_json: bool = typer.Option(False, "--json", help="Every field, LoRA targets included."),
-) -> None:
-    """List the models with registry entries (any other Hub id or local dir works too)."""
-    from dataclasses import asdict
-
-    from rich.console import Console
-    from rich.table import Table
-
-    from llamagym.model_registry import list_model_entries
-
-    report_plugin_problems()
-    entries = list_model_entries()
-    if as_json:
-        typer.echo(json.dumps([asdict(entry) for entry in entries], indent=2))
-        return
-    table = Table(title="Models", title_justify="left")
-    table.add_column("name", style="bold", no_wrap=True)
-    table.add_column("hub id", no_wrap=True)
-    table.add_column("parameters", justify="right")
-    table.add_column("suggested memory")
-    for entry in entries:
-        table.add_row(
-            entry.name, entry.hub_id or "(built locally)", entry.parameters, entry.suggested_memory
-        )
-    Console().print(table)
