@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -107,6 +107,13 @@ class Algorithm:
         #: Fraction of the run's budget used so far, set by the trainer before each update
         #: (learning-rate and temperature schedules read it); stays 0 in a hand-written loop.
         self.progress = 0.0
+        #: Set by the trainer for the length of a run (None otherwise). ``should_stop()``
+        #: turns True once a stop has been asked for (SIGINT/SIGTERM): ``update`` then ends
+        #: at the next minibatch boundary (:meth:`stop_requested`), keeping the steps
+        #: already taken, and reports ``update_interrupted: 1.0``. ``on_epoch(k, epochs)``
+        #: is told when epoch ``k`` of the update starts (the progress bar shows it).
+        self.should_stop: Callable[[], bool] | None = None
+        self.on_epoch: Callable[[int, int], None] | None = None
 
     def annealed_lr(self, lr: float, anneal: bool) -> float:
         """Linear decay to 5% of ``lr`` over the run: late updates stop undoing progress."""
@@ -162,6 +169,17 @@ class Algorithm:
         raise NotImplementedError
 
     # -- helpers shared by the algorithms -----------------------------------------
+    def stop_requested(self) -> bool:
+        """True when the update should end now, before its next minibatch. Checked
+        between optimizer steps only, so the weights are always those after a whole
+        number of steps (a valid state to checkpoint)."""
+        return self.should_stop is not None and bool(self.should_stop())
+
+    def epoch_started(self, epoch: int, epochs: int) -> None:
+        """Report that epoch ``epoch`` (from 1) of ``epochs`` begins."""
+        if self.on_epoch is not None:
+            self.on_epoch(epoch, epochs)
+
     def evaluate(self, turns: Sequence[Turn]) -> Evaluation:
         """Current log-probabilities, entropy and values for ``turns`` (with gradients)."""
         prompts = [turn.prompt_tokens for turn in turns]

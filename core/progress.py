@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 from rich.console import Console, Group
@@ -10,14 +11,17 @@ from rich.live import Live
 from rich.progress import (
     BarColumn,
     Progress,
+    ProgressColumn,
     SpinnerColumn,
+    Task,
     TaskID,
     TextColumn,
-    TimeElapsedColumn,
     TimeRemainingColumn,
 )
 from rich.table import Table
 from rich.text import Text
+
+from llamagym.report import format_speed
 
 # The algorithm statistics worth a glance, in order of preference; the first three an
 # algorithm reports are shown.
@@ -36,7 +40,7 @@ def format_stats(metrics: Mapping[str, float]) -> str:
     parts = [
         f"return {metrics.get('return_moving_average', 0.0):+.3f}",
         f"invalid {metrics.get('invalid_rate', 0.0):.1%}",
-        f"{metrics.get('env_steps_per_second', 0.0):.0f} steps/s",
+        format_speed(metrics.get("env_steps_per_second", 0.0)),
     ]
     shown = 0
     for key, label, spec in KEY_STATS:
@@ -46,9 +50,24 @@ def format_stats(metrics: Mapping[str, float]) -> str:
     return " │ ".join(parts)
 
 
+class ElapsedColumn(ProgressColumn):
+    """Time since the bar appeared. Unlike rich's own column it keeps counting once the
+    bar is full: a run past its time budget is still finishing an update."""
+
+    def render(self, task: Task) -> Text:
+        if task.start_time is None:
+            return Text("-:--:--", style="progress.elapsed")
+        seconds = int(max(0.0, task.get_time() - task.start_time))
+        return Text(str(timedelta(seconds=seconds)), style="progress.elapsed")
+
+
 class RunProgress:
     """A bar over episodes (or over minutes for a time budget) with, on the line below,
-    the last update's stats: two lines fit a normal terminal where one would be cut."""
+    the last update's stats: two lines fit a normal terminal where one would be cut.
+
+    The bar's label is the current phase ("collecting 12/64 episodes", "update epoch
+    2/4"), set through :meth:`phase`, which also moves a time budget's bar on between
+    updates."""
 
     def __init__(self, console: Console | None = None):
         self.console = console or Console(stderr=True)
@@ -58,6 +77,8 @@ class RunProgress:
         self._task: TaskID | None = None
         self._by_minutes = False
         self._minutes: float | None = None
+        self._episodes: int | None = None
+        self._done_episodes = 0
 
     def start(
         self,
@@ -71,10 +92,10 @@ class RunProgress:
         self._minutes = minutes
         self._progress = Progress(
             SpinnerColumn(),
-            TextColumn("[bold]training"),
-            BarColumn(bar_width=30),
+            TextColumn("[bold]{task.fields[phase]}"),
+            BarColumn(bar_width=24),
             TextColumn("{task.fields[amount]}"),
-            TimeElapsedColumn(),
+            ElapsedColumn(),
             TextColumn("eta"),
             TimeRemainingColumn(),
             console=self.console,
@@ -85,8 +106,10 @@ class RunProgress:
             total=total,
             completed=done_seconds if self._by_minutes else done_episodes,
             amount=self._amount(done_episodes, done_seconds, episodes),
+            phase="training",
         )
         self._episodes = episodes
+        self._done_episodes = done_episodes
         self._live = Live(
             Group(self._progress, self._stats), console=self.console, refresh_per_second=4
         )
@@ -97,13 +120,26 @@ class RunProgress:
             return f"{seconds / 60:.1f}/{self._minutes:g} min, {episodes:,} episodes"
         return f"{episodes:,}/{total:,} episodes" if total else f"{episodes:,} episodes"
 
+    def phase(self, text: str, seconds: float | None = None) -> None:
+        """Say what the run is doing now; with ``seconds`` (training time so far) a time
+        budget's bar and amount move on too, so they do not wait for the next update."""
+        if self._progress is None or self._task is None:
+            return
+        fields: dict[str, Any] = {"phase": text}
+        if seconds is not None and self._by_minutes:
+            fields["completed"] = seconds
+            fields["amount"] = self._amount(self._done_episodes, seconds, self._episodes)
+        self._progress.update(self._task, **fields)
+
     def update(self, episodes: int, seconds: float, metrics: Mapping[str, float]) -> None:
         if self._progress is None or self._task is None:
             return
+        self._done_episodes = episodes
         self._progress.update(
             self._task,
             completed=seconds if self._by_minutes else episodes,
             amount=self._amount(episodes, seconds, self._episodes),
+            phase="training",
         )
         self._stats.plain = f"update {int(metrics.get('update', 0))}: {format_stats(metrics)}"
         self._stats.style = ""

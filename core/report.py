@@ -130,6 +130,19 @@ def config_digest(config: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
+def format_speed(steps_per_second: float, unit: str = "steps/s") -> str:
+    """A rate for people: two decimals below 1, one below 10, none above (``0.42 steps/s``,
+    ``5.3 steps/s``, ``543 steps/s``, ``1,234 steps/s``), so a slow model never reads 0."""
+    value = float(steps_per_second)
+    if abs(value) < 1:
+        number = f"{value:.2f}"
+    elif abs(value) < 10:
+        number = f"{value:.1f}"
+    else:
+        number = f"{value:,.0f}"
+    return f"{number} {unit}"
+
+
 def _duration(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.0f} s"
@@ -209,7 +222,7 @@ def _training_section(updates: Sequence[Mapping[str, Any]], records: Sequence[Ma
     rows = [
         ("updates", f"{last['update']:,}"),
         ("training episodes", f"{last.get('total_episodes', 0):,.0f}"),
-        ("environment steps", f"{last.get('env_steps', 0):,.0f} ({rate:,.0f} per second)"),
+        ("environment steps", f"{last.get('env_steps', 0):,.0f} ({format_speed(rate)})"),
         ("training wall time", _duration(seconds)),
         (
             "return, first → last update (mean of last 500 episodes)",

@@ -3,14 +3,21 @@
 The loop is the same for a fresh run and a resumed one: a resumed run first loads the
 checkpoint's weights, optimizer, counters and every random state, then carries on, so
 from the checkpoint's update on it writes the metrics the unbroken run would have.
-SIGINT (Ctrl-C) and SIGTERM finish the update in progress, write a checkpoint and
-return; a second signal aborts at once.
+SIGINT (Ctrl-C) and SIGTERM stop the run within seconds, write a checkpoint and return;
+a second signal aborts at once. A signal (or the time budget running out) during a
+collection drops that unfinished batch: its finished episodes are not trained on, and
+the engine's and the global random states go back to where the last update left them,
+so the checkpoint is exactly the last completed update's. A signal during an update
+ends it at the next minibatch boundary (``Algorithm.should_stop``); the weights after
+the steps taken are kept, and the update's metrics say ``update_interrupted: 1``.
 
 With several processes (:mod:`llamagym.distributed`) every process runs this loop on its
 own environments and episodes; after each update they exchange a small summary (their
 episodes' returns, turns and env steps, rank 0's elapsed time), and before each any stop
 signal, so every process counts the same episodes and time and stops after the same
-update. The metrics logged are over
+update. With several processes both stops, the signal and the time budget, are only
+checked between updates, where the processes agree on them; a long collection or update
+then runs to its end. The metrics logged are over
 all processes for the rollout (``return_mean``, ``return_moving_average``,
 ``invalid_rate``, ``episode_length``, ``episodes``, ``total_episodes``, ``env_steps``,
 ``env_steps_per_second``, ``env_failures``) and rank 0's own for the algorithm's numbers
@@ -22,6 +29,7 @@ everywhere.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import random
 import shutil
@@ -29,7 +37,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -73,6 +81,8 @@ class RunSummary:
     episodes: int
     updates: int
     env_steps: int
+    #: training time so far, earlier runs of a resumed one included; a collection cut
+    #: short by a stop counts too (the checkpoint's counters stop at the last update)
     seconds: float
     evaluation: EvalResult | None = None
     baselines: list[EvalResult] = field(default_factory=list)
@@ -80,6 +90,8 @@ class RunSummary:
     checkpoint: Path | None = None
     #: the signal that stopped the run early ("SIGINT", "SIGTERM"), else None
     interrupted: str | None = None
+    #: finished episodes of a collection cut short by a stop, thrown away untrained
+    dropped_episodes: int = 0
     report: Path | None = None
     resumed_from: Path | None = None
     greedy: bool = True
@@ -136,6 +148,75 @@ def isolated_rng() -> Iterator[None]:
         random.setstate(state[0])
         np.random.set_state(state[1])
         torch.set_rng_state(state[2])
+
+
+@dataclass
+class RandomState:
+    """Every random stream a collection draws from, and the engine's step counters:
+    taken before a collection, put back if the batch is dropped, so a checkpoint written
+    afterwards is the last completed update's."""
+
+    engine: dict[str, Any]
+    global_rng: dict[str, Any]
+    env_steps: int
+    env_failures: int
+
+    @classmethod
+    def capture(cls, engine: Any) -> RandomState:
+        return cls(
+            copy.deepcopy(engine.state_dict()),
+            checkpoints.capture_global_rng(),
+            engine.stats.env_steps,
+            engine.stats.env_failures,
+        )
+
+    def restore(self, engine: Any) -> None:
+        engine.load_state_dict(self.engine)
+        checkpoints.restore_global_rng(self.global_rng)
+        engine.stats.env_steps, engine.stats.env_failures = self.env_steps, self.env_failures
+
+
+class CollectionWatch:
+    """Handed to :meth:`RolloutEngine.collect` for one update's batch: counts the
+    finished episodes for the progress bar and, after every env step, moves the bar's
+    clock on and says whether to stop: a signal was received or the time budget is
+    used up. ``may_stop`` False (several processes, which stop together between
+    updates) only shows progress."""
+
+    def __init__(
+        self,
+        trainer: Trainer,
+        wanted: int,
+        time_used: Callable[[], float],
+        time_budget: float | None,
+        may_stop: bool,
+    ):
+        self.trainer, self.wanted = trainer, wanted
+        self.time_used, self.time_budget, self.may_stop = time_used, time_budget, may_stop
+        self.finished = 0
+        #: why the collection was cut short ("time budget", "SIGTERM"...), else None
+        self.reason: str | None = None
+
+    def show(self) -> None:
+        progress = self.trainer.progress
+        if progress is not None and hasattr(progress, "phase"):
+            progress.phase(
+                f"collecting {self.finished:,}/{self.wanted:,} episodes", self.time_used()
+            )
+
+    def on_episode(self, episode: Any) -> None:
+        self.finished += 1
+        self.show()
+
+    def should_stop(self) -> bool:
+        self.show()
+        if not self.may_stop or self.reason is not None:
+            return self.reason is not None
+        if self.trainer._signal_received is not None:
+            self.reason = self.trainer._signal_received
+        elif self.time_budget is not None and self.time_used() >= self.time_budget:
+            self.reason = "time budget"
+        return self.reason is not None
 
 
 class Trainer:
@@ -232,20 +313,23 @@ class Trainer:
 
     @contextlib.contextmanager
     def _stop_on_signals(self) -> Iterator[None]:
-        """SIGINT/SIGTERM ask the loop to stop after the current update (and checkpoint);
-        a second one raises KeyboardInterrupt at once."""
+        """SIGINT/SIGTERM ask the loop to stop (and checkpoint): one process stops after
+        the current env step or minibatch, several after the current update. A second
+        signal raises KeyboardInterrupt at once."""
         if threading.current_thread() is not threading.main_thread():
             yield  # signal handlers can only be installed from the main thread
             return
+        where = "this update" if distributed.world_size() > 1 else "this step"
 
         def request_stop(signum: int, frame: Any) -> None:
             if self._signal_received is not None:
                 raise KeyboardInterrupt
             self._signal_received = signal.Signals(signum).name
             logger.warning(
-                "%s received: finishing this update, then writing a checkpoint "
+                "%s received: finishing %s, then writing a checkpoint "
                 "(send it again to stop at once, without one)",
                 self._signal_received,
+                where,
             )
 
         signals = (signal.SIGINT, signal.SIGTERM)
@@ -255,6 +339,10 @@ class Trainer:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+    def _stop_requested(self) -> bool:
+        """What the algorithm checks between minibatches (one process only)."""
+        return self._signal_received is not None
 
     def _checkpoint(self, counters: Counters) -> Path:
         """Rank 0 writes the checkpoint; every process returns its path."""
@@ -333,6 +421,26 @@ class Trainer:
         if progress is not None:
             progress.start(episode_budget, config.training.minutes, counters.episodes,
                            counters.seconds)
+        # One process stops within a collection or an update; several only between
+        # updates, where they agree (a stop inside would break their lockstep).
+        several = distributed.world_size() > 1
+
+        def time_used() -> float:
+            """Training time so far, the same clock as ``counters.seconds``."""
+            return seconds_before + time.perf_counter() - started
+
+        def show_phase(text: str) -> None:
+            if progress is not None and hasattr(progress, "phase"):
+                progress.phase(text, time_used())
+
+        def show_epoch(epoch: int, epochs: int) -> None:
+            show_phase(f"update epoch {epoch}/{epochs}")
+
+        # The algorithm's stop check and epoch report for this run, set here only.
+        algorithm.should_stop = None if several else self._stop_requested
+        algorithm.on_epoch = show_epoch
+        seconds_used: float | None = None  # set when a collection is cut short
+        dropped = 0
         try:
             with self._stop_on_signals():
                 while True:
@@ -353,9 +461,17 @@ class Trainer:
                     algorithm.progress = engine.progress = budget_fraction(
                         counters, episode_budget, time_budget
                     )
+                    wanted = algorithm.episodes_per_update
+                    watch = CollectionWatch(self, wanted, time_used, time_budget, not several)
+                    before = None if several else RandomState.capture(engine)
+                    watch.show()
                     try:
                         batch = engine.collect(
-                            envs, algorithm.episodes_per_update, group_size=algorithm.group_size
+                            envs,
+                            wanted,
+                            group_size=algorithm.group_size,
+                            on_episode=watch.on_episode,
+                            should_stop=watch.should_stop,
                         )
                     except EnvFailureError as error:
                         # The weights are fine: keep them, and say how to go on.
@@ -369,6 +485,25 @@ class Trainer:
                             f"{error}; checkpoint written to {path}: fix the environment, "
                             f"then continue with --resume {self.output_dir}"
                         ) from error
+                    if watch.reason is not None and before is not None:
+                        # No partial update: the batch goes, and the random streams go
+                        # back to the last update's, so its checkpoint resumes exactly.
+                        seconds_used, dropped = time_used(), len(batch)
+                        before.restore(engine)
+                        logger.warning(
+                            "%s during the collection of update %d: its %d finished "
+                            "episode(s) (of %d) are dropped, not trained on; the run ends "
+                            "at update %d",
+                            "time budget used up"
+                            if watch.reason == "time budget"
+                            else f"{watch.reason} received",
+                            counters.updates + 1,
+                            dropped,
+                            wanted,
+                            counters.updates,
+                        )
+                        break
+                    show_phase("updating")  # until the algorithm reports its epochs
                     skipped_before = algorithm.skipped_updates
                     update_metrics = algorithm.update(batch)
                     if algorithm.skipped_updates > skipped_before:
@@ -428,6 +563,14 @@ class Trainer:
                         {k: v for k, v in update_metrics.items() if k not in metrics}
                     )
                     history.append({"kind": "update", **metrics})
+                    if counters.updates == 1:
+                        warn_if_first_update_moved_far(metrics, config)
+                    if metrics.get("update_interrupted"):
+                        logger.warning(
+                            "update %d was cut short at a minibatch boundary by the stop "
+                            "request; the weights after the steps it took are kept",
+                            counters.updates,
+                        )
                     if config.output.rank_records:
                         self._record_rank(counters.updates, batch)
                     if distributed.is_main():
@@ -448,6 +591,7 @@ class Trainer:
                     if every and counters.updates % every == 0:
                         self._checkpoint(counters)
         finally:
+            algorithm.should_stop = algorithm.on_epoch = None
             if progress is not None:
                 progress.stop()
             for env in envs:
@@ -463,12 +607,13 @@ class Trainer:
             counters.episodes,
             counters.updates,
             counters.env_steps,
-            counters.seconds,
+            counters.seconds if seconds_used is None else seconds_used,
             last_metrics=metrics,
             checkpoint=self._last_checkpoint,
             interrupted=self.stop_signal,
             resumed_from=resume_checkpoint,
             greedy=config.training.eval_greedy,
+            dropped_episodes=dropped,
         )
         if not distributed.is_main():
             return summary
@@ -504,6 +649,31 @@ class Trainer:
         # evaluation event, and the report needs this line.
         append_record(self.output_dir / METRICS, record)
         return result, baselines, record
+
+
+# An update whose policy moves further than this from the one that collected its batch
+# (PPO's approx-KL, in nats per action) has left the region where its surrogate is valid.
+SANE_UPDATE_KL = 0.1
+
+
+def warn_if_first_update_moved_far(metrics: dict[str, float], config: Any) -> None:
+    """One warning when the first update moved the policy far: with a pretrained model
+    it means the learning rate is too high for it, and the next updates only get worse."""
+    kl = metrics.get("approx_kl")
+    if kl is None or kl <= SANE_UPDATE_KL:
+        return
+    lr = getattr(config.algorithm, "lr", None)
+    target = getattr(config.algorithm, "target_kl", None)
+    fix = f"lower algorithm.lr (now {lr:g})" if lr is not None else "lower algorithm.lr"
+    if target is None:
+        fix += " or set algorithm.target_kl=0.02, which stops an update's epochs early"
+    logger.warning(
+        "update 1 moved the policy far from the one that collected its episodes "
+        "(approx-KL %.3g, above %.2g): %s",
+        kl,
+        SANE_UPDATE_KL,
+        fix,
+    )
 
 
 def budget_fraction(

@@ -162,13 +162,17 @@ class GRPO(Algorithm):
         # 3. Clipped-surrogate epochs over minibatches of turns, stopped by target-KL.
         sums = {"policy_loss": 0.0, "entropy": 0.0, "kl_ref": 0.0, "approx_kl": 0.0,
                 "clip_fraction": 0.0}
-        steps, epochs_run, stopped = 0, 0, False
+        steps, epochs_run, stopped, interrupted = 0, 0, False, False
         order = list(range(len(turns)))
         steps_per_epoch = self.minibatch_count(len(turns), config.minibatch_size)
-        for _ in range(config.epochs if turns else 0):
+        for epoch in range(config.epochs if turns else 0):
             epochs_run += 1
+            self.epoch_started(epoch + 1, config.epochs)
             self.rng.shuffle(order)
             for index in minibatches(order, config.minibatch_size, steps_per_epoch):
+                if self.stop_requested():
+                    interrupted = True  # asked to stop: the steps taken so far stand
+                    break
                 batch = [turns[i] for i in index]
                 new = self.evaluate(batch)
                 width = new.logprobs.shape[1]
@@ -195,6 +199,8 @@ class GRPO(Algorithm):
             if stopped:
                 self.target_kl_stops += 1
                 break
+            if interrupted:
+                break
         metrics = {key: value / max(1, steps) for key, value in sums.items()}
         if self.kl.coef > 0:  # on every process, even one without turns this update
             self.kl.update(metrics["kl_ref"], len(turns))
@@ -212,6 +218,7 @@ class GRPO(Algorithm):
             policy_steps=float(steps),
             epochs_run=float(epochs_run),
             target_kl_stop=float(stopped),
+            update_interrupted=float(interrupted or bool(metrics.get("update_interrupted"))),
             target_kl_stops=float(self.target_kl_stops),
             kl_coef=self.kl.coef,
             skipped_steps=float(self.skipped_updates),
