@@ -22,7 +22,13 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from llamagym.config import RunConfig, algorithm_options, build_config, defaults_for_algorithm
+from llamagym.config import (
+    RunConfig,
+    algorithm_options,
+    build_config,
+    defaults_for_algorithm,
+    defaults_for_model,
+)
 from llamagym.errors import ConfigError, LlamaGymError
 from llamagym.plugin_manager import Plugins, get_plugins
 
@@ -79,7 +85,7 @@ class Agent:
         plugins: Plugins | None = None,
     ):
         self.plugins = plugins or get_plugins()
-        self.config = self._resolve_config(config, generate_config_dict, ppo_config_dict)
+        self.config = self._resolve_config(config, generate_config_dict, ppo_config_dict, model)
         self.env = env
         self._model, self._tokenizer, self._device = model, tokenizer, device
         self._policy = None
@@ -173,14 +179,50 @@ class Agent:
                     quantize=settings.quantize,
                     lora=settings.lora,
                     lora_rank=settings.lora_rank,
+                    lora_layers=settings.lora_layers,
                     trust_remote_code=settings.trust_remote_code,
                     seed=self.config.training.seed,
                 )
             elif self._tokenizer is None:
                 raise ConfigError("a model object was given without its tokenizer")
-            self._policy = Policy(self._model, self._tokenizer, self._device)
+            else:
+                self._model = self._adapt_given_model(self._model)
+            checkpointing = settings.gradient_checkpointing
+            if checkpointing is None:
+                # Replies make long rows whose activations dominate an update's memory;
+                # score-mode rows are short, so recomputing them would only cost time.
+                generate = self.config.rollout.mode == "generate"
+                checkpointing = generate and hasattr(self._model, "peft_config")
+            self._policy = Policy(
+                self._model, self._tokenizer, self._device, gradient_checkpointing=checkpointing
+            )
             _choose_threads(self._policy, self.config.training.threads)
         return self._policy
+
+    def _adapt_given_model(self, model: Any) -> Any:
+        """A model object passed in follows the loader's LoRA rule (``model.lora``; by
+        default LoRA above 50M parameters), so a pretrained model is not fully fine-tuned
+        by accident; one carrying an adapter already is used as it is. A value-head
+        wrapper (the original LlamaGym's) gives its LM: the policy has its own head."""
+        from llamagym.models import add_lora_adapter, uses_lora_by_default
+
+        settings = self.config.model
+        model = getattr(model, "pretrained_model", model)
+        if hasattr(model, "peft_config"):
+            return model
+        if settings.lora is False or (
+            settings.lora is None and not uses_lora_by_default(model)
+        ):
+            return model
+        logger.info("adding a LoRA adapter to the given model (model.lora=false: train it whole)")
+        return add_lora_adapter(
+            model,
+            type(model).__name__,
+            None,
+            settings.lora_rank,
+            self.config.training.seed,
+            layers=settings.lora_layers,
+        )
 
     def use_policy(self, policy: Any) -> None:
         """Act with ``policy`` from now on (e.g. a scripted stand-in in tests)."""
@@ -256,13 +298,16 @@ class Agent:
         config: RunConfig | Mapping[str, Any] | None,
         generate_config: Mapping[str, Any] | None,
         ppo_config: Mapping[str, Any] | None,
+        model: Any = None,
     ) -> RunConfig:
         if isinstance(config, RunConfig):
             base = config.model_dump(exclude_unset=False)
             layers: list[Mapping[str, Any]] = [base]
         else:
-            defaults = defaults_for_algorithm(self.defaults, [dict(config or {})])
-            layers = [{"agent": {"name": self.name}}, defaults, dict(config or {})]
+            given = dict(config or {})
+            defaults = defaults_for_algorithm(self.defaults, [given])
+            model_defaults = defaults_for_model(type(self), [given], model)
+            layers = [{"agent": {"name": self.name}}, defaults, model_defaults, given]
         legacy: dict[str, Any] = {}
         for key, value in (generate_config or {}).items():
             if key not in _LEGACY_GENERATE_KEYS:

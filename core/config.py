@@ -55,7 +55,19 @@ class ModelSettings(Settings):
     )
     lora: bool | None = Field(None, description="LoRA adapter; null = auto (models > 50M).")
     lora_rank: int | None = Field(None, ge=1, description="LoRA rank; null = registry default.")
+    lora_layers: int | None = Field(
+        None,
+        ge=1,
+        description="Adapt only the last N decoder layers: backward stops below them "
+        "(a faster update); null = every layer.",
+    )
     trust_remote_code: bool = Field(False, description="Run model code from the Hub repo.")
+    gradient_checkpointing: bool | None = Field(
+        None,
+        description="Recompute each decoder layer in backward instead of storing its "
+        "activations (less memory, about a third more update time); null = on for LoRA "
+        "models in generate mode.",
+    )
 
 
 class InvalidActionSettings(Settings):
@@ -83,6 +95,13 @@ class RolloutSettings(Settings):
         0, ge=0, description="Earlier turns kept in the prompt; null = the whole episode."
     )
     max_new_tokens: int = Field(24, ge=1, le=4096, description="Reply length in generate mode.")
+    reply_prefix: str = Field(
+        "",
+        max_length=200,
+        description="Generate mode: text the assistant's reply starts with, e.g. "
+        "'{\"action\": \"'. It is part of the prompt (context, not trained); the "
+        "parsers read it together with the reply.",
+    )
     temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
     final_temperature: float | None = Field(
         None,
@@ -195,6 +214,54 @@ def defaults_for_algorithm(
     if chosen is None or chosen == own:
         return dict(defaults)
     return {key: value for key, value in defaults.items() if key != "algorithm"}
+
+
+# What keeps RL stable on a pretrained model trained through a LoRA adapter. The agents'
+# own defaults are tuned for the offline `tiny` model, which learns from random weights
+# with full fine-tuning: their learning rate and batch shape wreck a pretrained model
+# (SmolLM2-135M: KL 2.2 and a one-action policy after one update). Only keys every
+# built-in algorithm takes; an agent refines them with its `pretrained_defaults`.
+PRETRAINED_MODEL_DEFAULTS: dict[str, Any] = {
+    "rollout": {"num_envs": 16},
+    "algorithm": {
+        "lr": 1e-4,
+        "episodes_per_update": 64,
+        "minibatch_size": 32,
+        "epochs": 2,
+        "target_kl": 0.02,
+    },
+}
+
+
+def chosen_value(layers: Sequence[Mapping[str, Any]], section: str, key: str) -> Any:
+    """The value the last of ``layers`` to set ``section.key`` gives it, else None."""
+    chosen = None
+    for layer in layers:
+        part = layer.get(section)
+        if isinstance(part, Mapping) and part.get(key) is not None:
+            chosen = part[key]
+    return chosen
+
+
+def defaults_for_model(
+    agent_class: type | None, later_layers: Sequence[Mapping[str, Any]], model: Any = None
+) -> dict[str, Any]:
+    """The defaults layer for a pretrained model (anything but `tiny`), which goes above
+    the agent's defaults: :data:`PRETRAINED_MODEL_DEFAULTS` with the agent's own
+    ``pretrained_defaults`` over them. ``model`` is a model object given directly (the
+    classic API), which counts as pretrained where it trains through LoRA (it carries
+    an adapter, or gets one by the loader's rule); otherwise the layers name the model."""
+    if model is None or isinstance(model, str):
+        name = model or chosen_value(later_layers, "model", "name") or ModelSettings().name
+        if str(name).strip().lower() == "tiny":
+            return {}
+    else:
+        from llamagym.models import uses_lora_by_default
+
+        model = getattr(model, "pretrained_model", model)
+        if not (hasattr(model, "peft_config") or uses_lora_by_default(model)):
+            return {}
+    return deep_merge(PRETRAINED_MODEL_DEFAULTS, getattr(agent_class, "pretrained_defaults", {}))
 
 
 def parse_assignment(assignment: str) -> dict[str, Any]:

@@ -178,11 +178,15 @@ class FakePolicy:
         top_k: int = 0,
         greedy: bool = False,
         generator: Any = None,  # the script decides; nothing is sampled
+        reply_prefix: str = "",
     ) -> list[list[int]]:
         self._count(len(prompts))
         replies = []
         for prompt in prompts:
             text = self.llm.reply(self.tokenizer.decode(list(prompt)))
+            # The prompt ends with the reply prefix: a scripted reply written in full
+            # continues after it.
+            text = text.removeprefix(reply_prefix) if reply_prefix else text
             tokens = self.tokenizer(text, add_special_tokens=False)["input_ids"]
             # A real model cannot say more than max_new_tokens either.
             replies.append((list(tokens) + [self.eos_id])[:max_new_tokens])

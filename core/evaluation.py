@@ -55,7 +55,7 @@ def evaluate_agent(agent: Any, episodes: int, seed: int = 0, greedy: bool = True
     was_training = policy.training
     policy.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), agent.engine.greedy_memo():
             finished: list[Episode] = agent.engine.collect(
                 envs, episodes, greedy=greedy, seeds=evaluation_seeds(seed, episodes)
             )

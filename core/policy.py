@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -34,7 +35,13 @@ def _is_peft(model: nn.Module) -> bool:
 
 
 class Policy(nn.Module):
-    def __init__(self, model: nn.Module, tokenizer, device: torch.device | str | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer,
+        device: torch.device | str | None = None,
+        gradient_checkpointing: bool = False,
+    ):
         super().__init__()
         # A TRL value-head wrapper (the original LlamaGym's model) holds the LM inside.
         model = getattr(model, "pretrained_model", model)
@@ -52,6 +59,36 @@ class Policy(nn.Module):
         self._reference: nn.Module | None = None
         self.max_context = _max_context(model, tokenizer)
         self.additive_mask = _uses_additive_mask(model)
+        self.logit_softcap = getattr(model.config, "final_logit_softcapping", None)
+        #: Positions the LM head has been applied at (each costs a vocabulary-wide matmul).
+        self.head_positions = 0
+        # The LM stays in eval mode for good (see train()); gradient checkpointing is
+        # switched on per pass, on the decoder layers alone, where gradients are taken.
+        self.checkpointed_layers = (
+            _checkpointable_layers(model) if gradient_checkpointing else []
+        )
+        if self.checkpointed_layers:
+            # transformers 5 renamed gradient_checkpointing_enable (the old name warns).
+            enable = getattr(model, "activation_checkpointing_enable", None)
+            if enable is not None:
+                enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(
+                    gradient_checkpointing_kwargs={"use_reentrant": False}
+                )
+        self.model.eval()
+
+    def train(self, mode: bool = True) -> Policy:
+        """Only the value head follows ``mode``: the LM always runs as in eval mode.
+
+        Rollouts score in eval mode and the update recomputes the same log-probabilities,
+        so dropout anywhere in the LM would make the two differ before any step (PPO's
+        ratio would not start at 1). Gradient checkpointing is not tied to train mode
+        either: :meth:`_checkpointing` turns it on for the passes that take gradients.
+        """
+        self.training = mode
+        self.value_head.train(mode)
+        return self
 
     # -- parameters ----------------------------------------------------------------
     def trainable_parameters(self) -> list[nn.Parameter]:
@@ -147,39 +184,77 @@ class Policy(nn.Module):
         allowed = _block_causal_mask(prompt_mask.bool(), segment, shared)
 
         with self._reference_context(reference) as model:
+            decoder, head = _decoder_and_head(model)
             cache = None
             if shared:
                 prefix = torch.tensor([distinct[0][:shared]], device=self.device)
-                cache = model(input_ids=prefix, use_cache=True).past_key_values
-                cache.batch_repeat_interleave(len(distinct))
-            output = model(
-                input_ids=input_ids.to(self.device),
-                attention_mask=self._attention_mask(allowed.to(self.device)),
-                position_ids=position_ids.to(self.device),
-                past_key_values=cache,
-                use_cache=cache is not None,
-                output_hidden_states=not reference,
-                logits_to_keep=tail_width + 1,  # the last prompt column and the tails
+                prefix_cache = decoder(input_ids=prefix, use_cache=True).past_key_values
+                cache = _prefix_cache_class()(prefix_cache)
+            with self._checkpointing(torch.is_grad_enabled() and not reference):
+                hidden = decoder(
+                    input_ids=input_ids.to(self.device),
+                    attention_mask=self._attention_mask(allowed.to(self.device)),
+                    position_ids=position_ids.to(self.device),
+                    past_key_values=cache,
+                    use_cache=False,
+                ).last_hidden_state
+            # The LM head runs only where a log-probability is needed: token t of pair k
+            # is predicted at its prompt's last column for t = 0, and at the column of
+            # its own previous token (width + start_k + t - 1) after that.
+            where = [
+                (k, t, width - 1 if t == 0 else width + start + t - 1, token)
+                for k, (start, (_, tokens)) in enumerate(zip(starts, pairs, strict=True))
+                for t, token in enumerate(tokens)
+            ]
+            pair_of, step_of, column_of, target_of = (
+                torch.tensor(values, device=self.device) for values in zip(*where, strict=True)
             )
-        # Token t of pair k is predicted by kept column 0 (the prompt's last) for t = 0,
-        # and by kept column 1 + start_k + t - 1 (its own previous token) after that.
-        lengths = torch.tensor([len(tokens) for _, tokens in pairs])
-        keep = max(int(lengths.max()), 1)
-        columns = [
-            [0] + [start + t for t in range(1, len(tokens))]
-            for start, (_, tokens) in zip(starts, pairs, strict=True)
-        ]
-        rows_t = torch.tensor(pair_rows, device=self.device)
-        kept = output.logits[rows_t[:, None], padded(columns, keep).to(self.device)]
-        dist = kept.float().log_softmax(-1)  # [P, keep, V]: column t predicts token t
-        mask = (torch.arange(keep)[None, :] < lengths[:, None]).float().to(self.device)
-        targets = padded([tokens for _, tokens in pairs], keep, 0)
-        token_logprobs = dist.gather(-1, targets.to(self.device)[..., None]).squeeze(-1) * mask
-        token_entropy = -(dist.exp() * dist).sum(-1) * mask if entropy else None
-        state_hidden = None
-        if not reference:
-            state_hidden = output.hidden_states[-1][rows_t, width - 1]
+            rows_t = torch.tensor(pair_rows, device=self.device)
+            self.head_positions += len(where)
+            chosen, chosen_entropy = self._head_logprobs(
+                head, hidden[rows_t[pair_of], column_of], target_of, entropy
+            )
+        keep = max(len(tokens) for _, tokens in pairs)
+        shape = (len(pairs), keep)
+        at = (pair_of, step_of)
+        mask = torch.zeros(shape, device=self.device).index_put(
+            at, torch.ones((), device=self.device)
+        )
+        token_logprobs = torch.zeros(shape, device=self.device).index_put(at, chosen)
+        token_entropy = None
+        if entropy:
+            token_entropy = torch.zeros(shape, device=self.device).index_put(at, chosen_entropy)
+        state_hidden = None if reference else hidden[rows_t, width - 1]
         return token_logprobs, mask, token_entropy, state_hidden
+
+    def _head_logprobs(
+        self, head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probability of each target token (and the entropy) from the hidden state
+        that predicts it, ``HEAD_CHUNK`` positions at a time. A vocabulary-wide row costs
+        4 bytes per entry several times over (logits, log-softmax, their gradients): in
+        chunks, and recomputed in backward rather than stored, they never add up."""
+
+        def chunk_logprobs(states: torch.Tensor, wanted: torch.Tensor):
+            logits = head(states).float()
+            if self.logit_softcap:
+                logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
+            dist = logits.log_softmax(-1)
+            chosen = dist.gather(-1, wanted[:, None]).squeeze(-1)
+            spread = -(dist.exp() * dist).sum(-1) if entropy else chosen.new_zeros(())
+            return chosen, spread
+
+        from torch.utils.checkpoint import checkpoint
+
+        pieces = []
+        for start in range(0, len(targets), HEAD_CHUNK):
+            states, wanted = hidden[start : start + HEAD_CHUNK], targets[start : start + HEAD_CHUNK]
+            if torch.is_grad_enabled():
+                pieces.append(checkpoint(chunk_logprobs, states, wanted, use_reentrant=False))
+            else:
+                pieces.append(chunk_logprobs(states, wanted))
+        chosen = torch.cat([piece[0] for piece in pieces])
+        return chosen, torch.cat([piece[1] for piece in pieces]) if entropy else None
 
     def _attention_mask(self, allowed: torch.Tensor) -> torch.Tensor:
         """A boolean mask as the model's attention takes it: as is, or as an additive
@@ -190,6 +265,23 @@ class Policy(nn.Module):
         dtype = dtype if dtype.is_floating_point else torch.float32
         bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
         return bias.masked_fill(~allowed, torch.finfo(dtype).min)
+
+    @contextlib.contextmanager
+    def _checkpointing(self, active: bool) -> Iterator[None]:
+        """Gradient checkpointing for one pass: each decoder layer keeps only its input
+        and recomputes the rest during backward. transformers checkpoints a layer whose
+        own ``training`` flag is set, so the flag is set on the layers alone; attention
+        and dropout inside them stay in eval mode. The prefix cache is read-only, so a
+        layer may run twice."""
+        layers = self.checkpointed_layers if active else []
+        for layer in layers:
+            layer.training, layer._can_checkpoint_with_cache = True, True
+        try:
+            yield
+        finally:
+            for layer in layers:
+                layer.training = False
+                del layer._can_checkpoint_with_cache
 
     def _values(self, state_hidden: torch.Tensor) -> torch.Tensor:
         return self.value_head(state_hidden.float()).squeeze(-1)
@@ -262,14 +354,17 @@ class Policy(nn.Module):
         top_k: int = 0,
         greedy: bool = False,
         generator: torch.Generator | None = None,
+        reply_prefix: str = "",
     ) -> list[list[int]]:
         """Sample one reply per prompt in one batched ``generate`` (left padding).
 
         Sampling draws from ``generator`` (the caller's seeded state), so a run's replies
         repeat with its seed. The model's own sampling settings (a chat model's
         temperature or top-p) do not apply: the rollout settings are the one source.
+        A reply ends at the end-of-turn token, or where it closes the JSON object that
+        it (or ``reply_prefix``, which the prompts already end with) opened.
         """
-        from transformers import LogitsProcessorList
+        from transformers import LogitsProcessorList, StoppingCriteriaList
 
         input_ids, attention_mask = self._left_padded(prompts)
         width = input_ids.shape[1]
@@ -286,6 +381,9 @@ class Policy(nn.Module):
             logits_processor=processors,
             pad_token_id=self.pad_id,
             eos_token_id=self.eos_id,
+            stopping_criteria=StoppingCriteriaList(
+                [JsonClosed(self.tokenizer, width, reply_prefix)]
+            ),
         )
         replies = []
         for row in output[:, width:].tolist():
@@ -294,8 +392,36 @@ class Policy(nn.Module):
                 reply.append(token)
                 if token == self.eos_id:
                     break  # the end-of-turn token is part of the action: it learns to stop
-            replies.append(reply)
+            replies.append(json_closed_at(self.tokenizer, reply, reply_prefix))
         return replies
+
+
+def closes_json(text: str) -> bool:
+    """Whether ``text`` opened a JSON object and closed it (an action reply is flat)."""
+    opened = text.find("{")
+    return opened >= 0 and text.find("}", opened) >= 0
+
+
+def json_closed_at(tokenizer, reply: list[int], prefix: str) -> list[int]:
+    """``reply`` cut after the token that closes its JSON object, if one does."""
+    if not closes_json(prefix + tokenizer.decode(reply, skip_special_tokens=True)):
+        return reply
+    for end in range(1, len(reply) + 1):
+        if closes_json(prefix + tokenizer.decode(reply[:end], skip_special_tokens=True)):
+            return reply[:end]
+    return reply
+
+
+class JsonClosed:
+    """A stopping criterion: a row is done once its reply has closed its JSON object."""
+
+    def __init__(self, tokenizer, width: int, prefix: str):
+        self.tokenizer, self.width, self.prefix = tokenizer, width, prefix
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+        texts = self.tokenizer.batch_decode(input_ids[:, self.width :], skip_special_tokens=True)
+        done = [closes_json(self.prefix + text) for text in texts]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 
 def sampling_processors(
@@ -363,6 +489,58 @@ def _block_causal_mask(
     return torch.cat([prefix, allowed], dim=2)[:, None]
 
 
+def _decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """The causal LM's decoder stack (hidden states out) and its LM head, so the head
+    runs only where log-probabilities are needed. A LoRA model's adapters live inside
+    these modules, so calling them directly keeps (or, disabled, skips) the adapter."""
+    base = model.get_base_model() if _is_peft(model) else model
+    return base.get_decoder(), base.get_output_embeddings()
+
+
+def _checkpointable_layers(model: nn.Module) -> list[nn.Module]:
+    """The decoder layers transformers can checkpoint (none for other models)."""
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+    except ImportError:  # transformers before 4.52
+        return []
+    return [module for module in model.modules() if isinstance(module, GradientCheckpointingLayer)]
+
+
+def _cache_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    if hasattr(cache, "layers"):  # transformers 4.56+
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return list(zip(cache.key_cache, cache.value_cache, strict=True))
+
+
+@functools.cache
+def _prefix_cache_class() -> type:
+    from transformers import DynamicCache
+
+    class PrefixCache(DynamicCache):
+        """The shared prefix's keys and values, read by every row of a pass and never
+        extended: each layer gets the prefix followed by its own new keys. Nothing is
+        copied per row (the prefix broadcasts), and a checkpointed layer that runs again
+        in backward sees the same cache."""
+
+        def __init__(self, cache):
+            super().__init__()
+            self.prefix = _cache_layers(cache)
+            self.length = self.prefix[0][0].shape[-2]
+
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+            keys, values = self.prefix[layer_idx]
+            rows = key_states.shape[0]
+            return (
+                torch.cat([keys.expand(rows, -1, -1, -1), key_states], dim=-2),
+                torch.cat([values.expand(rows, -1, -1, -1), value_states], dim=-2),
+            )
+
+        def get_seq_length(self, layer_idx: int | None = 0) -> int:
+            return self.length
+
+    return PrefixCache
+
+
 def _uses_additive_mask(model: nn.Module) -> bool:
     """Whether the model's attention takes a custom mask as an additive bias (eager)
     rather than as booleans (SDPA, flex); other kernels take no custom mask at all."""
@@ -392,6 +570,9 @@ def padded(
         table.append(filling + row if left else row + filling)
     return torch.tensor(table, dtype=dtype).reshape(len(rows), width)
 
+
+# Positions whose vocabulary-wide log-softmax is computed at once (see _head_logprobs).
+HEAD_CHUNK = 256
 
 # Running a shared prefix is one more model call (about a millisecond for the tiny
 # model on CPU): worth it once it spares the batch at least this many token positions.

@@ -209,9 +209,19 @@ def _conversation(record: Any, where: str) -> list[dict[str, str]]:
 
 
 def demonstration_turns(
-    conversations: Sequence[list[dict[str, str]]], tokenizer: Any, max_context: int
+    conversations: Sequence[list[dict[str, str]]],
+    tokenizer: Any,
+    max_context: int,
+    reply_prefix: str = "",
 ) -> list[Turn]:
-    """Conversations as generate-mode turns: prompt tokens and target reply tokens."""
+    """Conversations as generate-mode turns: prompt tokens and target reply tokens.
+
+    With a ``reply_prefix`` (``{"action": "``) the prefix ends the prompt, as in a
+    rollout, and the target is the rest of the JSON reply: a response given as a bare
+    action (``stick``) becomes ``stick"}``, one given in full loses the prefix.
+    """
+    prefix_tokens = tokenizer(reply_prefix, add_special_tokens=False)["input_ids"]
+    closing = '"}' if reply_prefix.rstrip().endswith('"') else "}"
     turns, too_long = [], 0
     for messages in conversations:
         text = tokenizer.apply_chat_template(
@@ -219,8 +229,17 @@ def demonstration_turns(
         )
         prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
         response = messages[-1]["content"]
-        reply = tokenizer(response, add_special_tokens=False)["input_ids"]
-        reply = reply + [tokenizer.eos_token_id]  # a sampled reply ends with it too
+        if reply_prefix:
+            prompt = prompt + prefix_tokens
+            if response.startswith(reply_prefix):
+                target = response[len(reply_prefix) :]
+            else:
+                target = response + closing
+            # A sampled reply stops where the JSON object closes.
+            reply = tokenizer(target, add_special_tokens=False)["input_ids"]
+        else:
+            reply = tokenizer(response, add_special_tokens=False)["input_ids"]
+            reply = reply + [tokenizer.eos_token_id]  # a sampled reply ends with it too
         if len(prompt) + len(reply) > max_context:
             too_long += 1
             continue
@@ -277,7 +296,12 @@ class WarmStart:
         if path is None or self.demonstrations_done:
             return {}
         policy = self.algorithm.policy
-        turns = demonstration_turns(load_demonstrations(path), policy.tokenizer, policy.max_context)
+        turns = demonstration_turns(
+            load_demonstrations(path),
+            policy.tokenizer,
+            policy.max_context,
+            reply_prefix=self.algorithm.rollout.reply_prefix,
+        )
         losses = []
         for _ in range(self.config.sft_demonstration_epochs):
             order = list(range(len(turns)))
@@ -300,10 +324,16 @@ class WarmStart:
         losses = []
         # The same number of steps on every process (each has its own buffer).
         steps = distributed.agreed_min(self.config.sft_steps if turns else 0)
+        interrupted = False
         for _ in range(steps):
+            if self.algorithm.stop_requested():
+                interrupted = True  # a stop was asked for (see Algorithm.should_stop)
+                break
             size = min(self.config.sft_batch_size, len(turns))
             losses.append(self.supervised_step(self.algorithm.rng.sample(turns, size)))
         metrics = {"sft_buffer_episodes": float(len(self.buffer))}
+        if interrupted:
+            metrics["update_interrupted"] = 1.0
         if losses:
             metrics["sft_loss"] = sum(losses) / len(losses)
             metrics["sft_buffer_min_return"] = self.buffer.returns()[-1]

@@ -40,7 +40,7 @@ def test_each_layer_overrides_the_one_below(tmp_path) -> None:
     assert config.training.seed == 7
     agent_default = BlackjackAgent.defaults["training"]["episodes"]
     assert config.training.episodes == agent_default  # agent default > built-in (None)
-    assert config.rollout.max_new_tokens == RunConfig().rollout.max_new_tokens
+    assert config.rollout.top_k == RunConfig().rollout.top_k
     # The algorithm section is complete: its plugin's defaults are filled in.
     assert config.algorithm.clip_range == 0.2
     assert resolved.sources["rollout.num_envs"] == "flag"

@@ -120,3 +120,32 @@ def test_reprompt_falls_back_after_k_attempts() -> None:
     assert not final.valid and final.legal_actions[final.action_index] == "left"
     assert len(final.retries) == 2
     assert sum(t.reward for t in episode.turns) == pytest.approx(episode.env_return - 3.0)
+
+
+def test_reply_prefix_is_context_and_the_parsers_read_it_with_the_reply() -> None:
+    prefix = '{"action": "'
+    agent = tiny_agent(
+        CountingBandit, rollout={"mode": "generate", "num_envs": 1, "reply_prefix": prefix}
+    )
+    real = agent.policy
+    agent._policy = ScriptedPolicy(real.model, real.tokenizer, ['right"}'])
+    [episode] = run_episodes(agent, 1)
+    [turn] = episode.turns
+    prefix_tokens = real.tokenizer(prefix, add_special_tokens=False)["input_ids"]
+    assert turn.prompt_tokens[-len(prefix_tokens) :] == prefix_tokens  # context, not trained
+    assert turn.reply == '{"action": "right"}' and turn.valid
+    assert turn.legal_actions[turn.action_index] == "right"
+    assert real.tokenizer.decode(turn.action_tokens, skip_special_tokens=True) == 'right"}'
+
+
+def test_a_reply_ends_where_its_json_object_closes() -> None:
+    from llamagym.policy import closes_json, json_closed_at
+
+    agent = tiny_agent(rollout={"mode": "generate"})
+    tokenizer = agent.policy.tokenizer
+    reply = tokenizer('hit"} and then some more text', add_special_tokens=False)["input_ids"]
+    cut = json_closed_at(tokenizer, reply, '{"action": "')
+    assert tokenizer.decode(cut).endswith('"}') and len(cut) < len(reply)
+    assert json_closed_at(tokenizer, reply, "") == reply  # no object was opened
+    assert closes_json('{"action": "hit"}') and not closes_json('{"action": "hi')
+    assert not closes_json("} {")

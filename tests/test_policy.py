@@ -148,3 +148,119 @@ def test_generate_repeats_with_the_callers_generator() -> None:
     # A chat model's own sampling settings do not leak into the rollout's.
     model.generation_config.update(do_sample=True, temperature=0.6, top_k=5)
     assert replies(1) == first
+
+
+def _gradients(policy: Policy, prompts, replies) -> tuple[list[torch.Tensor], float]:
+    policy.zero_grad()
+    evaluation = policy.evaluate_replies(prompts, replies)
+    loss = evaluation.logprobs.sum() + evaluation.values.sum() + evaluation.entropy.sum()
+    loss.backward()
+    grads = [p.grad.clone() for p in policy.trainable_parameters() if p.grad is not None]
+    return grads, float(loss)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients_through_the_shared_prefix() -> None:
+    """Checkpointed layers run twice (forward, then again in backward); the read-only
+    prefix cache must give the same keys both times, so the gradients match exactly."""
+    model, tokenizer = load_model_and_tokenizer("tiny", lora=True)
+    system = list(range(100, 100 + MIN_SHARED_TOKENS))  # long enough to be shared
+    prompts = [system + [5, 6, 7], system + [8], system + [9, 10]]
+    replies = [[20, 21, 22], [30], [31, 32]]
+    plain = Policy(model, tokenizer)
+    expected, expected_loss = _gradients(plain, prompts, replies)
+    checkpointed = Policy(model, tokenizer, gradient_checkpointing=True)
+    assert len(checkpointed.checkpointed_layers) == model.config.num_hidden_layers
+    checkpointed.value_head.load_state_dict(plain.value_head.state_dict())
+    recomputed: list[str] = []
+    inner = checkpointed.checkpointed_layers[0].mlp  # runs inside the layer's forward
+    hook = inner.register_forward_pre_hook(lambda module, args: recomputed.append("run"))
+    try:
+        grads, loss = _gradients(checkpointed, prompts, replies)
+    finally:
+        hook.remove()
+    # The first layer ran for the prefix, the batch, and once more in backward.
+    assert len(recomputed) == 3
+    assert abs(loss - expected_loss) < 1e-5
+    assert len(grads) == len(expected) > 0
+    for got, want in zip(grads, expected, strict=True):
+        assert torch.allclose(got, want, atol=1e-6)
+    # Without gradients (rollouts), nothing is recomputed and the layers stay in eval.
+    with torch.no_grad():
+        checkpointed.evaluate_replies(prompts, replies)
+    assert not any(layer.training for layer in checkpointed.checkpointed_layers)
+
+
+def test_policy_train_mode_leaves_the_language_model_in_eval_mode() -> None:
+    model, tokenizer = load_model_and_tokenizer("tiny")
+    policy = Policy(model, tokenizer).train()
+    assert policy.training and policy.value_head.training
+    assert not any(module.training for module in policy.model.modules())
+
+
+def test_the_lm_head_runs_only_at_the_scored_positions() -> None:
+    model, tokenizer = load_model_and_tokenizer("tiny")
+    policy = Policy(model, tokenizer)
+    prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
+    with torch.no_grad():
+        policy.score(prompts, [[[20], [21, 22, 23]], [[20], [21, 22, 23]], [[24]]])
+    assert policy.head_positions == 1 + 3 + 1 + 3 + 1
+    with torch.no_grad():
+        policy.evaluate_replies(prompts, [[30, 31], [32], [33, 34, 35, 36]])
+    assert policy.head_positions == 9 + 2 + 1 + 4
+
+
+@pytest.mark.parametrize("mode", ["score", "generate"])
+def test_a_4bit_model_evaluates_trains_and_scores_again(mode: str) -> None:
+    """Evaluation switches the policy to eval mode and back; the quantized model (and
+    gradient checkpointing, on for LoRA in generate mode) must keep working after."""
+    pytest.importorskip("bitsandbytes")
+    from llamagym_blackjack.agent import BlackjackAgent
+
+    from llamagym.evaluation import evaluate_agent
+
+    agent = BlackjackAgent(
+        config={
+            "model": {"quantize": "4bit"},
+            "rollout": {"mode": mode, "num_envs": 8},
+            "algorithm": {"episodes_per_update": 16, "minibatch_size": 16, "epochs": 1},
+        }
+    )
+    assert agent.policy.uses_adapter
+    assert bool(agent.policy.checkpointed_layers) == (mode == "generate")
+    evaluate_agent(agent, 16)
+    envs = [agent.make_env() for _ in range(8)]
+    batch = agent.engine.collect(envs, 16)
+    trainable = dict(agent.policy.named_parameters())
+    before = {n: p.detach().clone() for n, p in trainable.items() if p.requires_grad}
+    agent.algorithm.update(batch)
+    changed = {n for n, value in before.items() if not torch.equal(trainable[n], value)}
+    assert changed and all("lora_" in n or "value_head" in n for n in changed)
+    evaluate_agent(agent, 16)
+    assert len(agent.engine.collect(envs, 16)) == 16
+
+
+def test_a_model_object_given_to_the_classic_api_follows_the_lora_rule() -> None:
+    """Above 50M parameters a given model gets an adapter (and the pretrained-model
+    defaults), as one loaded by name would; model.lora=false trains it whole."""
+    from llamagym_blackjack.agent import BlackjackAgent
+
+    from llamagym import models
+
+    model, tokenizer = load_model_and_tokenizer("tiny")
+    agent = BlackjackAgent(model, tokenizer)
+    assert not agent.policy.uses_adapter  # 0.23M parameters: trained whole
+    assert agent.config.algorithm.lr == BlackjackAgent.defaults["algorithm"]["lr"]
+
+    original = models.LORA_AUTO_THRESHOLD
+    models.LORA_AUTO_THRESHOLD = 1000  # the tiny model now counts as a large one
+    try:
+        model, tokenizer = load_model_and_tokenizer("tiny", lora=False)
+        agent = BlackjackAgent(model, tokenizer)
+        assert agent.policy.uses_adapter
+        trainable = {n for n, p in agent.policy.named_parameters() if p.requires_grad}
+        assert trainable and all("lora_" in n or "value_head" in n for n in trainable)
+        assert agent.config.algorithm.lr == 1e-4  # the pretrained-model default
+        whole = BlackjackAgent(model, tokenizer, config={"model": {"lora": False}})
+        assert not whole.policy.uses_adapter
+    finally:
+        models.LORA_AUTO_THRESHOLD = original

@@ -27,9 +27,12 @@ def test_each_decision_of_the_baseline_becomes_a_demonstration(tmp_path, cli) ->
     conversations = load_demonstrations(path)  # the file the warm-start reads
     assert len(conversations) >= 50  # at least one decision per episode
     assert f"{len(conversations)} demonstrations from 50 episodes" in out
+    # Recorded as the model sees it in generate mode, where the reply format is asked for.
+    prompt = BlackjackAgent(config={"rollout": {"mode": "generate"}}).get_system_prompt()
+    assert '{"action": "hit"}' in prompt
     for messages in conversations:
         system, user, reply = messages  # Blackjack keeps no history
-        assert system == {"role": "system", "content": "Play blackjack: stick or hit."}
+        assert system == {"role": "system", "content": prompt}
         assert reply["role"] == "assistant"
         # The reply is what the baseline plays in the state the user message shows.
         assert reply["content"] == basic_strategy(state_of(user["content"]), {}, [], None)

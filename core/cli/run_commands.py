@@ -32,7 +32,12 @@ def config_layers(
     ``base`` (a resumed checkpoint's config) replaces the agent's defaults: a resumed
     run continues with the settings it was trained with unless told otherwise.
     """
-    from llamagym.config import defaults_for_algorithm, parse_assignment, read_config_file
+    from llamagym.config import (
+        defaults_for_algorithm,
+        defaults_for_model,
+        parse_assignment,
+        read_config_file,
+    )
 
     later: list[tuple[str, dict[str, Any]]] = []
     if config_file is not None:
@@ -48,8 +53,11 @@ def config_layers(
     if base is not None:
         layers.append(("checkpoint", base))
     else:
-        defaults = defaults_for_algorithm(agent_class.defaults, [layer for _, layer in later])
-        layers.append(("agent defaults", defaults))
+        chosen = [layer for _, layer in later]
+        layers.append(("agent defaults", defaults_for_algorithm(agent_class.defaults, chosen)))
+        model_defaults = defaults_for_model(agent_class, chosen)
+        if model_defaults:
+            layers.append(("pretrained-model defaults", model_defaults))
     return layers + later
 
 

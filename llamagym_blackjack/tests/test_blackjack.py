@@ -128,3 +128,22 @@ def test_exact_values_of_the_baselines() -> None:
     # The exact value agrees with simulation within its 95% interval.
     simulated = evaluate_baseline(BlackjackAgent(), "always-stick", 20_000, seed=3)
     assert abs(value(lambda *_: "stick") - simulated.mean) < simulated.ci95
+
+
+@pytest.mark.parametrize("mode", ["score", "generate"])
+def test_greedy_evaluation_reuses_decisions_and_plays_the_same_episodes(mode: str) -> None:
+    """An evaluation decides each distinct prompt once; the episodes are those the
+    engine plays deciding every turn afresh."""
+    from llamagym.evaluation import evaluate_agent, evaluation_seeds
+
+    agent = BlackjackAgent(config={"rollout": {"mode": mode, "num_envs": 16}})
+    policy = agent.policy
+    result = evaluate_agent(agent, 300, seed=3)
+    memo_positions = policy.head_positions
+    envs = [agent.make_env() for _ in range(16)]
+    with torch.no_grad():
+        fresh = agent.engine.collect(envs, 300, greedy=True, seeds=evaluation_seeds(3, 300))
+    returns = [e.env_return for e in fresh]
+    assert result.episodes == len(returns) == 300
+    assert result.mean == pytest.approx(sum(returns) / len(returns), abs=1e-12)
+    assert policy.head_positions - memo_positions > 2 * memo_positions  # far fewer lookups

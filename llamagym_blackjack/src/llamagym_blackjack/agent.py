@@ -55,7 +55,15 @@ class BlackjackAgent(Agent):
         "basic-strategy": basic_strategy,
     }
     defaults = {
-        "rollout": {"mode": "score", "num_envs": 64, "history_turns": 0},
+        # Generate mode: the reply starts as JSON, so even an untrained instruct model
+        # answers in the format; it stops where the object closes (a few tokens).
+        "rollout": {
+            "mode": "score",
+            "num_envs": 64,
+            "history_turns": 0,
+            "reply_prefix": '{"action": "',
+            "max_new_tokens": 8,
+        },
         # Tuned for the tiny model by the exact greedy value (llamagym_blackjack.exact):
         # four epochs of minibatches of 128 turns on batches of 512 episodes, with the
         # learning rate annealed, beat fewer epochs or smaller batches per episode seen.
@@ -71,6 +79,12 @@ class BlackjackAgent(Agent):
     }
 
     def get_system_prompt(self) -> str:
+        if self.config.rollout.mode == "generate":
+            return (
+                'Play blackjack. Reply with JSON only: {"action": "stick"} to stop taking '
+                'cards, or {"action": "hit"} to take another card.'
+            )
+        # Score mode puts each action name right after the prompt.
         return "Play blackjack: stick or hit."
 
     def format_observation(self, observation: Any) -> str:

@@ -79,7 +79,8 @@ class CartPoleAgent(Agent):
     # 3 seeds and gave a lower mean greedy length (see this plugin's README).
     defaults = {
         "rollout": {"mode": "score", "num_envs": 8, "history_turns": 0,
-                    "final_temperature": 0.3},
+                    "final_temperature": 0.3, "reply_prefix": '{"action": "',
+                    "max_new_tokens": 8},
         "algorithm": {
             "name": "ppo",
             "lr": 1e-3,
@@ -105,6 +106,11 @@ class CartPoleAgent(Agent):
             raise ConfigError(format_validation_error(error, prefix="agent.")) from None
 
     def get_system_prompt(self) -> str:
+        if self.config.rollout.mode == "generate":
+            return (
+                'Keep the pole upright. Reply with JSON only: {"action": "LEFT"} to push '
+                'the cart left, or {"action": "RIGHT"} to push it right.'
+            )
         return "Keep the pole upright. Answer LEFT or RIGHT."
 
     def format_observation(self, observation: Any) -> str:

@@ -133,7 +133,8 @@ class TextWorldAgent(Agent):
     # prompt length of two. Score-mode prompts are long (hundreds of tokens, one row per
     # command): minibatches of 32 turns keep a training step's memory to a few GB.
     defaults = {
-        "rollout": {"mode": "score", "num_envs": 8, "history_turns": 1},
+        "rollout": {"mode": "score", "num_envs": 8, "history_turns": 1,
+                    "reply_prefix": '{"command": "', "max_new_tokens": 16},
         "algorithm": {
             "name": "ppo",
             "lr": 1e-3,

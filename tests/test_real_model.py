@@ -1,0 +1,61 @@
+"""PPO on the real SmolLM2-135M-Instruct through its LoRA adapter, in both action modes:
+one update changes the adapter and the value head and nothing else, the pretrained-model
+defaults apply, the LM head runs only where log-probabilities are needed, and generate
+mode answers in the reply format from the first try."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.real_model
+
+
+def smollm2_agent(smollm2_dir: Path, mode: str):
+    from llamagym_blackjack.agent import BlackjackAgent
+
+    return BlackjackAgent(
+        config={
+            "model": {"name": str(smollm2_dir)},
+            "rollout": {"mode": mode, "num_envs": 4},
+            "algorithm": {"episodes_per_update": 4, "minibatch_size": 8, "epochs": 1},
+            "training": {"threads": 2},
+        }
+    )
+
+
+@pytest.mark.parametrize("mode", ["score", "generate"])
+def test_one_ppo_update_on_smollm2_changes_only_the_adapter_and_the_value_head(
+    smollm2_dir: Path, mode: str
+) -> None:
+    agent = smollm2_agent(smollm2_dir, mode)
+    policy = agent.policy
+    assert policy.uses_adapter
+    assert agent.config.algorithm.lr == 1e-4 and agent.config.algorithm.target_kl == 0.02
+    # Gradient checkpointing is on where replies make the rows long.
+    assert bool(policy.checkpointed_layers) == (mode == "generate")
+    before = {name: p.detach().clone() for name, p in policy.named_parameters()}
+    envs = [agent.make_env() for _ in range(4)]
+    batch = agent.engine.collect(envs, 4)
+    turns = [turn for episode in batch for turn in episode.turns]
+    if mode == "generate":
+        # The reply prefix and the format in the system prompt: greedy or not, the
+        # untrained model's replies are JSON that stops where the object closes.
+        assert all(turn.reply.startswith('{"action": "') for turn in turns)
+        assert all(len(turn.action_tokens) <= 8 for turn in turns)
+    positions = policy.head_positions
+    metrics = agent.algorithm.update(batch)
+    assert metrics["approx_kl"] < 0.1  # a small, sane first step
+    # The LM head ran once per action token (score: one per candidate, both candidates
+    # of each turn are single tokens; generate: each reply token), nothing more.
+    if mode == "score":
+        expected = sum(len(candidate) for turn in turns for candidate in turn.candidates)
+    else:
+        expected = sum(len(turn.action_tokens) for turn in turns)
+    assert policy.head_positions - positions == expected
+    after = dict(policy.named_parameters())
+    changed = {name for name, value in before.items() if not torch.equal(after[name], value)}
+    assert any("lora_" in name for name in changed) and "value_head.weight" in changed
+    assert all("lora_" in name or name.startswith("value_head") for name in changed)
