@@ -4,6 +4,7 @@
     python benchmarks/real_model.py blackjack --mode generate --seeds 0 1 2 --minutes 30
     python benchmarks/real_model.py memory     # peak RSS of one PPO update, both modes
     python benchmarks/real_model.py speed      # env steps/s, s/update, rollout vs bare forward
+    python benchmarks/real_model.py formats    # zero-shot invalid replies of every env plugin
     python benchmarks/real_model.py blackjack --quick   # a smoke run (1 seed, 1 min)
 
 ``--model`` is ``smollm2-135m`` by default (fetched once from the Hub or, offline, from
@@ -108,11 +109,13 @@ def final_exact(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def memory(spec: dict[str, Any]) -> dict[str, Any]:
-    agent = _agent(spec["model"], spec["mode"], {
+    from llamagym.config import deep_merge
+
+    agent = _agent(spec["model"], spec["mode"], deep_merge({
         "rollout": {"num_envs": 16},
         "algorithm": {"episodes_per_update": 32, "minibatch_size": 32, "epochs": 1},
         "model": {"gradient_checkpointing": spec.get("gradient_checkpointing")},
-    })
+    }, spec.get("overrides", {})))
     agent.policy  # noqa: B018 - loads the model
     loaded = peak_rss_mb()
     envs = [agent.make_env() for _ in range(16)]
@@ -122,6 +125,7 @@ def memory(spec: dict[str, Any]) -> dict[str, Any]:
     agent.algorithm.update(batch)
     return {
         "mode": spec["mode"],
+        "overrides": spec.get("overrides", {}),
         "gradient_checkpointing": bool(agent.policy.checkpointed_layers),
         "turns": sum(len(e.turns) for e in batch),
         "update_seconds": time.perf_counter() - started,
@@ -179,8 +183,42 @@ def speed(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def reply_format(spec: dict[str, Any]) -> dict[str, Any]:
+    """Zero-shot replies of one env plugin's agent in generate mode: the share without a
+    legal action, greedy and sampled, over the first ``turns`` decisions."""
+    import torch
+
+    from llamagym.plugin_manager import get_plugins
+
+    agent_class = get_plugins().get("agent", spec["agent"]).load()
+    config = {"model": {"name": spec["model"]}, "rollout": {"mode": "generate", "num_envs": 8},
+              "output": {"dir": None}, **spec.get("overrides", {})}
+    agent = agent_class(config=config)
+    engine = agent.engine
+    result: dict[str, Any] = {"agent": spec["agent"],
+                              "reply_prefix": agent.config.rollout.reply_prefix,
+                              "system_prompt": agent.plugins.system_prompt(agent)}
+    for greedy in (True, False):
+        envs = [agent.make_env() for _ in range(8)]
+        start = engine.stats.env_steps
+        with torch.no_grad():
+            episodes = engine.collect(
+                envs, 64, greedy=greedy,
+                should_stop=lambda start=start: engine.stats.env_steps - start >= spec["turns"],
+            )
+        turns = [turn for episode in episodes for turn in episode.turns]
+        key = "greedy" if greedy else "sampled"
+        result[f"turns_{key}"] = len(turns)
+        result[f"invalid_{key}"] = sum(not t.valid for t in turns) / max(1, len(turns))
+        result[f"transcript_{key}"] = [
+            {"observation": t.user_text[-300:], "reply": t.reply, "valid": t.valid}
+            for t in turns[:4]
+        ]
+    return result
+
+
 WORKERS = {"zero_shot": zero_shot, "final_exact": final_exact, "memory": memory,
-           "speed": speed}
+           "speed": speed, "reply_format": reply_format}
 
 
 def run_worker(spec: dict[str, Any], threads: int) -> dict[str, Any]:
@@ -253,11 +291,21 @@ def blackjack(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+# Replies as long as before the reply prefix and the JSON stop (24 tokens, no prefix).
+LONG_REPLIES = {"rollout": {"max_new_tokens": 24, "reply_prefix": ""}}
+# Measured with the same settings at commit ed38954, before the LM head ran only at the
+# scored tokens and before gradient checkpointing took effect (24-token replies).
+BEFORE_MB = {"score": 2357, "generate": 6217}
+
+
 def memory_part(args: argparse.Namespace) -> dict[str, Any]:
     rows = [run_worker({"work": "memory", "model": args.model, "mode": mode,
-                        "gradient_checkpointing": checkpointing}, args.threads)
-            for mode in ("score", "generate") for checkpointing in (None, False)]
-    return {"model": args.model, "rows": rows,
+                        "gradient_checkpointing": checkpointing, "overrides": overrides},
+                       args.threads)
+            for mode, checkpointing, overrides in (
+                ("score", None, {}), ("generate", None, {}),
+                ("generate", None, LONG_REPLIES), ("generate", False, LONG_REPLIES))]
+    return {"model": args.model, "rows": rows, "before_mb": BEFORE_MB,
             "target_generate_mb": TARGETS["memory_generate_mb"]}
 
 
@@ -265,6 +313,14 @@ def speed_part(args: argparse.Namespace) -> dict[str, Any]:
     rows = [run_worker({"work": "speed", "model": args.model, "envs": envs,
                         "episodes": 2 * envs}, args.threads) for envs in (16, 64)]
     return {"model": args.model, "rows": rows, "target_fraction": TARGETS["speed_fraction"]}
+
+
+def formats_part(args: argparse.Namespace) -> dict[str, Any]:
+    agents = {"blackjack": {}, "cartpole": {}, "textworld": {"agent": {"games": 4}}}
+    rows = [run_worker({"work": "reply_format", "model": args.model, "agent": name,
+                        "overrides": overrides, "turns": 64}, args.threads)
+            for name, overrides in agents.items()]
+    return {"model": args.model, "rows": rows}
 
 
 def main() -> None:
@@ -277,7 +333,7 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("part", choices=("blackjack", "memory", "speed"))
+    parser.add_argument("part", choices=("blackjack", "memory", "speed", "formats"))
     parser.add_argument("--model", default=MODEL)
     parser.add_argument("--mode", choices=("score", "generate"), default="score")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -297,6 +353,8 @@ def main() -> None:
         data, name = blackjack(args), f"smollm2-blackjack-{args.mode}"
     elif args.part == "memory":
         data, name = memory_part(args), "smollm2-memory"
+    elif args.part == "formats":
+        data, name = formats_part(args), "smollm2-formats"
     else:
         data, name = speed_part(args), "smollm2-speed"
     path = write_script_result(name, args.quick, args.output, data)

@@ -183,3 +183,24 @@ def test_agent_algorithm_defaults_apply_only_to_their_algorithm() -> None:
     assert defaults_for_algorithm(defaults, [{"algorithm": {"name": "ppo"}}]) == defaults
     other = defaults_for_algorithm(defaults, [{"algorithm": {"name": "grpo"}}, {"training": {}}])
     assert other == {"rollout": {"num_envs": 8}}
+
+
+def test_a_pretrained_model_gets_the_pretrained_defaults_above_the_agents() -> None:
+    """The agents' defaults are tuned for `tiny` (random weights, trained whole); any
+    other model trains through LoRA and gets gentler settings, which a file, --set or a
+    flag still override."""
+    from llamagym.config import PRETRAINED_MODEL_DEFAULTS
+
+    _, tiny = resolve_run_config("blackjack", None, [], {})
+    assert tiny.config.algorithm.lr == 1e-3 and tiny.sources["algorithm.lr"] == "agent defaults"
+    _, real = resolve_run_config("blackjack", None, [], {"model.name": "smollm2-135m"})
+    expected = PRETRAINED_MODEL_DEFAULTS["algorithm"]
+    assert real.config.algorithm.lr == expected["lr"]
+    assert real.config.algorithm.target_kl == expected["target_kl"]
+    assert real.sources["algorithm.episodes_per_update"] == "pretrained-model defaults"
+    assert real.config.rollout.mode == "score"  # the agent's own choices stay
+    _, chosen = resolve_run_config(
+        "blackjack", None, ["algorithm.lr=0.0005", "model.name=some/model"], {}
+    )
+    assert chosen.config.algorithm.lr == 5e-4 and chosen.sources["algorithm.lr"] == "--set"
+    assert chosen.config.algorithm.epochs == expected["epochs"]

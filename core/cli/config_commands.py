@@ -30,7 +30,8 @@ def show_command(
     agent_class(config=resolved.config)  # the agent's own option checks, if it has any
     header = [
         f"Configuration of `llamagym run {agent}`.",
-        "Precedence: built-in defaults < agent defaults < --config file < --set < flags;",
+        "Precedence: built-in defaults < agent defaults < pretrained-model defaults (any",
+        "model but tiny) < --config file < --set < flags;",
         "'# from ...' marks a value set above the built-in defaults.",
         "",
     ]
