@@ -248,9 +248,10 @@ def defaults_for_model(
 ) -> dict[str, Any]:
     """The defaults layer for a pretrained model (anything but `tiny`), which goes above
     the agent's defaults: :data:`PRETRAINED_MODEL_DEFAULTS` with the agent's own
-    ``pretrained_defaults`` over them. ``model`` is a model object given directly (the
-    classic API), which counts as pretrained where it trains through LoRA (it carries
-    an adapter, or gets one by the loader's rule); otherwise the layers name the model."""
+    ``pretrained_defaults[mode]`` (for the run's action mode) over them. ``model`` is a
+    model object given directly (the classic API), which counts as pretrained where it
+    trains through LoRA (it carries an adapter, or gets one by the loader's rule);
+    otherwise the layers name the model."""
     if model is None or isinstance(model, str):
         name = model or chosen_value(later_layers, "model", "name") or ModelSettings().name
         if str(name).strip().lower() == "tiny":
@@ -261,7 +262,11 @@ def defaults_for_model(
         model = getattr(model, "pretrained_model", model)
         if not (hasattr(model, "peft_config") or uses_lora_by_default(model)):
             return {}
-    return deep_merge(PRETRAINED_MODEL_DEFAULTS, getattr(agent_class, "pretrained_defaults", {}))
+    # An agent's own pretrained defaults are given per action mode.
+    layers = [getattr(agent_class, "defaults", {}), *later_layers]
+    mode = chosen_value(layers, "rollout", "mode") or RolloutSettings().mode
+    own = getattr(agent_class, "pretrained_defaults", {}).get(mode, {})
+    return deep_merge(PRETRAINED_MODEL_DEFAULTS, own)
 
 
 def parse_assignment(assignment: str) -> dict[str, Any]:

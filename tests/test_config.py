@@ -199,6 +199,13 @@ def test_a_pretrained_model_gets_the_pretrained_defaults_above_the_agents() -> N
     assert real.config.algorithm.target_kl == expected["target_kl"]
     assert real.sources["algorithm.episodes_per_update"] == "pretrained-model defaults"
     assert real.config.rollout.mode == "score"  # the agent's own choices stay
+    # ...and its own pretrained defaults for the mode win over the generic ones.
+    assert real.config.algorithm.entropy_coef == 0.1
+    assert real.sources["algorithm.entropy_coef"] == "pretrained-model defaults"
+    _, generate = resolve_run_config(
+        "blackjack", None, [], {"model.name": "smollm2-135m", "rollout.mode": "generate"}
+    )
+    assert generate.config.algorithm.entropy_coef == 0.01  # the agent's default
     _, chosen = resolve_run_config(
         "blackjack", None, ["algorithm.lr=0.0005", "model.name=some/model"], {}
     )
