@@ -324,9 +324,13 @@ def speed_part(args: argparse.Namespace) -> dict[str, Any]:
 
 def formats_part(args: argparse.Namespace) -> dict[str, Any]:
     agents = {"blackjack": {}, "cartpole": {}, "textworld": {"agent": {"games": 4}}}
-    rows = [run_worker({"work": "reply_format", "model": args.model, "agent": name,
-                        "overrides": overrides, "turns": 64}, args.threads)
-            for name, overrides in agents.items()]
+    rows = []
+    for name, overrides in agents.items():
+        try:
+            rows.append(run_worker({"work": "reply_format", "model": args.model, "agent": name,
+                                    "overrides": overrides, "turns": 64}, args.threads))
+        except RuntimeError as error:  # one plugin failing leaves the others' rows
+            rows.append({"agent": name, "error": str(error).strip().splitlines()[-1]})
     return {"model": args.model, "rows": rows}
 
 
