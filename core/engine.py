@@ -117,9 +117,7 @@ class RolloutEngine:
         ]
         ids = self.prompt_tokens(conversations)
         budget = self.policy.max_context - (
-            self.settings.max_new_tokens + len(self.reply_prefix_tokens)
-            if self.settings.mode == "generate"
-            else 16
+            self.reply_room if self.settings.mode == "generate" else 16
         )
         for row, prompt in enumerate(ids):
             # Never cut the system prompt or the current observation: drop old turns.
@@ -165,6 +163,11 @@ class RolloutEngine:
             )
         return self._reply_prefix_tokens
 
+    @property
+    def reply_room(self) -> int:
+        """Context positions a generate-mode reply needs after the prompt."""
+        return len(self.reply_prefix_tokens) + self.settings.max_new_tokens
+
     def candidate_tokens(self, name: str) -> list[int]:
         tokens = self._candidate_cache.get(name)
         if tokens is None:
@@ -186,7 +189,9 @@ class RolloutEngine:
                     f"{slots[row].observation!r}"
                 )
         started = time.perf_counter()
-        memo = self._greedy_memo if greedy else None
+        # A random fallback for an unparsable reply must stay random: no memo then.
+        random_fallback = self.settings.invalid_action.policy == "random"
+        memo = self._greedy_memo if greedy and not random_fallback else None
         keys = [(tuple(p), tuple(actions)) for p, actions in zip(prompts, legal, strict=True)]
         new = [row for row, key in enumerate(keys) if memo is None or key not in memo]
         fresh: list[Turn] = []
@@ -315,8 +320,7 @@ class RolloutEngine:
                     {"role": "user", "content": failed.feedback},
                 ]
                 prompts += self.prompt_tokens([conversations[row]])
-            room = self.settings.max_new_tokens + len(self.reply_prefix_tokens)
-            if max(map(len, prompts)) > self.policy.max_context - room:
+            if max(map(len, prompts)) > self.policy.max_context - self.reply_room:
                 return  # no room left to ask again: the fallback applies
             legal = [turns[row].legal_actions for row in pending]
             retried = self._decide_by_generation(prompts, legal, greedy)
