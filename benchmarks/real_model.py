@@ -45,6 +45,7 @@ if __package__ in (None, ""):  # run as a file: make the `benchmarks` package im
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import (  # noqa: E402
+    REPO_ROOT,
     emit_result,
     parse_result,
     peak_rss_mb,
@@ -223,9 +224,12 @@ WORKERS = {"zero_shot": zero_shot, "final_exact": final_exact, "memory": memory,
 
 
 def run_worker(spec: dict[str, Any], threads: int) -> dict[str, Any]:
-    command = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
+    # As a module from the repository root: run as a file, this script's folder would
+    # come first on sys.path, and its neighbour textworld.py would shadow the package.
+    command = [sys.executable, "-m", "benchmarks.real_model", "--worker", json.dumps(spec)]
     env = {**worker_environment(threads), **spec.get("env", {})}
-    completed = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    completed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                               check=False)
     result = parse_result(completed.stdout)
     if completed.returncode != 0 or result is None:
         raise RuntimeError(f"worker {spec['work']} failed:\n{completed.stderr[-3000:]}")
