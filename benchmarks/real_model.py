@@ -330,6 +330,8 @@ def formats_part(args: argparse.Namespace) -> dict[str, Any]:
     agents = {"blackjack": {}, "cartpole": {}, "textworld": {"agent": {"games": 4}}}
     rows = []
     for name, overrides in agents.items():
+        if args.agents and name not in args.agents:
+            continue
         try:
             rows.append(run_worker({"work": "reply_format", "model": args.model, "agent": name,
                                     "overrides": overrides, "turns": 64}, args.threads))
@@ -359,6 +361,7 @@ def main() -> None:
     parser.add_argument("--set", dest="extra", action="append", default=[],
                         help="KEY=VALUE passed to every run (recorded in the result).")
     parser.add_argument("--keep-runs", type=Path, help="Keep run directories here.")
+    parser.add_argument("--agents", nargs="+", help="formats: only these env plugins' agents.")
     parser.add_argument("--quick", action="store_true", help="1 seed, 1 minute, 200 episodes.")
     parser.add_argument("--output", type=Path, help="Where the JSON goes (default: results/).")
     args = parser.parse_args()
