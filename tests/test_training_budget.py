@@ -107,12 +107,12 @@ class FakeClock:
         return time.perf_counter() + self.offset
 
 
-class DeadlineDuring:
-    """Pushes the clock past any budget after the ``episode``-th episode that finishes
-    while update ``update`` collects."""
+class AtEpisode:
+    """Calls ``action`` when the ``episode``-th episode that finishes while update
+    ``update`` collects has ended."""
 
-    def __init__(self, clock: FakeClock, update: int, episode: int):
-        self.clock, self.update, self.episode = clock, update, episode
+    def __init__(self, update: int, episode: int, action):
+        self.update, self.episode, self.action = update, episode, action
         self.updates_done = self.episodes_seen = 0
 
     @hookimpl
@@ -124,7 +124,7 @@ class DeadlineDuring:
         if self.updates_done == self.update - 1:
             self.episodes_seen += 1
             if self.episodes_seen == self.episode:
-                self.clock.offset = 1e9
+                self.action()
 
 
 def test_run_stopped_by_the_deadline_mid_collection_resumes_like_the_unbroken_run(
@@ -138,7 +138,7 @@ def test_run_stopped_by_the_deadline_mid_collection_resumes_like_the_unbroken_ru
     # The same run, whose time budget runs out after 3 episodes of update 3's batch.
     clock = FakeClock()
     monkeypatch.setattr(training, "time", clock)
-    with temporary_plugin(DeadlineDuring(clock, update=3, episode=3), "deadline"):
+    with temporary_plugin(AtEpisode(3, 3, lambda: setattr(clock, "offset", 1e9)), "deadline"):
         code, out, err = cli("run", "blackjack", *budget, *FAST, "-o", broken)
     assert code == 0, out + err
     assert "trained 16 episodes" in out and "2 updates" in out
@@ -264,23 +264,6 @@ def test_collect_stops_when_asked_and_returns_the_finished_episodes() -> None:
     assert np.isfinite([episode.env_return for episode in batch]).all()
 
 
-class SignalDuringCollection:
-    """Sends SIGINT when the ``episode``-th episode of update ``update`` finishes."""
-
-    def __init__(self, update: int, episode: int):
-        self.update, self.episode = update, episode
-        self.updates_done = self.episodes_seen = 0
-
-    @hookimpl
-    def llamagym_update_end(self, agent, update, metrics):
-        self.updates_done = update
-
-    @hookimpl
-    def llamagym_episode_end(self, agent, episode):
-        if self.updates_done == self.update - 1:
-            self.episodes_seen += 1
-            if self.episodes_seen == self.episode:
-                os.kill(os.getpid(), signal.SIGINT)
 
 
 def test_signal_during_a_collection_drops_the_batch_and_skips_the_evaluation(tmp_path) -> None:
@@ -293,7 +276,7 @@ def test_signal_during_a_collection_drops_the_batch_and_skips_the_evaluation(tmp
         algorithm={"episodes_per_update": 16, "minibatch_size": 8, "epochs": 1},
         output={"dir": str(tmp_path), "quiet": True},
     )
-    with temporary_plugin(SignalDuringCollection(update=2, episode=5), "ctrl-c"):
+    with temporary_plugin(AtEpisode(2, 5, lambda: os.kill(os.getpid(), signal.SIGINT)), "ctrl-c"):
         summary = training.Trainer(agent).run()
     assert summary.interrupted == "SIGINT" and summary.evaluation is None
     assert summary.updates == 1 and summary.episodes == 16
