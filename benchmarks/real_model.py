@@ -200,15 +200,22 @@ def reply_format(spec: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {"agent": spec["agent"],
                               "reply_prefix": agent.config.rollout.reply_prefix,
                               "system_prompt": agent.plugins.system_prompt(agent)}
+    decide = engine.decide
     for greedy in (True, False):
+        # Every decision counts, those of episodes still running at the stop too (a
+        # TextWorld episode outlasts the whole sample).
+        turns: list[Any] = []
+
+        def counting(slots, greedy=False, turns=turns):
+            made = decide(slots, greedy)
+            turns.extend(made)
+            return made
+
+        engine.decide = counting
         envs = [agent.make_env() for _ in range(8)]
-        start = engine.stats.env_steps
         with torch.no_grad():
-            episodes = engine.collect(
-                envs, 64, greedy=greedy,
-                should_stop=lambda start=start: engine.stats.env_steps - start >= spec["turns"],
-            )
-        turns = [turn for episode in episodes for turn in episode.turns]
+            engine.collect(envs, 64, greedy=greedy,
+                           should_stop=lambda turns=turns: len(turns) >= spec["turns"])
         key = "greedy" if greedy else "sampled"
         result[f"turns_{key}"] = len(turns)
         result[f"invalid_{key}"] = sum(not t.valid for t in turns) / max(1, len(turns))
