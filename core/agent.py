@@ -204,15 +204,11 @@ class Agent:
         default LoRA above 50M parameters), so a pretrained model is not fully fine-tuned
         by accident; one carrying an adapter already is used as it is. A value-head
         wrapper (the original LlamaGym's) gives its LM: the policy has its own head."""
-        from llamagym.models import add_lora_adapter, uses_lora_by_default
+        from llamagym.models import add_lora_adapter, trains_through_lora
 
         settings = self.config.model
         model = getattr(model, "pretrained_model", model)
-        if hasattr(model, "peft_config"):
-            return model
-        if settings.lora is False or (
-            settings.lora is None and not uses_lora_by_default(model)
-        ):
+        if hasattr(model, "peft_config") or not trains_through_lora(model, settings.lora):
             return model
         logger.info("adding a LoRA adapter to the given model (model.lora=false: train it whole)")
         return add_lora_adapter(

@@ -257,10 +257,9 @@ def defaults_for_model(
         if str(name).strip().lower() == "tiny":
             return {}
     else:
-        from llamagym.models import uses_lora_by_default
+        from llamagym.models import trains_through_lora
 
-        model = getattr(model, "pretrained_model", model)
-        if not (hasattr(model, "peft_config") or uses_lora_by_default(model)):
+        if not trains_through_lora(model):
             return {}
     # An agent's own pretrained defaults are given per action mode.
     layers = [getattr(agent_class, "defaults", {}), *later_layers]

@@ -359,6 +359,16 @@ def _last_layers(model: Any, count: int) -> list[int]:
     return list(range(max(total - count, 0), total))
 
 
+def trains_through_lora(model: Any, lora: bool | None = None) -> bool:
+    """Whether a model object trains through a LoRA adapter: it carries one, or it gets
+    one (``lora``, else :func:`uses_lora_by_default`). A value-head wrapper (the original
+    LlamaGym's) is judged by the LM inside it."""
+    model = getattr(model, "pretrained_model", model)
+    if hasattr(model, "peft_config"):
+        return True
+    return lora if lora is not None else uses_lora_by_default(model)
+
+
 def add_lora_adapter(
     model: Any,
     name: str,
