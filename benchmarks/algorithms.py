@@ -79,8 +79,8 @@ SETUPS = (
         "ppo",
         mode="generate",
         settings=(
-            "algorithm.sft_lr=1e-3",
-            "algorithm.sft_demonstration_epochs=2",
+            "algorithm.warm_start.lr=1e-3",
+            "algorithm.warm_start.demonstration_epochs=2",
             "algorithm.kl_coef=0.2",
             "algorithm.entropy_coef=0",
             "algorithm.lr=3e-4",
@@ -164,7 +164,7 @@ def run_one(
         record = [line[0], "record", "blackjack", "--baseline", setup.demonstrations,
                   "--episodes", "200" if quick else "2000", "--seed", str(seed), "-o", str(demos)]
         subprocess.run(record, capture_output=True, text=True, check=True)
-        line += ["--set", f"algorithm.sft_demonstrations={demos}"]
+        line += ["--set", f"algorithm.warm_start.demonstrations={demos}"]
     completed = subprocess.run(line, capture_output=True, text=True)
     wall = time.perf_counter() - started
     if completed.returncode != 0:

@@ -71,9 +71,8 @@ def greedy_curve(run_dir: Path, updates: list[dict[str, Any]], episodes: int,
     import torch
 
     from llamagym import checkpoint as checkpoints
-    from llamagym.config import build_config
+    from llamagym import load_agent
     from llamagym.evaluation import evaluate_agent
-    from llamagym.plugin_manager import get_plugins
 
     torch.set_num_threads(1)
     seconds_at = {int(r["update"]): float(r["seconds"]) for r in updates}
@@ -81,13 +80,11 @@ def greedy_curve(run_dir: Path, updates: list[dict[str, Any]], episodes: int,
     if len(found) > max_points:
         step = (len(found) - 1) / (max_points - 1)
         found = [found[round(k * step)] for k in range(max_points)]
-    agent_class = get_plugins().get("agent", "cartpole").load()
     curve = []
     for directory in found:
         meta = checkpoints.read_meta(directory)
         update = int(meta.get("update", 0))
-        agent = agent_class(config=build_config(meta["config"], {"output": {"dir": None}}))
-        checkpoints.load_checkpoint(agent.policy, directory)
+        agent = load_agent(directory, agent="cartpole")
         # Seed 7: other episodes than the final evaluation (seed = the run's seed).
         result = evaluate_agent(agent, episodes, seed=7, greedy=True)
         curve.append({

@@ -185,20 +185,17 @@ def work(spec: dict[str, Any]) -> dict[str, Any]:
     """Evaluate checkpoints greedily: the exact value (Blackjack's exact module) and,
     where asked, a run on the evaluation seeds (what `llamagym eval` does)."""
     from llamagym import checkpoint as checkpoints
-    from llamagym.config import build_config
+    from llamagym import load_agent
     from llamagym.evaluation import evaluate_agent
-    from llamagym.plugin_manager import get_plugins
 
     results = []
     agent = None
     for item in spec["items"]:
         path = Path(item["checkpoint"])
         if agent is None:
-            meta = checkpoints.read_meta(path)
-            agent_class = get_plugins().get("agent", meta["agent"]).load()
-            overrides = {"training": {"seed": spec["seed"]}, "output": {"dir": None}}
-            agent = agent_class(config=build_config(meta["config"], overrides))
-        checkpoints.load_checkpoint(agent.policy, path)
+            agent = load_agent(path, overrides={"training": {"seed": spec["seed"]}})
+        else:
+            checkpoints.load_checkpoint(agent.policy, path)
         sampled = None
         if item["episodes"]:
             sampled = evaluate_agent(agent, item["episodes"], seed=spec["seed"]).as_dict()

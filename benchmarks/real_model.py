@@ -91,14 +91,9 @@ def zero_shot(spec: dict[str, Any]) -> dict[str, Any]:
 
 def final_exact(spec: dict[str, Any]) -> dict[str, Any]:
     """The exact greedy value of a run's final checkpoint, and a few greedy replies."""
-    from llamagym_blackjack.agent import BlackjackAgent
+    from llamagym import load_agent
 
-    from llamagym import checkpoint as checkpoints
-    from llamagym.config import build_config
-
-    meta = checkpoints.read_meta(Path(spec["checkpoint"]))
-    agent = BlackjackAgent(config=build_config(meta["config"], {"output": {"dir": None}}))
-    checkpoints.load_checkpoint(agent.policy, Path(spec["checkpoint"]))
+    agent = load_agent(spec["checkpoint"], agent="blackjack")
     slots = [agent.engine.new_slot(state, {}, None, None) for state in [(8, 10, False),
              (12, 6, False), (16, 10, False), (20, 7, False), (15, 1, True)]]
     turns = agent.engine.decide(slots, greedy=True)

@@ -75,16 +75,9 @@ def train_command(seed: int, minutes: float, output: Path, settings: dict[str, A
 
 
 def load_trained_agent(run_dir: Path) -> Any:
-    from llamagym_textworld.agent import TextWorldAgent
+    from llamagym import load_agent
 
-    from llamagym import checkpoint as checkpoints
-    from llamagym.config import build_config
-
-    directory = checkpoints.find_checkpoint(run_dir)
-    meta = checkpoints.read_meta(directory)
-    agent = TextWorldAgent(config=build_config(meta["config"], {"output": {"dir": None}}))
-    checkpoints.load_checkpoint(agent.policy, directory)
-    return agent
+    return load_agent(run_dir, agent="textworld")
 
 
 def play_agent(agent: Any, game_files: list[Path]) -> list[dict[str, Any]]:

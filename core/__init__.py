@@ -23,6 +23,9 @@ _LAZY = {
     "Turn": "llamagym.trajectory",
     "Policy": "llamagym.policy",
     "load_model_and_tokenizer": "llamagym.models",
+    "load_agent": "llamagym.run",
+    "build_run": "llamagym.run",
+    "RunContext": "llamagym.specs",
     "get_plugins": "llamagym.plugin_manager",
     "LlamaGymError": "llamagym.errors",
 }

@@ -22,13 +22,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from llamagym.config import (
-    RunConfig,
-    algorithm_options,
-    build_config,
-    defaults_for_algorithm,
-    defaults_for_model,
-)
+from llamagym.config import Layer, ResolvedConfig, RunConfig
 from llamagym.errors import ConfigError, LlamaGymError
 from llamagym.plugin_manager import Plugins, get_plugins
 
@@ -81,16 +75,19 @@ class Agent:
         ppo_config_dict: Mapping[str, Any] | None = None,
         *,
         env: Any = None,
-        config: RunConfig | Mapping[str, Any] | None = None,
+        config: ResolvedConfig | RunConfig | Mapping[str, Any] | None = None,
         plugins: Plugins | None = None,
     ):
         self.plugins = plugins or get_plugins()
-        self.config = self._resolve_config(config, generate_config_dict, ppo_config_dict, model)
+        #: The validated config and the settings objects made from it (one resolver).
+        self.resolved = self._resolve_config(config, generate_config_dict, ppo_config_dict, model)
+        self.config = self.resolved.config
+        #: The agent's own options: an instance of its ``Config``, if it declares one.
+        self.options = self.resolved.agent_options
         self.env = env
         self._model, self._tokenizer, self._device = model, tokenizer, device
-        self._policy = None
-        self._engine = None
-        self._algorithm = None
+        self._policy: Any = None
+        self._run: Any = None
         self._slot = None
         self._pending_turn = None
         self._finished: list[Any] = []
@@ -164,81 +161,38 @@ class Agent:
 
     # -- the run's machinery, built on first use ---------------------------------------
     @property
-    def policy(self):
+    def policy(self) -> Any:
         if self._policy is None:
-            from llamagym.models import load_model_and_tokenizer
-            from llamagym.policy import Policy
+            from llamagym.run import load_policy
 
-            settings = self.config.model
-            if self._model is None or isinstance(self._model, str):
-                name = self._model or settings.name
-                self._model, self._tokenizer = load_model_and_tokenizer(
-                    name,
-                    device=str(self._device) if self._device else settings.device,
-                    dtype=None if settings.dtype == "auto" else settings.dtype,
-                    quantize=settings.quantize,
-                    lora=settings.lora,
-                    lora_rank=settings.lora_rank,
-                    lora_layers=settings.lora_layers,
-                    trust_remote_code=settings.trust_remote_code,
-                    seed=self.config.training.seed,
-                )
-            elif self._tokenizer is None:
-                raise ConfigError("a model object was given without its tokenizer")
-            else:
-                self._model = self._adapt_given_model(self._model)
-            checkpointing = settings.gradient_checkpointing
-            if checkpointing is None:
-                # Replies make long rows whose activations dominate an update's memory;
-                # score-mode rows are short, so recomputing them would only cost time.
-                generate = self.config.rollout.mode == "generate"
-                checkpointing = generate and hasattr(self._model, "peft_config")
-            self._policy = Policy(
-                self._model, self._tokenizer, self._device, gradient_checkpointing=checkpointing
-            )
-            _choose_threads(self._policy, self.config.training.threads)
+            self._policy = load_policy(self.config, self._model, self._tokenizer, self._device)
         return self._policy
-
-    def _adapt_given_model(self, model: Any) -> Any:
-        """A model object passed in follows the loader's LoRA rule (``model.lora``; by
-        default LoRA above 50M parameters), so a pretrained model is not fully fine-tuned
-        by accident; one carrying an adapter already is used as it is. A value-head
-        wrapper (the original LlamaGym's) gives its LM: the policy has its own head."""
-        from llamagym.models import add_lora_adapter, trains_through_lora
-
-        settings = self.config.model
-        model = getattr(model, "pretrained_model", model)
-        if hasattr(model, "peft_config") or not trains_through_lora(model, settings.lora):
-            return model
-        logger.info("adding a LoRA adapter to the given model (model.lora=false: train it whole)")
-        return add_lora_adapter(
-            model,
-            type(model).__name__,
-            None,
-            settings.lora_rank,
-            self.config.training.seed,
-            layers=settings.lora_layers,
-        )
 
     def use_policy(self, policy: Any) -> None:
         """Act with ``policy`` from now on (e.g. a scripted stand-in in tests)."""
-        self._policy, self._engine, self._algorithm = policy, None, None
+        self._policy, self._run = policy, None
 
     @property
-    def engine(self):
-        if self._engine is None:
-            from llamagym.engine import RolloutEngine
+    def run(self) -> Any:
+        """The run this agent acts in (:func:`llamagym.run.build_run`), built on first use."""
+        if self._run is None:
+            self.start_run()
+        return self._run
 
-            self._engine = RolloutEngine(
-                self, self.policy, self.config.rollout, seed=self.config.training.seed
-            )
-        return self._engine
+    def start_run(self, control: Any = None) -> Any:
+        """A new run on this agent's policy (the trainer passes its ``control``)."""
+        from llamagym.run import build_run
+
+        self._run = build_run(self, self.policy, control)
+        return self._run
 
     @property
-    def algorithm(self):
-        if self._algorithm is None:
-            self._algorithm = make_algorithm(self.config, self.policy, self.plugins)
-        return self._algorithm
+    def engine(self) -> Any:
+        return self.run.engine
+
+    @property
+    def algorithm(self) -> Any:
+        return self.run.algorithm
 
     # -- the LlamaGym loop ----------------------------------------------------------
     def act(self, observation: Any, info: dict | None = None) -> Any:
@@ -291,19 +245,13 @@ class Agent:
     # -- configuration -------------------------------------------------------------
     def _resolve_config(
         self,
-        config: RunConfig | Mapping[str, Any] | None,
+        config: ResolvedConfig | RunConfig | Mapping[str, Any] | None,
         generate_config: Mapping[str, Any] | None,
         ppo_config: Mapping[str, Any] | None,
         model: Any = None,
-    ) -> RunConfig:
-        if isinstance(config, RunConfig):
-            base = config.model_dump(exclude_unset=False)
-            layers: list[Mapping[str, Any]] = [base]
-        else:
-            given = dict(config or {})
-            defaults = defaults_for_algorithm(self.defaults, [given])
-            model_defaults = defaults_for_model(type(self), [given], model)
-            layers = [{"agent": {"name": self.name}}, defaults, model_defaults, given]
+    ) -> ResolvedConfig:
+        from llamagym.run import resolve_agent_config
+
         legacy: dict[str, Any] = {}
         for key, value in (generate_config or {}).items():
             if key not in _LEGACY_GENERATE_KEYS:
@@ -320,41 +268,19 @@ class Agent:
                     f"allowed: {', '.join(_LEGACY_PPO_KEYS)}"
                 )
             legacy.setdefault("algorithm", {})[_LEGACY_PPO_KEYS[key]] = value
-        return build_config(*layers, legacy)
-
-
-def make_algorithm_config(config: RunConfig, plugins: Plugins) -> tuple[type, Any]:
-    """The configured algorithm's class and its validated plugin-owned settings."""
-    from pydantic import ValidationError
-
-    from llamagym.config import format_validation_error
-
-    algorithm_class = plugins.get("algorithm", config.algorithm.name).load()
-    try:
-        return algorithm_class, algorithm_class.Config(**algorithm_options(config))
-    except ValidationError as error:
-        raise ConfigError(format_validation_error(error, prefix="algorithm.")) from None
-
-
-def make_algorithm(config: RunConfig, policy: Any, plugins: Plugins) -> Any:
-    algorithm_class, settings = make_algorithm_config(config, plugins)
-    return algorithm_class(policy, settings, config.rollout)
-
-
-SMALL_MODEL_PARAMETERS = 50_000_000
-
-
-def _choose_threads(policy: Any, threads: int | None) -> None:
-    """Set torch's CPU threads: as configured, else one for a small model on the CPU,
-    whose matrices are too small to split (two threads were slower than one here)."""
-    import torch
-
-    if threads is not None:
-        torch.set_num_threads(threads)
-    elif policy.device.type == "cpu" and (
-        sum(p.numel() for p in policy.model.parameters()) < SMALL_MODEL_PARAMETERS
-    ):
-        torch.set_num_threads(1)
+        if isinstance(config, ResolvedConfig) and not legacy:
+            return config
+        later: list[Layer] = [("generate_config_dict/ppo_config_dict", legacy)]
+        if isinstance(config, (ResolvedConfig, RunConfig)):
+            # A whole config stands in for the defaults, as a checkpoint's does.
+            whole = config.config if isinstance(config, ResolvedConfig) else config
+            return resolve_agent_config(
+                type(self), later, base=whole.model_dump(mode="json"), plugins=self.plugins
+            )
+        return resolve_agent_config(
+            type(self), [("config", dict(config or {})), *later], model=model,
+            plugins=self.plugins,
+        )
 
 
 @functools.cache

@@ -1,41 +1,83 @@
 """The base class of every training algorithm plugin, and the pieces the built-in ones
-share (clipped surrogate, KL to the reference, target-KL stop, adaptive KL coefficient).
+share (the clipped-policy-gradient loop, KL to the reference, target-KL stop, adaptive
+KL coefficient).
 
 An algorithm gets finished episodes and changes the policy's weights. It owns its
-optimizer; the rollout engine, hooks and loggers sit outside it. Everything it needs to
-resume exactly (optimizer, counters, random state, parts such as a replay buffer) is
-reachable from :meth:`Algorithm.state_dict`, as tensors or JSON-able values.
+optimizer; the rollout engine, hooks and loggers sit outside it. It is built with all
+it reads: ``Algorithm(policy, config, rollout, schedule=..., group=..., control=...)``
+(the run's :class:`~llamagym.schedule.Schedule`, the processes' collectives, the
+trainer's :class:`~llamagym.schedule.Control`). A run then takes it through visible
+phases: on a fresh start :meth:`Algorithm.warm_start` (supervised steps on
+demonstrations, when configured) and :meth:`Algorithm.freeze_reference` (the KL
+reference keeps the weights RL starts from), then :meth:`Algorithm.update` once per
+batch. Everything it needs to resume exactly (optimizer, counters, random state, parts
+such as a replay buffer) is in :meth:`Algorithm.state_dict`, as tensors or JSON-able
+values.
 
 With several processes (``llamagym.distributed``) every process runs ``update`` on its
 own episodes and :meth:`Algorithm.step` averages the gradients over the processes, so
-every process must call ``step`` the same number of times: an algorithm takes its
-number of minibatches per epoch from :meth:`Algorithm.minibatch_count` (the smallest
-over the processes; the extra turns of a process with more are left out of that
-epoch, a different random share each epoch) and stops early only on an agreed signal
-(:func:`passes_target_kl` compares the largest KL of all processes). With one process
-all of this is exactly the single-process computation.
+every process must call ``step`` the same number of times. What decides that is agreed
+through the algorithm's ``group``, in its methods named ``sync_*``: the minibatches per
+epoch (:meth:`Algorithm.sync_minibatch_count`, the smallest count over the processes;
+the extra turns of a process with more are left out of that epoch, a different random
+share each epoch), the target-KL stop (:meth:`Algorithm.sync_target_kl_stop`, on the
+largest KL of all processes) and the adaptive KL weight (:meth:`Algorithm.sync_adapt_kl`).
+With one process all of this is exactly the single-process computation.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 import torch
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError, ValidationError
 
 from llamagym import distributed
 from llamagym.config import RolloutSettings
 from llamagym.credit import unsupported_credit_message
 from llamagym.policy import Evaluation, Policy, padded
+from llamagym.schedule import Control, Schedule
 from llamagym.trajectory import Episode, Turn
+
+if TYPE_CHECKING:
+    from llamagym.plugins.sft import WarmStart
 
 #: An update's remaining epochs stop once KL(rollout || current) passes this x target_kl.
 TARGET_KL_TOLERANCE = 1.5
+
+#: The flat ``algorithm.sft_*`` keys of the supervised settings, and their names in the
+#: ``algorithm.warm_start`` section that holds them.
+FLAT_WARM_START_KEYS: dict[str, str] = {
+    "sft_warm_start": "replay",
+    "sft_buffer_size": "buffer_size",
+    "sft_top_k": "top_k",
+    "sft_min_return": "min_return",
+    "sft_steps": "steps",
+    "sft_batch_size": "batch_size",
+    "sft_lr": "lr",
+    "sft_demonstrations": "demonstrations",
+    "sft_demonstration_epochs": "demonstration_epochs",
+}
+
+
+def nest_warm_start_keys(section: Mapping[str, Any]) -> dict[str, Any]:
+    """An algorithm section with the flat ``sft_*`` keys moved into its ``warm_start``
+    section, for reading a config written with them (an older checkpoint's)."""
+    nested = {key: value for key, value in section.items() if key not in FLAT_WARM_START_KEYS}
+    moved = {
+        FLAT_WARM_START_KEYS[key]: value
+        for key, value in section.items()
+        if key in FLAT_WARM_START_KEYS
+    }
+    if moved:
+        nested["warm_start"] = {**moved, **dict(section.get("warm_start") or {})}
+    return nested
 
 
 class AlgorithmConfig(BaseModel):
@@ -44,6 +86,32 @@ class AlgorithmConfig(BaseModel):
     #: Credit rules the algorithm accepts; a config with a ``credit`` field is checked
     #: against them, so ``--set algorithm.credit=gae`` on GRPO fails before any loading.
     credit_rules: ClassVar[tuple[str, ...]] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _warm_start_keys_are_nested(cls, data: Any) -> Any:
+        """A config with a ``warm_start`` section refuses the flat ``sft_*`` keys, each
+        with the key to use instead."""
+        if not isinstance(data, Mapping) or "warm_start" not in cls.model_fields:
+            return data
+        flat = [key for key in data if key in FLAT_WARM_START_KEYS]
+        if not flat:
+            return data
+        raise ValidationError.from_exception_data(
+            cls.__name__,
+            [
+                {
+                    "type": PydanticCustomError(
+                        "nested_key",
+                        "this key is now algorithm.warm_start.{key}",
+                        {"key": FLAT_WARM_START_KEYS[key]},
+                    ),
+                    "loc": (key,),
+                    "input": data[key],
+                }
+                for key in flat
+            ],
+        )
 
     @field_validator("credit", check_fields=False)
     @classmethod
@@ -89,46 +157,146 @@ class Stateful(Protocol):
     def load_state_dict(self, state: dict) -> None: ...
 
 
+class ClippedSettings(Protocol):
+    """The settings :meth:`Algorithm.optimise` reads (the built-in configs have them)."""
+
+    epochs: int
+    minibatch_size: int
+    clip_range: float
+    entropy_coef: float
+    target_kl: float | None
+    max_grad_norm: float
+
+
+@dataclass(frozen=True)
+class LossTerm:
+    """One more term of the clipped-policy-gradient loss: ``weight * compute(index,
+    new)`` for the minibatch of turn positions ``index`` and its evaluation ``new``
+    (e.g. PPO's value loss). Its mean over the update's steps is reported as ``name``."""
+
+    name: str
+    weight: float
+    compute: Callable[[list[int], Evaluation], torch.Tensor]
+
+
+@dataclass
+class Optimisation:
+    """What one :meth:`Algorithm.optimise` did."""
+
+    #: Means over the steps taken: policy_loss, each extra term, entropy, kl_ref,
+    #: approx_kl, clip_fraction.
+    averages: dict[str, float]
+    steps: int
+    epochs_run: int
+    target_kl_stop: bool
+    interrupted: bool
+
+
 class Algorithm:
     Config: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
     #: Credit rules this algorithm accepts (mirrors its Config's; documented in credit.py).
     credit_rules: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, policy: Policy, config: AlgorithmConfig, rollout: RolloutSettings):
+    def __init__(
+        self,
+        policy: Policy,
+        config: AlgorithmConfig,
+        rollout: RolloutSettings,
+        *,
+        schedule: Schedule | None = None,
+        group: distributed.Collectives | None = None,
+        control: Control | None = None,
+    ):
         self.policy = policy
         self.config = config
         self.rollout = rollout
+        #: The run's schedule (the learning rate anneals on it); moved by its owner, read
+        #: here. By default one of its own, at progress 0 for good.
+        self.schedule = schedule if schedule is not None else Schedule(rollout)
+        #: The collectives the processes agree through (the ``sync_*`` methods and
+        #: :meth:`step`); by default those of the group this process joined, which for
+        #: a process started on its own is :class:`~llamagym.distributed.SingleProcess`.
+        self.group = group if group is not None else distributed.process_group()
+        #: The stop request and epoch report of the one running the updates; by
+        #: default an update never stops early and reports nothing.
+        self.control = control if control is not None else Control()
         self.skipped_updates = 0
         self.updates = 0
         self.target_kl_stops = 0
         # Minibatch order and replay sampling; seeded from torch so a seeded run repeats.
         self.rng = random.Random(torch.initial_seed())
         self.optimizer: torch.optim.Optimizer | None = None  # set by each algorithm
-        #: Fraction of the run's budget used so far, set by the trainer before each update
-        #: (learning-rate and temperature schedules read it); stays 0 in a hand-written loop.
-        self.progress = 0.0
-        #: Set by the trainer for the length of a run (None otherwise). ``should_stop()``
-        #: turns True once a stop has been asked for (SIGINT/SIGTERM): ``update`` then ends
-        #: at the next minibatch boundary (:meth:`stop_requested`), keeping the steps
-        #: already taken, and reports ``update_interrupted: 1.0``. ``on_epoch(k, epochs)``
-        #: is told when epoch ``k`` of the update starts (the progress bar shows it).
-        self.should_stop: Callable[[], bool] | None = None
-        self.on_epoch: Callable[[int, int], None] | None = None
+        #: The weight of the KL-to-reference penalty, in an algorithm that has one.
+        self.kl: KLController | None = None
+        #: Supervised steps (demonstrations before RL, the best episodes between
+        #: updates), in an algorithm configured for them.
+        self.sft: WarmStart | None = None
 
-    def annealed_lr(self, lr: float, anneal: bool) -> float:
-        """Linear decay to 5% of ``lr`` over the run: late updates stop undoing progress."""
-        rate = lr * max(0.05, 1.0 - self.progress) if anneal else lr
-        if self.optimizer is not None:
-            for group in self.optimizer.param_groups:
-                group["lr"] = rate
-        return rate
+    @classmethod
+    def create(
+        cls,
+        policy: Policy,
+        config: AlgorithmConfig,
+        rollout: RolloutSettings,
+        *,
+        schedule: Schedule | None = None,
+        group: distributed.Collectives | None = None,
+        control: Control | None = None,
+    ) -> Algorithm:
+        """Build this algorithm for a run. A constructor that takes only ``(policy,
+        config, rollout)`` is called with those, and the algorithm is then given the
+        run's ``schedule``, ``group`` and ``control`` (what the keywords would set)."""
+        parameters = inspect.signature(cls.__init__).parameters.values()
+        takes = {p.name for p in parameters if p.kind is not p.VAR_KEYWORD}
+        if {"schedule", "group", "control"} <= takes or any(
+            p.kind is p.VAR_KEYWORD for p in parameters
+        ):
+            return cls(policy, config, rollout, schedule=schedule, group=group, control=control)
+        algorithm = cls(policy, config, rollout)
+        if schedule is not None:
+            algorithm.schedule = schedule
+        if group is not None:
+            algorithm.group = group
+        if control is not None:
+            algorithm.control = control
+        return algorithm
 
+    # -- phases of a run -----------------------------------------------------------
+    def warm_start(self) -> dict[str, float]:
+        """Before the first update of a fresh run: supervised steps on the configured
+        demonstrations (``algorithm.warm_start.demonstrations``). Returns their first
+        and last loss, or {} when there are none (or they were trained on already)."""
+        if self.sft is None:
+            return {}
+        return self.sft.train_on_demonstrations()
+
+    def freeze_reference(self) -> None:
+        """Once the starting weights are final (after :meth:`warm_start`): fix the KL
+        reference at them, so RL is pulled back to what the demonstrations taught. With
+        a LoRA adapter this costs nothing (the reference is the adapter switched off,
+        i.e. the base model); a fully fine-tuned model keeps a frozen copy. Nothing to
+        do without a KL penalty. A resumed run calls it before loading its weights."""
+        if self.kl is not None and self.kl.coef > 0:
+            self.policy.freeze_reference()
+
+    def update(self, episodes: list[Episode]) -> dict[str, float]:
+        raise NotImplementedError
+
+    # -- state ----------------------------------------------------------------------
     def stateful_parts(self) -> dict[str, Stateful | None]:
-        """Named parts with their own state (KL controller, replay buffer...)."""
-        return {}
+        """Named parts with their own state: the KL controller and the warm start,
+        where there are; an algorithm with more parts adds them."""
+        parts: dict[str, Stateful | None] = {}
+        if self.kl is not None:
+            parts["kl_controller"] = self.kl
+        if self.sft is not None:
+            parts["warm_start"] = self.sft
+        return parts
 
     def state_dict(self) -> dict:
-        """What a checkpoint needs to resume this algorithm exactly."""
+        """Everything needed to resume this algorithm exactly: the optimizer, the
+        counters, the random state and every stateful part. (The schedule is the run's,
+        the control the trainer's: neither is the algorithm's state.)"""
         state: dict[str, Any] = {
             "optimizer": self.optimizer.state_dict() if self.optimizer else None,
             "counters": {
@@ -157,6 +325,11 @@ class Algorithm:
                 part.load_state_dict(state[name])
 
     @property
+    def progress(self) -> float:
+        """The share of the run's budget used so far (the schedule's; read-only here)."""
+        return self.schedule.progress
+
+    @property
     def episodes_per_update(self) -> int:
         return int(getattr(self.config, "episodes_per_update", 32))
 
@@ -165,30 +338,49 @@ class Algorithm:
         """Episodes per group sharing a start seed (GRPO); 1 = independent episodes."""
         return 1
 
-    def update(self, episodes: list[Episode]) -> dict[str, float]:
-        raise NotImplementedError
+    # -- pieces shared by the algorithms ------------------------------------------
+    def annealed_lr(self, lr: float, anneal: bool) -> float:
+        """Set the optimizer's learning rate to the schedule's for ``lr`` (with
+        ``anneal``, a linear decay to 5% of it over the run) and return it."""
+        rate = self.schedule.lr(lr, anneal)
+        if self.optimizer is not None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = rate
+        return rate
 
-    # -- helpers shared by the algorithms -----------------------------------------
     def stop_requested(self) -> bool:
         """True when the update should end now, before its next minibatch. Checked
         between optimizer steps only, so the weights are always those after a whole
         number of steps (a valid state to checkpoint)."""
-        return self.should_stop is not None and bool(self.should_stop())
+        return bool(self.control.should_stop())
 
     def epoch_started(self, epoch: int, epochs: int) -> None:
         """Report that epoch ``epoch`` (from 1) of ``epochs`` begins."""
-        if self.on_epoch is not None:
-            self.on_epoch(epoch, epochs)
+        self.control.on_epoch(epoch, epochs)
 
-    def evaluate(self, turns: Sequence[Turn]) -> Evaluation:
-        """Current log-probabilities, entropy and values for ``turns`` (with gradients)."""
+    def sampling_temperature(self, turns: Sequence[Turn]) -> float | torch.Tensor:
+        """The temperature ``turns`` were sampled at: one number when they share it (as
+        a batch does), else one per turn, [N, 1]."""
+        first = turns[0].temperature
+        if all(turn.temperature == first for turn in turns):
+            return first
+        return torch.tensor([[turn.temperature] for turn in turns], device=self.policy.device)
+
+    def evaluate(
+        self, turns: Sequence[Turn], temperature: float | torch.Tensor | None = None
+    ) -> Evaluation:
+        """Current log-probabilities, entropy and values for ``turns`` (with gradients).
+        Score mode's policy is taken at the temperature each turn was sampled at, or at
+        ``temperature`` when given."""
         prompts = [turn.prompt_tokens for turn in turns]
         if turns[0].candidates:
+            if temperature is None:
+                temperature = self.sampling_temperature(turns)
             return self.policy.evaluate_choices(
                 prompts,
                 [turn.candidates for turn in turns],
                 [turn.action_index for turn in turns],
-                temperature=self.rollout.temperature_at(self.progress),
+                temperature=temperature,
             )
         return self.policy.evaluate_replies(prompts, [turn.action_tokens for turn in turns])
 
@@ -203,13 +395,19 @@ class Algorithm:
     @torch.no_grad()
     def reference_logprobs(self, turns: Sequence[Turn]) -> torch.Tensor:
         """Log-probabilities of the chosen actions under the reference policy (the
-        adapter switched off, or the frozen copy of a fully fine-tuned model)."""
+        adapter switched off, or the frozen copy of a fully fine-tuned model). A loop
+        that never called :meth:`freeze_reference` has it frozen here, at the weights
+        its first update starts from."""
+        self.freeze_reference()
         prompts = [turn.prompt_tokens for turn in turns]
         if turns[0].candidates:
-            scores, _ = self.policy.score(prompts, [t.candidates for t in turns], reference=True)
-            log_policy = (scores / self.rollout.temperature_at(self.progress)).log_softmax(-1)
-            chosen = torch.tensor([t.action_index for t in turns], device=self.policy.device)
-            return log_policy.gather(-1, chosen[:, None])
+            return self.policy.evaluate_choices(
+                prompts,
+                [turn.candidates for turn in turns],
+                [turn.action_index for turn in turns],
+                temperature=self.sampling_temperature(turns),
+                reference=True,
+            ).logprobs
         replies = [turn.action_tokens for turn in turns]
         return self.policy.evaluate_replies(prompts, replies, reference=True).logprobs
 
@@ -230,10 +428,28 @@ class Algorithm:
         algorithms that have no critic)."""
         return [p for p in self.policy.model.parameters() if p.requires_grad]
 
-    def minibatch_count(self, turns: int, size: int) -> int:
+    # -- decisions every process takes alike (collectives) ---------------------------
+    def sync_minibatch_count(self, turns: int, size: int) -> int:
         """Gradient steps per epoch over ``turns`` turns in minibatches of ``size``:
-        ``ceil(turns / size)``, the smallest over the processes when there are several."""
-        return distributed.agreed_min(-(-turns // size))
+        ``ceil(turns / size)``, agreed as the smallest over the processes."""
+        return self.group.all_min(-(-turns // size))
+
+    def sync_target_kl_stop(self, approx_kl: float, target_kl: float | None) -> bool:
+        """True when the update should stop: KL(rollout || current) past 1.5x the
+        target, judged on the largest KL of all processes so they all stop at the same
+        step."""
+        if target_kl is None:
+            return False
+        return self.group.all_max(approx_kl) > TARGET_KL_TOLERANCE * target_kl
+
+    def sync_adapt_kl(self, measured_kl: float, samples: int) -> None:
+        """Steer the adaptive KL weight (``self.kl``) by the turn-weighted mean KL of
+        all processes over all their turns, so the weight stays the same on every
+        process; each process calls this once per update."""
+        if self.kl is None or self.kl.target is None:
+            return
+        mean_kl, all_samples = self.group.all_mean(measured_kl, samples)
+        self.kl.update(mean_kl, all_samples)
 
     def step(
         self, optimizer: torch.optim.Optimizer, loss: torch.Tensor, max_grad_norm: float
@@ -247,7 +463,7 @@ class Algorithm:
         if finite:
             loss.backward()
         parameters = self.policy.trainable_parameters()
-        if not distributed.average_gradients(parameters, finite):
+        if not self.group.average_gradients(parameters, finite):
             optimizer.zero_grad(set_to_none=True)
             self.skipped_updates += 1
             return False
@@ -258,6 +474,121 @@ class Algorithm:
             return False
         optimizer.step()
         return True
+
+    # -- the clipped-policy-gradient update ------------------------------------------
+    def optimise(
+        self,
+        turns: Sequence[Turn],
+        advantages: torch.Tensor,
+        *,
+        extra_losses: Sequence[LossTerm] = (),
+        settings: ClippedSettings | None = None,
+    ) -> Optimisation:
+        """Epochs of clipped-surrogate steps on ``turns`` (one advantage each), in
+        shuffled minibatches, with the optimizer ``self.optimizer``.
+
+        The loss of a minibatch is the clipped surrogate, plus each of
+        ``extra_losses``, minus ``entropy_coef`` x the entropy, plus ``self.kl.coef``
+        x KL(current || reference) when the algorithm has a KL weight above 0 (the
+        reference is scored once, before the first step). Before each step the update
+        may end: on a stop request (:meth:`stop_requested`; the steps taken stand), or
+        once KL(rollout || current) passes the target (:meth:`sync_target_kl_stop`).
+        Afterwards the adaptive KL weight is steered (:meth:`sync_adapt_kl`).
+        ``settings`` (default: the algorithm's config) gives ``epochs``,
+        ``minibatch_size``, ``clip_range``, ``entropy_coef``, ``target_kl`` and
+        ``max_grad_norm``. An update without turns runs no epoch.
+        """
+        if settings is None:
+            settings = cast(ClippedSettings, self.config)
+        if self.optimizer is None:
+            raise RuntimeError(f"{type(self).__name__} has no optimizer to take steps with")
+        optimizer, device = self.optimizer, self.policy.device
+        kl_coef = self.kl.coef if self.kl is not None else 0.0
+        # The reference never moves during the update: score it once.
+        reference = None
+        if kl_coef > 0 and turns:
+            reference = self.reference_logprob_lists(turns, settings.minibatch_size)
+        sums = {"policy_loss": 0.0, **{term.name: 0.0 for term in extra_losses}}
+        sums.update(entropy=0.0, kl_ref=0.0, approx_kl=0.0, clip_fraction=0.0)
+        steps, epochs_run, stopped, interrupted = 0, 0, False, False
+        order = list(range(len(turns)))
+        steps_per_epoch = self.sync_minibatch_count(len(turns), settings.minibatch_size)
+        for epoch in range(settings.epochs if turns else 0):
+            epochs_run += 1
+            self.epoch_started(epoch + 1, settings.epochs)
+            self.rng.shuffle(order)
+            for index in minibatches(order, settings.minibatch_size, steps_per_epoch):
+                if self.stop_requested():
+                    interrupted = True  # asked to stop: the steps taken so far stand
+                    break
+                batch = [turns[i] for i in index]
+                new = self.evaluate(batch)
+                width = new.logprobs.shape[1]
+                surrogate = clipped_surrogate(
+                    new, self.old_logprobs(batch, width), advantages[index], settings.clip_range
+                )
+                if self.sync_target_kl_stop(surrogate.approx_kl, settings.target_kl):
+                    stopped = True  # this step would move further from the rollout policy
+                    break
+                loss = surrogate.loss
+                terms = []
+                for term in extra_losses:
+                    value = term.compute(index, new)
+                    loss = loss + term.weight * value
+                    terms.append(value)
+                entropy = masked_mean(new.entropy, new.mask)
+                loss = loss - settings.entropy_coef * entropy
+                kl_ref = torch.zeros((), device=device)
+                if reference is not None:
+                    reference_t = self.padded([reference[i] for i in index], width)
+                    kl_ref = reference_kl(new.logprobs, reference_t, new.mask)
+                    loss = loss + kl_coef * kl_ref
+                self.step(optimizer, loss, settings.max_grad_norm)
+                steps += 1
+                sums["policy_loss"] += surrogate.loss.item()
+                for term, value in zip(extra_losses, terms, strict=True):
+                    sums[term.name] += value.item()
+                sums["entropy"] += entropy.item()
+                sums["kl_ref"] += kl_ref.item()
+                sums["approx_kl"] += surrogate.approx_kl
+                sums["clip_fraction"] += surrogate.clip_fraction
+            if stopped:
+                self.target_kl_stops += 1
+                break
+            if interrupted:
+                break
+        averages = {key: value / max(1, steps) for key, value in sums.items()}
+        if kl_coef > 0:  # on every process, even one without turns
+            self.sync_adapt_kl(averages["kl_ref"], len(turns))
+        return Optimisation(averages, steps, epochs_run, stopped, interrupted)
+
+    def finish_update(
+        self,
+        episodes: Sequence[Episode],
+        result: Optimisation,
+        batch: Mapping[str, float] | None = None,
+    ) -> dict[str, float]:
+        """Count the update, take the warm start's supervised steps on the batch (when
+        configured), and gather the metrics: the loop's means, the warm start's, the
+        rollout's, ``batch`` (what the algorithm says of its batch) and the counters."""
+        metrics = dict(result.averages)
+        self.updates += 1
+        if self.sft is not None:
+            metrics.update(self.sft.after_update(episodes))
+        metrics.update(rollout_metrics(episodes))
+        metrics.update(batch or {})
+        metrics.update(
+            policy_steps=float(result.steps),
+            epochs_run=float(result.epochs_run),
+            target_kl_stop=float(result.target_kl_stop),
+            update_interrupted=float(
+                result.interrupted or bool(metrics.get("update_interrupted"))
+            ),
+            target_kl_stops=float(self.target_kl_stops),
+            kl_coef=self.kl.coef if self.kl is not None else 0.0,
+            skipped_steps=float(self.skipped_updates),
+        )
+        return metrics
 
 
 # -- losses ---------------------------------------------------------------------------
@@ -306,16 +637,8 @@ def reference_kl(
 
 def minibatches(order: Sequence[int], size: int, count: int) -> list[list[int]]:
     """The first ``count`` minibatches of ``size`` indices of ``order`` (the last may be
-    shorter); ``count`` comes from :meth:`Algorithm.minibatch_count`."""
+    shorter); ``count`` comes from :meth:`Algorithm.sync_minibatch_count`."""
     return [list(order[k * size : (k + 1) * size]) for k in range(count)]
-
-
-def passes_target_kl(approx_kl: float, target_kl: float | None) -> bool:
-    """True when the update should stop: KL(rollout || current) past 1.5x the target,
-    judged on the largest KL of all processes so they all stop at the same step."""
-    if target_kl is None:
-        return False
-    return distributed.agreed_max(approx_kl) > TARGET_KL_TOLERANCE * target_kl
 
 
 class KLController:
@@ -326,14 +649,16 @@ class KLController:
     def __init__(self, coef: float, target: float | None = None, horizon: int = 10_000):
         self.coef, self.target, self.horizon = coef, target, horizon
 
-    def update(self, measured_kl: float, samples: int) -> None:
-        """Steer by ``measured_kl`` over ``samples`` turns; with several processes, by
-        their turn-weighted mean KL and all their turns, so the weight stays the same on
-        every process (each process must call this once per update)."""
-        if self.target is None:
-            return
-        measured_kl, samples = distributed.weighted_mean(measured_kl, samples)
-        if not math.isfinite(measured_kl):
+    @classmethod
+    def from_config(cls, config: Any) -> KLController:
+        """From a config's ``kl_coef``, ``adaptive_kl_target`` and ``adaptive_kl_horizon``."""
+        return cls(config.kl_coef, config.adaptive_kl_target, config.adaptive_kl_horizon)
+
+    def update(self, measured_kl: float, samples: float) -> None:
+        """Steer by ``measured_kl`` over ``samples`` turns (with several processes, what
+        they agreed on: :meth:`Algorithm.sync_adapt_kl`). A fixed weight, or a measure
+        that is not finite, leaves it as it is."""
+        if self.target is None or not math.isfinite(measured_kl):
             return
         error = min(max(measured_kl / self.target - 1.0, -0.2), 0.2)
         self.coef *= 1.0 + error * samples / self.horizon

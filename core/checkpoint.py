@@ -138,52 +138,6 @@ def restore_global_rng(state: dict[str, Any]) -> None:
             )
 
 
-def capture_attributes(owner: Any) -> dict[str, Any]:
-    """Random generators, scalar counters and extra optimizers/schedulers that ``owner``
-    keeps as attributes.
-
-    An algorithm's ``state_dict()`` is the contract, but a plugin easily forgets its
-    minibatch shuffler (PPO's ``random.Random``) or an early-stop counter; both change
-    the metrics of a resumed run. Capturing them here makes exact resume the default.
-    """
-    import torch
-
-    main_optimizer = getattr(owner, "optimizer", None)
-    captured: dict[str, Any] = {}
-    for name, value in vars(owner).items():
-        if isinstance(value, random.Random):
-            captured[name] = {"kind": "python", "state": value.getstate()}
-        elif isinstance(value, np.random.Generator):
-            captured[name] = {"kind": "numpy", "state": value.bit_generator.state}
-        elif isinstance(value, torch.Generator):
-            captured[name] = {"kind": "torch", "state": value.get_state()}
-        elif isinstance(value, (bool, int, float)):
-            captured[name] = {"kind": "scalar", "state": value}
-        elif isinstance(value, torch.optim.lr_scheduler.LRScheduler) or (
-            isinstance(value, torch.optim.Optimizer) and value is not main_optimizer
-        ):
-            captured[name] = {"kind": "state_dict", "state": value.state_dict()}
-    return captured
-
-
-def restore_attributes(owner: Any, captured: dict[str, Any]) -> None:
-    for name, entry in captured.items():
-        kind, state = entry["kind"], entry["state"]
-        current = getattr(owner, name, None)
-        if kind == "scalar":
-            setattr(owner, name, state)
-        elif current is None:
-            continue  # the class no longer has this attribute; nothing to restore into
-        elif kind == "python":
-            current.setstate(state)
-        elif kind == "numpy":
-            current.bit_generator.state = state
-        elif kind == "torch":
-            current.set_state(state)
-        elif kind == "state_dict":
-            current.load_state_dict(state)
-
-
 # -- writing -------------------------------------------------------------------------
 def trainable_state(policy: Any) -> dict[str, Any]:
     """The tensors that training changes: the adapter or all of the model, by name."""
@@ -269,14 +223,16 @@ def checkpoint_name(update: int) -> str:
 
 def save_training_checkpoint(
     run_dir: Path,
-    agent: Any,
+    run: Any,
     counters: dict[str, Any],
     config: dict[str, Any],
     config_yaml: str | None = None,
     keep: int | None = None,
+    plugins: list[dict[str, Any]] | None = None,
 ) -> Path:
-    """Checkpoint a training run after update ``counters["updates"]``; keep the last
-    ``keep`` checkpoints of ``run_dir``."""
+    """Checkpoint a training run (a :class:`llamagym.run.Run`) after update
+    ``counters["updates"]``; keep the last ``keep`` checkpoints of ``run_dir``.
+    ``plugins`` lists the plugins that answered per-step hooks so far."""
     from llamagym import __version__
 
     meta = {
@@ -290,16 +246,12 @@ def save_training_checkpoint(
         "episodes": counters["episodes"],
         "counters": counters,
         "config": config,
+        "plugins": plugins or [],
     }
-    algorithm = agent.algorithm
-    state = {
-        "algorithm": algorithm.state_dict(),
-        "algorithm_attributes": capture_attributes(algorithm),
-        "engine": agent.engine.state_dict(),
-        "rng": capture_global_rng(),
-    }
+    # The run's state is the sum of its parts' state dicts, and the global RNGs.
+    state = {**run.state_dict(), "rng": capture_global_rng()}
     directory = Path(run_dir) / CHECKPOINTS / checkpoint_name(counters["updates"])
-    save_checkpoint(agent.policy, directory, meta, state, config_yaml)
+    save_checkpoint(run.policy, directory, meta, state, config_yaml)
     if keep is not None:
         prune_checkpoints(run_dir, keep)
     return directory
@@ -360,9 +312,16 @@ def read_meta(directory: Path) -> dict[str, Any]:
             f"{str(directory)!r} is not a checkpoint (no {META}); pass a run's checkpoint dir"
         )
     try:
-        return json.loads(path.read_text())
+        meta = json.loads(path.read_text())
     except json.JSONDecodeError as error:
         raise LlamaGymError(f"{str(path)!r} is damaged: {error}") from None
+    algorithm = meta.get("config", {}).get("algorithm")
+    if isinstance(algorithm, dict):
+        from llamagym.algorithm import nest_warm_start_keys
+
+        # Written before the warm-start settings had their own section.
+        meta["config"]["algorithm"] = nest_warm_start_keys(algorithm)
+    return meta
 
 
 def _dotted(config: dict[str, Any], key: str) -> Any:
@@ -417,13 +376,13 @@ def load_checkpoint(policy: Any, directory: Path) -> dict[str, Any]:
     return meta
 
 
-def restore_training_checkpoint(directory: Path, agent: Any) -> dict[str, Any]:
-    """Load weights, optimizer, algorithm, engine and global RNG state into ``agent``
-    (whose algorithm must already be built); return the saved counters."""
+def restore_training_checkpoint(directory: Path, run: Any) -> dict[str, Any]:
+    """Load weights, optimizer, algorithm, engine and global RNG state into ``run`` (a
+    :class:`llamagym.run.Run`); return the saved counters."""
     from safetensors.torch import load_file
 
     directory = Path(directory)
-    meta = load_checkpoint(agent.policy, directory)
+    meta = load_checkpoint(run.policy, directory)
     if "state" not in meta:
         raise LlamaGymError(
             f"{str(directory)!r} holds weights only (no training state); it can be "
@@ -431,10 +390,7 @@ def restore_training_checkpoint(directory: Path, agent: Any) -> dict[str, Any]:
         )
     tensors = load_file(str(directory / STATE_TENSORS))
     state = decode_state(meta["state"], tensors)
-    algorithm = agent.algorithm
-    restore_attributes(algorithm, state["algorithm_attributes"])
-    algorithm.load_state_dict(state["algorithm"])
-    agent.engine.load_state_dict(state["engine"])
+    run.load_state_dict(state)
     # Last: building the model and algorithm above may have drawn random numbers.
     restore_global_rng(state["rng"])
     return dict(meta["counters"])

@@ -115,13 +115,6 @@ class RolloutSettings(Settings):
     reward_shaping: bool = Field(False, description="Add llamagym_shape_reward hook terms.")
     invalid_action: InvalidActionSettings = Field(default_factory=InvalidActionSettings)
 
-    def temperature_at(self, progress: float) -> float:
-        """The sampling temperature once ``progress`` (0 to 1) of the budget is used."""
-        if self.final_temperature is None:
-            return self.temperature
-        share = min(max(progress, 0.0), 1.0)
-        return self.temperature + share * (self.final_temperature - self.temperature)
-
 
 class TrainingSettings(Settings):
     episodes: int | None = Field(None, ge=1, description="Stop after this many episodes.")
@@ -368,31 +361,38 @@ def format_validation_error(
     return "\n".join(lines)
 
 
-def build_config(*layers: dict[str, Any]) -> RunConfig:
-    """Merge layers (lowest precedence first) and validate them into a RunConfig."""
-    merged: dict[str, Any] = {}
-    for layer in layers:
-        merged = deep_merge(merged, layer)
-    try:
-        return RunConfig.model_validate(merged)
-    except ValidationError as error:
-        raise ConfigError(format_validation_error(error, model=RunConfig)) from None
-
-
-def algorithm_options(config: RunConfig) -> dict[str, Any]:
-    """The algorithm section's plugin-owned keys (everything but ``name``)."""
-    return {k: v for k, v in config.algorithm.model_dump().items() if k != "name"}
-
-
-def agent_options(config: RunConfig) -> dict[str, Any]:
-    """The agent section's plugin-owned keys (everything but ``name``)."""
-    return {k: v for k, v in config.agent.model_dump().items() if k != "name"}
-
-
 # -- resolving a run's config from named layers ----------------------------------------
 Layer = tuple[str, Mapping[str, Any]]
 """``(source, partial config)``: source names the layer in messages and in ``config show``
 (``agent defaults``, ``file run.yaml``, ``--set``, ``flag``, ``checkpoint``)."""
+
+
+def run_layers(
+    agent_class: type,
+    later: Sequence[Layer] = (),
+    *,
+    base: Mapping[str, Any] | None = None,
+    model: Any = None,
+) -> list[Layer]:
+    """Every layer of a run's config, lowest precedence first: the agent's name, then
+    either ``base`` (a checkpoint's config: a resumed or loaded run keeps the settings it
+    was trained with) or the agent's defaults and the pretrained-model defaults, then the
+    ``later`` layers the user gave (file, ``--set``, flags, a dict in Python).
+    ``model`` is a model object given directly (the classic API)."""
+    layers: list[Layer] = []
+    name = getattr(agent_class, "name", "")
+    if name:
+        layers.append(("agent", {"agent": {"name": name}}))
+    if base is not None:
+        layers.append(("checkpoint", base))
+    else:
+        chosen = [layer for _, layer in later]
+        defaults = getattr(agent_class, "defaults", {})
+        layers.append(("agent defaults", defaults_for_algorithm(defaults, chosen)))
+        model_defaults = defaults_for_model(agent_class, chosen, model)
+        if model_defaults:
+            layers.append(("pretrained-model defaults", model_defaults))
+    return layers + [(source, layer) for source, layer in later if layer]
 
 
 @dataclass
@@ -402,8 +402,19 @@ class ResolvedConfig:
     config: RunConfig
     #: dotted key -> the layer that set it last; keys no layer set hold built-in defaults
     sources: dict[str, str] = field(default_factory=dict)
-    algorithm_config_class: type[BaseModel] | None = None
-    agent_config_class: type[BaseModel] | None = None
+    #: the registered algorithm class and its validated ``Config`` (what the run gets)
+    algorithm_class: type | None = None
+    algorithm: BaseModel | None = None
+    #: the agent's validated options (an instance of its ``Config``), if it declares one
+    agent_options: BaseModel | None = None
+
+    @property
+    def algorithm_config_class(self) -> type[BaseModel] | None:
+        return type(self.algorithm) if self.algorithm is not None else None
+
+    @property
+    def agent_config_class(self) -> type[BaseModel] | None:
+        return type(self.agent_options) if self.agent_options is not None else None
 
     def descriptions(self) -> dict[str, str]:
         return config_descriptions(self.algorithm_config_class, self.agent_config_class)
@@ -494,12 +505,13 @@ def resolve_config(
                 problems += format_validation_error(
                     error, prefix="agent.", model=agent_options_class
                 ).splitlines()
-        elif options and not _reads_own_options(agent_class):
+        else:
             # Nothing would ever read these keys: a typo must not pass silently.
             for key, value in options.items():
                 problems.append(
                     f"agent.{key}: unknown key (got {value!r}); agent "
-                    f"{getattr(agent_class, 'name', '')!r} takes no options"
+                    f"{getattr(agent_class, 'name', '')!r} takes no options (an agent "
+                    "declares its options as a pydantic model: class Config(BaseModel))"
                 )
     if problems:
         raise ConfigError("\n".join(problems))
@@ -515,19 +527,9 @@ def resolve_config(
             **agent_settings.model_dump(mode="json"),
         }
     return ResolvedConfig(
-        RunConfig.model_validate(merged),
-        sources,
-        algorithm_class.Config if algorithm_class is not None else None,
-        agent_options_class,
+        RunConfig.model_validate(merged), sources, algorithm_class, algorithm_settings,
+        agent_settings,
     )
-
-
-def _reads_own_options(agent_class: type) -> bool:
-    """Whether an agent without a ``Config`` overrides ``__init__`` (where it can check
-    its own options, as the CartPole agent does) rather than leaving them unread."""
-    from llamagym.agent import Agent
-
-    return getattr(agent_class, "__init__", None) is not Agent.__init__
 
 
 # -- rendering: YAML with each field's description as a comment --------------------------
@@ -588,16 +590,3 @@ def render_config_yaml(
 
     emit(config.model_dump(mode="json"), "", "")
     return "\n".join(lines) + "\n"
-
-
-def complete_config(config: RunConfig, algorithm_settings: BaseModel | None) -> RunConfig:
-    """``config`` with the algorithm section holding every key of the algorithm's
-    validated settings, defaults included, so a written config.yaml is the whole story."""
-    if algorithm_settings is None:
-        return config
-    data = config.model_dump(mode="json")
-    data["algorithm"] = {
-        "name": config.algorithm.name,
-        **algorithm_settings.model_dump(mode="json"),
-    }
-    return RunConfig.model_validate(data)

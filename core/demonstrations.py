@@ -3,7 +3,7 @@
 ``llamagym record AGENT --baseline NAME`` plays the baseline and writes one JSONL line per
 decision: ``{"messages": [...]}``, the conversation exactly as the agent's model would see
 it in generate mode (system prompt, the history the agent keeps, the observation), ending
-with the baseline's action as the assistant's reply. ``algorithm.sft_demonstrations``
+with the baseline's action as the assistant's reply. ``algorithm.warm_start.demonstrations``
 reads the file back (``llamagym.plugins.sft.load_demonstrations``).
 
 What a demonstration teaches depends on the baseline. The ``random`` baseline carries no

@@ -11,7 +11,8 @@ each of which runs the whole ``llamagym run``:
 * what decides control flow is agreed: the number of gradient steps per epoch (the
   smallest over the processes), the target-KL stop (the largest KL), a non-finite loss
   (skipped everywhere), the adaptive KL coefficient, the episode and time budgets and a
-  stop signal;
+  stop signal. An algorithm agrees through the ``group`` it is given
+  (:func:`process_group`), in its methods named ``sync_*``;
 * rank 0 alone writes the run directory, shows progress and evaluates.
 
 With one process every function here is a no-op: nothing from accelerate is imported,
@@ -23,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -210,6 +211,96 @@ def average_gradients(parameters: Sequence[torch.Tensor], finite: bool) -> bool:
             if parameter.grad is not None:
                 parameter.grad.copy_(chunk.view_as(parameter.grad))
     return True
+
+
+# -- the collectives an algorithm agrees through -------------------------------------
+class Collectives(Protocol):
+    """What the processes of a run agree on. An algorithm receives one of these as
+    ``group`` and takes every decision that must be the same on all processes through
+    it, so where processes synchronise is visible at the call."""
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def rank(self) -> int: ...
+
+    def all_min(self, value: int) -> int:
+        """The smallest ``value`` over the processes."""
+        ...
+
+    def all_max(self, value: float) -> float:
+        """The largest ``value`` over the processes (NaN if any process has NaN)."""
+        ...
+
+    def all_mean(self, value: float, weight: float) -> tuple[float, float]:
+        """The ``weight``-weighted mean of ``value`` over the processes, and the total
+        weight (NaN when the total weight is 0)."""
+        ...
+
+    def all_gather(self, value: Any) -> list[Any]:
+        """``value`` of every process (any picklable object), in rank order."""
+        ...
+
+    def average_gradients(self, parameters: Sequence[torch.Tensor], finite: bool) -> bool:
+        """Replace each gradient of ``parameters`` with its mean over the processes;
+        False (nothing averaged) when the loss was not finite on some process."""
+        ...
+
+
+class SingleProcess:
+    """The collectives of a run with one process: every answer is this process's own."""
+
+    world_size = 1
+    rank = 0
+
+    def all_min(self, value: int) -> int:
+        return value
+
+    def all_max(self, value: float) -> float:
+        return value
+
+    def all_mean(self, value: float, weight: float) -> tuple[float, float]:
+        return value, weight
+
+    def all_gather(self, value: Any) -> list[Any]:
+        return [value]
+
+    def average_gradients(self, parameters: Sequence[torch.Tensor], finite: bool) -> bool:
+        return finite
+
+
+class ProcessGroup:
+    """The collectives of the default process group this process joined (:func:`start`)."""
+
+    @property
+    def world_size(self) -> int:
+        return world_size()
+
+    @property
+    def rank(self) -> int:
+        return rank()
+
+    def all_min(self, value: int) -> int:
+        return agreed_min(value)
+
+    def all_max(self, value: float) -> float:
+        return agreed_max(value)
+
+    def all_mean(self, value: float, weight: float) -> tuple[float, float]:
+        return weighted_mean(value, weight)
+
+    def all_gather(self, value: Any) -> list[Any]:
+        return all_gather(value)
+
+    def average_gradients(self, parameters: Sequence[torch.Tensor], finite: bool) -> bool:
+        return average_gradients(parameters, finite)
+
+
+def process_group() -> Collectives:
+    """The collectives of this process's run: a :class:`ProcessGroup` once it has joined
+    a group of several processes, else :class:`SingleProcess`."""
+    return ProcessGroup() if world_size() > 1 else SingleProcess()
 
 
 def parameters_digest(parameters: Sequence[torch.Tensor]) -> str:

@@ -21,11 +21,12 @@ import torch
 
 from llamagym.config import RolloutSettings
 from llamagym.errors import EnvFailureError
+from llamagym.policy import Policy
+from llamagym.schedule import Schedule
 from llamagym.trajectory import Episode, Turn
 
 if TYPE_CHECKING:
     from llamagym.agent import Agent
-    from llamagym.policy import Policy
 
 logger = logging.getLogger(__name__)
 
@@ -52,30 +53,50 @@ class RolloutStats:
 
 
 class RolloutEngine:
-    def __init__(self, agent: Agent, policy: Policy, settings: RolloutSettings, seed: int = 0):
+    """Plays episodes with ``policy`` under ``settings``.
+
+    ``schedule`` gives the sampling temperature (the run's schedule, moved by its owner;
+    by default one of its own that stays at progress 0). ``max_failures_in_a_row``
+    environment errors in a row end a collection with :class:`EnvFailureError`. With
+    ``observe`` off, finished episodes are not passed to the ``llamagym_episode_end``
+    hook (an evaluation's episodes are not training data for the observers).
+    """
+
+    def __init__(
+        self,
+        agent: Agent,
+        policy: Policy,
+        settings: RolloutSettings,
+        seed: int = 0,
+        *,
+        schedule: Schedule | None = None,
+        max_failures_in_a_row: int = 10,
+        observe: bool = True,
+    ):
         self.agent = agent
         self.policy = policy
         self.settings = settings
         self.plugins = agent.plugins
+        self.schedule = schedule if schedule is not None else Schedule(settings)
+        self.max_failures_in_a_row = max_failures_in_a_row
+        self.observe = observe
         self.rng = np.random.default_rng(seed)
         self.generator = torch.Generator().manual_seed(seed)
         self.stats = RolloutStats()
-        #: Fraction of the run's budget used so far, set by the trainer before each
-        #: collection (a temperature schedule reads it); stays 0 in a hand-written loop.
-        self.progress = 0.0
         self._candidate_cache: dict[str, list[int]] = {}
         self._reply_prefix_tokens: list[int] | None = None
         self._greedy_memo: dict[tuple, Turn] | None = None
         self._prompt_cache: dict[tuple, list[int]] = {}
         self._prompt_cache_tokens = 0
-        self.max_failures_in_a_row = 10
 
     # -- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The engine's random state: where the next episode seeds and samples come from.
 
         Episodes always start fresh from a drawn seed, so with this state restored a
-        resumed run plays exactly the episodes the unbroken run would have.
+        resumed run plays exactly the episodes the unbroken run would have. Everything
+        else the engine keeps is a cache (prompt and candidate tokens), statistics the
+        trainer reads as differences, or settings given to its constructor.
         """
         return {"rng": self.rng.bit_generator.state, "generator": self.generator.get_state()}
 
@@ -149,8 +170,14 @@ class RolloutEngine:
         return [list(prompt) for prompt in ids]
 
     @property
+    def progress(self) -> float:
+        """The share of the run's budget used so far (the schedule's; read-only here)."""
+        return self.schedule.progress
+
+    @property
     def temperature(self) -> float:
-        return self.settings.temperature_at(self.progress)
+        """The sampling temperature now (the schedule's)."""
+        return self.schedule.temperature()
 
     @property
     def reply_prefix_tokens(self) -> list[int]:
@@ -243,7 +270,8 @@ class RolloutEngine:
     ) -> list[Turn]:
         candidates = [[self.candidate_tokens(name) for name in names] for names in legal]
         scores, values = self.policy.score(prompts, candidates)
-        log_policy = (scores / self.temperature).log_softmax(-1).cpu()
+        temperature = self.temperature
+        log_policy = Policy.action_log_probs(scores, temperature).cpu()
         if greedy:
             chosen = log_policy.argmax(-1)
         else:
@@ -259,6 +287,7 @@ class RolloutEngine:
                     logprobs=[float(log_policy[row, index])],
                     value=float(values[row]),
                     candidates=candidates[row],
+                    temperature=temperature,
                 )
             )
         return turns
@@ -269,10 +298,11 @@ class RolloutEngine:
         settings = self.settings
         # The reply prefix is context: the model continues it, the parsers read both.
         prompts = [prompt + self.reply_prefix_tokens for prompt in prompts]
+        temperature = self.temperature
         replies = self.policy.generate(
             prompts,
             max_new_tokens=settings.max_new_tokens,
-            temperature=self.temperature,
+            temperature=temperature,
             top_p=settings.top_p,
             top_k=settings.top_k,
             greedy=greedy,
@@ -296,6 +326,7 @@ class RolloutEngine:
                     value=float(evaluation.values[row]),
                     action_tokens=reply_tokens,
                     valid=index is not None,
+                    temperature=temperature,
                 )
             )
         return turns
@@ -393,7 +424,8 @@ class RolloutEngine:
             episode = slots[position].episode
             episode.info = summary
             finished.append(episode)
-            self.plugins.episode_end(self.agent, episode)
+            if self.observe:
+                self.plugins.episode_end(self.agent, episode)
             if on_episode is not None:
                 on_episode(episode)
             start(position)

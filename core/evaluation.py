@@ -47,16 +47,19 @@ def evaluation_seeds(seed: int, episodes: int) -> list[int]:
 
 
 def evaluate_agent(agent: Any, episodes: int, seed: int = 0, greedy: bool = True) -> EvalResult:
-    """Run the agent's policy (greedy by default) on ``episodes`` seeded episodes."""
+    """Run the agent's policy (greedy by default) on ``episodes`` seeded episodes, with
+    an engine of its own: these episodes reach no training observer (``episode_end``)
+    and leave the training engine's random streams where they were."""
     import torch
 
+    engine = agent.run.evaluation_engine()
     envs = [agent.make_env() for _ in range(agent.config.rollout.num_envs)]
     policy = agent.policy
     was_training = policy.training
     policy.eval()
     try:
-        with torch.no_grad(), agent.engine.greedy_memo():
-            finished: list[Episode] = agent.engine.collect(
+        with torch.no_grad(), engine.greedy_memo():
+            finished: list[Episode] = engine.collect(
                 envs, episodes, greedy=greedy, seeds=evaluation_seeds(seed, episodes)
             )
     finally:

@@ -1,19 +1,25 @@
 """Every extension point of LlamaGym, in one place.
 
 Plugins implement these with ``@llamagym.hookimpl`` and are found through the
-``llamagym`` entry-point group. Hooks are always called with keyword arguments.
+``llamagym`` entry-point group. Hooks are always called with keyword arguments, and an
+implementation may take any subset of a hook's arguments (an observer written before
+``run`` was added still receives its calls).
 
 Three kinds of hook:
 
-* registration hooks run once at start-up; each receives a ``register`` callback;
-* per-step hooks (system prompt, observation text, action extraction) return the
-  first non-``None`` answer: the agent's own methods answer at normal priority, so a
-  plugin marked ``tryfirst`` overrides them and one marked ``trylast`` is a fallback;
-* observer hooks (reward shaping, episode end, update end) call every plugin.
+* registration hooks run once at start-up; each receives a ``register`` callback that
+  takes a spec (:mod:`llamagym.specs`) or the spec's fields;
+* per-step hooks (system prompt, observation text, action extraction, reward shaping)
+  are called for every step: the first three return the first non-``None`` answer (the
+  agent's own methods answer at normal priority, so a plugin marked ``tryfirst``
+  overrides them and one marked ``trylast`` is a fallback), reward shaping sums every
+  answer;
+* observer hooks (episode end, update end) call every plugin and receive a
+  :class:`~llamagym.specs.RunContext`.
 
-A plugin that raises inside a per-step or observer hook is reported once, by name and
-distribution, and skipped for that call; the run goes on. (These hooks are called one
-implementation at a time, so pluggy hook wrappers do not apply to them.)
+A plugin that raises inside a hook is reported once, by name and distribution, and its
+answer counts as ``None``; the run goes on. Hook wrappers (``wrapper=True`` or
+``hookwrapper=True``) apply to every hook, as in any pluggy project.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ if TYPE_CHECKING:
     import typer
 
     from llamagym.agent import Agent
-    from llamagym.model_registry import ModelEntry
+    from llamagym.specs import RunContext
     from llamagym.trajectory import Episode
 
 PROJECT_NAME = "llamagym"
@@ -35,21 +41,36 @@ PROJECT_NAME = "llamagym"
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
+#: Hooks called for every step; the plugins that answer them are recorded
+#: (:meth:`llamagym.plugin_manager.Plugins.participants`).
+PER_STEP_HOOKS: tuple[str, ...] = (
+    "llamagym_system_prompt",
+    "llamagym_format_observation",
+    "llamagym_extract_action",
+    "llamagym_shape_reward",
+)
+
 
 @hookspec
 def llamagym_register_agents(register: Callable[..., None]) -> None:
-    """Register agents: ``register(name, entry_point, description=..., env_id=...)``.
+    """Register agents: ``register(AgentSpec(...))`` or
+    ``register(name, entry_point, description=..., env_id=...)``.
 
     ``entry_point`` is ``"module:AgentSubclass"``, imported only when the agent is used,
-    so ``llamagym list`` stays fast. Called once for every plugin at start-up.
+    so ``llamagym list`` stays fast; the class gets its name, description and env id
+    from the spec. ``override=True`` replaces an agent of that name registered by
+    another plugin (a warning names both); without it such a name is refused.
+    Called once for every plugin at start-up.
     """
 
 
 @hookspec
 def llamagym_register_algorithms(register: Callable[..., None]) -> None:
-    """Register algorithms: ``register(name, entry_point, description=...)``.
+    """Register algorithms: ``register(AlgorithmSpec(...))`` or
+    ``register(name, entry_point, description=...)``.
 
     ``entry_point`` is ``"module:AlgorithmClass"`` (a :class:`llamagym.Algorithm`).
+    ``override=True`` replaces a built-in or another plugin's algorithm of that name.
     Called once for every plugin at start-up.
     """
 
@@ -64,11 +85,12 @@ def llamagym_register_envs(register: Callable[..., None]) -> None:
 
 
 @hookspec
-def llamagym_register_models(register: Callable[[ModelEntry], None]) -> None:
+def llamagym_register_models(register: Callable[..., None]) -> None:
     """Add model registry entries: ``register(ModelEntry(...))`` (see ``llamagym models``).
 
     An entry gives a model's LoRA targets, rank, generation defaults and chat-template
-    fallback. Called once for every plugin, the first time the registry is read.
+    fallback. A name or Hub id already registered is refused unless the call passes
+    ``override=True``. Called once for every plugin, the first time the registry is read.
     """
 
 
@@ -119,13 +141,21 @@ def llamagym_shape_reward(
 
 
 @hookspec
-def llamagym_episode_end(agent: Agent, episode: Episode) -> None:
-    """Observe a finished episode (loggers, replay buffers). Every plugin is called."""
+def llamagym_episode_end(agent: Agent, episode: Episode, run: RunContext) -> None:
+    """Observe a finished episode (loggers, replay buffers). Every plugin is called.
+
+    ``run.run_dir`` is ``None`` outside a run and on ranks other than 0.
+    """
 
 
 @hookspec
-def llamagym_update_end(agent: Agent, update: int, metrics: dict[str, float]) -> None:
-    """Observe the metrics of one finished update (loggers). Every plugin is called."""
+def llamagym_update_end(
+    agent: Agent, update: int, metrics: dict[str, float], run: RunContext
+) -> None:
+    """Observe the metrics of one finished update (loggers). Every plugin is called.
+
+    ``run.run_dir`` is the run directory to write to (``None``: write nothing).
+    """
 
 
 def all_hook_names() -> list[str]:
@@ -133,4 +163,10 @@ def all_hook_names() -> list[str]:
     return [name for name in globals() if name.startswith("llamagym_")]
 
 
-__all__: Sequence[str] = ["hookimpl", "hookspec", "all_hook_names", "PROJECT_NAME"]
+__all__: Sequence[str] = [
+    "hookimpl",
+    "hookspec",
+    "all_hook_names",
+    "PER_STEP_HOOKS",
+    "PROJECT_NAME",
+]

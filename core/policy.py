@@ -311,16 +311,27 @@ class Policy(nn.Module):
         first_option = torch.tensor([k for k, (_, j) in enumerate(owners) if j == 0])
         return scores, self._values(state_hidden[first_option.to(self.device)])
 
+    @staticmethod
+    def action_log_probs(
+        scores: torch.Tensor, temperature: float | torch.Tensor = 1.0
+    ) -> torch.Tensor:
+        """Score mode's policy over the legal actions: the log-softmax of the candidates'
+        ``scores`` [N, A] (from :meth:`score`) divided by ``temperature``, a number or
+        one per row ([N, 1]). A padding column (score -inf) gets -inf."""
+        return (scores / temperature).log_softmax(-1)
+
     def evaluate_choices(
         self,
         prompts: Sequence[Sequence[int]],
         candidates: Sequence[Sequence[Sequence[int]]],
         chosen: Sequence[int],
-        temperature: float = 1.0,
+        temperature: float | torch.Tensor = 1.0,
+        reference: bool = False,
     ) -> Evaluation:
-        """Score mode: log-probability of the chosen candidate among all of them."""
-        scores, values = self.score(prompts, candidates)
-        log_policy = (scores / temperature).log_softmax(-1)
+        """Score mode: log-probability of the chosen candidate among all of them, under
+        the current policy or (``reference``) the KL reference, whose values are 0."""
+        scores, values = self.score(prompts, candidates, reference=reference)
+        log_policy = self.action_log_probs(scores, temperature)
         index = torch.tensor(chosen, device=self.device)[:, None]
         logprobs = log_policy.gather(-1, index)
         probs = log_policy.exp()

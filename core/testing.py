@@ -34,16 +34,18 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pytest
 
-from llamagym.conformance import (
+from llamagym.devtools.conformance import (
     CheckResult,
+    assert_agent_conforms,
+    check_agent,
+    format_results,
+)
+from llamagym.devtools.fake_model import (
     FakePolicy,
     Script,
     ScriptedLLM,
     ScriptExhaustedError,
     TurnBudgetExceededError,
-    assert_agent_conforms,
-    check_agent,
-    format_results,
     load_tiny_tokenizer,
 )
 
@@ -145,7 +147,7 @@ FAST_SETTINGS: Mapping[str, Any] = {
 def tiny_agent(agent_class: type[Agent] | None = None, **overrides: Any) -> Agent:
     """An agent (default: :class:`BanditAgent`) on the tiny model with settings small
     enough for a unit test; ``overrides`` are config sections, e.g. ``rollout={...}``."""
-    from llamagym.config import AlgorithmSection, build_config, deep_merge
+    from llamagym.config import AlgorithmSection, deep_merge
     from llamagym.errors import LlamaGymError
     from llamagym.plugin_manager import get_plugins
 
@@ -162,9 +164,10 @@ def tiny_agent(agent_class: type[Agent] | None = None, **overrides: Any) -> Agen
         # A third-party algorithm need not have every key the built-ins share (epochs):
         # keep only the fast settings its Config declares.
         fast["algorithm"] = {k: v for k, v in fast["algorithm"].items() if k in accepted}
-    layers = deep_merge(deep_merge(dict(agent_class.defaults), fast), overrides)
-    config = build_config({"agent": {"name": agent_class.name}}, layers)
-    return agent_class(config=config)
+    from llamagym.run import resolve_agent_config
+
+    resolved = resolve_agent_config(agent_class, [("test settings", fast), ("test", overrides)])
+    return agent_class(config=resolved)
 
 
 @contextlib.contextmanager

@@ -3,9 +3,10 @@
 LlamaGym must run end to end (tests, CI, a first ``llamagym train``) on a
 machine with no GPU and no access to the Hugging Face Hub. ``tiny`` fills that
 role: a randomly initialised Llama-architecture causal LM plus a tokenizer
-trained on the spot from a corpus kept in this module. It builds in a couple
-of seconds, is cached on disk, and loads through the ordinary
-``AutoModelForCausalLM`` / ``AutoTokenizer`` path like any Hub checkpoint.
+trained on the spot from a fixed corpus (``tiny_corpus.txt``, a data file of
+this package). It builds in a couple of seconds, is cached on disk, and loads
+through the ordinary ``AutoModelForCausalLM`` / ``AutoTokenizer`` path like any
+Hub checkpoint.
 
 Tokenizer design:
 
@@ -94,281 +95,19 @@ _build_lock = threading.Lock()
 # Corpus
 # --------------------------------------------------------------------------
 
-_BASE_TEXT = """\
-You are an agent playing a game. Read the observation and choose an action.
-Reply with exactly one action and nothing else.
-The game is over. You won the game. You lost the game. It is a draw.
-Your reward is 1. Your reward is 0. Your reward is -1. The episode ends.
-A new episode begins. Take the next step. Think about the best move.
-Each turn you see the state of the game and answer with an action.
-The agent learns from rewards: good actions get a high reward, bad ones a low reward.
-Valid actions are listed below. Choose one of the valid actions.
-That is not a valid action. Please answer with a valid action.
-You are playing Blackjack. The goal is to get a sum close to 21 without going over.
-Your sum is the total of your cards. The dealer shows one card.
-If your sum is over 21 you bust and lose. The dealer must hit until 17.
-A usable ace counts as 11 without making you bust. Otherwise an ace counts as 1.
-Do you want to stick or hit? Say stick to stay, or hit to draw another card.
-Stick means you stay with your cards. Hit means you take one more card.
-You decide to hit. You decide to stick. You decide to stay.
-The dealer draws a card. The dealer busts. The dealer has a higher sum.
-Cards: ace, two, three, four, five, six, seven, eight, nine, ten, jack, queen, king.
-Suits: hearts, diamonds, clubs, spades. The deck is shuffled. Draw a card from the deck.
-You are balancing a pole on a cart. Push the cart LEFT or RIGHT to keep the pole upright.
-Cart position, Cart velocity, Pole angle and Pole angular velocity describe the state.
-If the pole falls too far or the cart leaves the track, the episode ends.
-Move the cart to the left. Move the cart to the right. Push LEFT. Push RIGHT.
-The pole is leaning to the left, so push the cart left.
-The pole is leaning to the right, so push the cart right.
-Answer LEFT or RIGHT. Answer left or right. The answer is LEFT. The answer is RIGHT.
-You are in a text adventure. Type a command to act in the world.
-Commands: look, inventory, examine, take, drop, open, close, put, eat, go, unlock.
-Directions: north, south, east, west, up, down. You can go north, south, east or west.
-You are carrying nothing. You are carrying a key and an apple.
-You see a door, a key, a chest and a table. There is an exit to the north.
-The door is locked. The door is open. The chest is closed. The chest is empty.
-You open the door. You unlock the door with the key. You take the key.
-You put the apple on the table. You eat the apple. You drop the book.
-You examine the map. It shows the way to the kitchen.
-Welcome to the kitchen. There is a fridge, a stove, a counter and a table here.
-Welcome to the bedroom. There is a bed, a wardrobe and a lamp here.
-Welcome to the garden. There is a shed, a gate and a path leading south.
-Welcome to the cellar. It is dark and cold. A ladder leads up.
-Your score has just gone up by one point. Your task is complete.
-Use JSON. Respond with a JSON object like {"action": "hit"} or {"command": "open door"}.
-Return your answer as JSON: {"action": "stick"}.
-The output must be valid JSON with one key. Do not add any other text.
-Grid world: you are at row 2, column 3. The goal is at row 4, column 4.
-Avoid the holes. The ice is slippery. Reach the goal to get a reward.
-You are a taxi. Pick up the passenger and drop them at the destination.
-Actions: move up, move down, move left, move right, pick up, drop off.
-Score, points, turn, step, level, player, opponent, board, move, piece.
-Yes. No. OK. Done. Good. Bad. Maybe. Wait. Again. Please. Thank you.
-What is your action? What is your next command? What do you do now?
-I will hit. I will stick. I will go north. I will open the door. I will take the key.
-The room is quiet. The light is on. The window is open. The floor is wet.
-0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 100 1000
--1 -0.5 0.0 0.25 0.5 1.0 3.14 2.718 -273.15 42 7 99
-a b c d e f g h i j k l m n o p q r s t u v w x y z
-A B C D E F G H I J K L M N O P Q R S T U V W X Y Z
-. , ; : ! ? ' " ( ) [ ] { } < > / \\ | - _ + = * & % $ # @ ~ ` ^
-"""
-
-_PROSE_TEXT = """\
-Games are played by one or more players who follow a set of rules.
-Some games are played with cards, some with dice, and some on a board with pieces.
-In a card game each player is dealt a hand of cards from a shuffled deck.
-The player who reaches the highest score before the end of the round is the winner.
-A good strategy weighs the risk of each move against the possible reward.
-When you are unsure, it is often better to take the safe option.
-Learning means trying something, seeing what happens, and doing better next time.
-An observation tells you what the world looks like right now.
-An action changes the world, and the environment answers with a new observation.
-The reward is a number that says how well the last action worked.
-Over many episodes the agent should collect as much reward as it can.
-The environment resets at the start of every episode.
-A step is one action followed by one observation and one reward.
-If the episode is truncated, it stopped because of a time limit.
-If the episode is terminated, the game itself came to an end.
-Read the whole message carefully before you answer.
-Keep your answer short. Only write the action.
-The player wins when the dealer busts and the player does not.
-If both have the same sum, nobody wins and the bet is returned.
-A natural is an ace with a ten card, and it is the best hand.
-The house always has a small edge over the player.
-A hard hand has no usable ace; a soft hand has one.
-With a hard sixteen against a dealer ten, many players still hit.
-With a soft eighteen, standing is usually a sound choice.
-The cart moves along a frictionless track between two walls.
-A force pushes the cart either to the left or to the right at every step.
-The pole starts almost upright and begins to fall as soon as time passes.
-Every step that the pole stays up earns one point of reward.
-A small angle is easy to correct, but a large angle is hard to recover from.
-Watch both the angle and the angular velocity before you decide.
-The house has many rooms connected by doors and corridors.
-Some doors are locked and need the right key to open.
-Small items can be picked up, carried, and put down somewhere else.
-Large furniture such as a bed, a sofa or a wardrobe cannot be moved.
-Food can be eaten, and some recipes need food to be cooked first.
-The chest in the attic holds something valuable.
-A note on the kitchen table says the key is hidden under the mat.
-The hallway connects the kitchen, the bedroom and the front door.
-The bathroom has a sink, a mirror and a shower.
-The living room has a sofa, a television and a bookshelf.
-The study has a desk, a chair and a drawer full of papers.
-It is raining outside, and the garden path is muddy.
-A bird sings in the tree next to the shed.
-You hear footsteps above you. Something moves in the dark.
-The fire in the fireplace is warm and bright.
-You feel hungry. You feel tired. You feel ready for an adventure.
-Pick a number between one and ten. The number is seven.
-Count from one to ten: one, two, three, four, five, six, seven, eight, nine, ten.
-First, second, third, fourth, fifth, last. Before, after, again, never, always.
-Up and down, left and right, inside and outside, near and far, over and under.
-Red, green, blue, yellow, black, white, orange, purple, brown, gray.
-Small, large, big, little, long, short, heavy, light, old, new, hot, cold.
-Open it, close it, take it, leave it, use it, move it, push it, pull it.
-The quick brown fox jumps over the lazy dog.
-This sentence is written in plain English so the tokenizer learns common words.
-Please think step by step, then give the final answer on its own line.
-Final answer: hit. Final answer: stick. Final answer: LEFT. Final answer: RIGHT.
-Thought: the sum is low, so another card is safe. Action: hit.
-Thought: the sum is high, so another card may bust. Action: stick.
-Thought: the pole leans right. Action: RIGHT.
-Thought: the pole leans left. Action: LEFT.
-Thought: the door is locked and I have the key. Command: unlock door with key.
-Thought: I should explore the next room. Command: go east.
-Error: unknown command. Try again with one of the listed commands.
-Error: invalid JSON. Send an object with an action field.
-Warning: the answer was too long and was cut off.
-Hint: the treasure is in the chest behind the locked door.
-Note: your inventory is limited to five items.
-Tip: examine everything; the clues are in the descriptions.
-Summary: three rooms explored, one key found, one door still locked.
-Statistics: games played, games won, win rate, average reward, best score.
-Training: batch, epoch, loss, learning rate, gradient, update, policy, value.
-Tic-tac-toe is played on a three by three grid; get three in a row to win.
-Place your mark in an empty square. The top left corner is square one.
-In chess each side has a king, a queen, two rooks, two bishops, two knights and eight pawns.
-Checkmate ends the game. A stalemate is a draw.
-In a word game you guess a hidden word, letter by letter.
-A correct letter in the correct spot is shown in green.
-A correct letter in the wrong spot is shown in yellow.
-In twenty questions you ask yes or no questions to find the secret object.
-Is it an animal? Is it bigger than a bread box? Can you eat it?
-The frozen lake has safe frozen tiles, holes, a start and a goal.
-Moving on the slippery ice sometimes sends you in another direction.
-The taxi must find the passenger, pick them up, and drive to the hotel, the station or the airport.
-An illegal pick up or drop off costs a penalty.
-The mountain car must build momentum by driving back and forth in the valley.
-The lunar lander fires its main engine or its side engines to land softly between the flags.
-Every environment has an observation space and an action space.
-Discrete actions are numbered from zero. Continuous actions are real numbers.
-Players take turns. It is your turn. It is the opponent's turn. Wait for your turn.
-Roll the dice. You rolled a six. Move your piece forward six spaces.
-Collect gold, avoid traps, and find the exit before the torch burns out.
-The monster guards the bridge. Fight it, sneak past it, or turn back.
-The merchant sells a rope, a lantern, a shield and a healing potion.
-You have twenty gold coins. The potion costs five coins.
-Your health is low. Drink the potion to restore your health.
-The puzzle needs the red gem, the blue gem and the green gem.
-Solve the riddle to open the gate: what has keys but cannot open locks?
-The answer is a piano. The gate opens with a loud creak.
-"""
-
-_SYSTEM_PROMPTS = (
-    "You are a helpful agent playing a game.",
-    "You are an expert Blackjack player.",
-    "You control a cart that balances a pole.",
-    "You are exploring a house in a text adventure.",
-    "Answer with one action only.",
-    "Respond in JSON.",
-)
-
-# fmt: off
-_ROOMS = (
-    "kitchen", "bedroom", "bathroom", "living room", "cellar",
-    "attic", "garden", "hallway", "study",
-)
-_OBJECTS = (
-    "door", "key", "chest", "table", "apple", "book", "lamp", "box", "coin",
-    "sword", "map", "bottle", "knife", "letter", "carrot", "fridge", "drawer",
-)
-_VERBS = ("take", "open", "drop", "examine", "eat", "close", "unlock")
-_DIRECTIONS = ("north", "south", "east", "west")
-_CARD_NAMES = (
-    "ace", "two", "three", "four", "five", "six", "seven",
-    "eight", "nine", "ten", "jack", "queen", "king",
-)
-# fmt: on
-_SUITS = ("hearts", "diamonds", "clubs", "spades")
-
-
-def _blackjack_lines() -> list[str]:
-    lines = []
-    for player_sum in range(4, 22):
-        for dealer in range(1, 11):
-            ace = "a" if (player_sum + dealer) % 3 == 0 else "no"
-            action = "hit" if player_sum < 17 else "stick"
-            lines.append(
-                f"Your sum is {player_sum}, the dealer's showing card is {dealer}, "
-                f"and you have {ace} usable ace. Action: {action}"
-            )
-    for dealer in range(1, 11):
-        lines.append(
-            f"Your sum: {dealer + 10}. Dealer: {dealer}. Usable ace: no. Do you stick or hit?"
-        )
-        lines.append(
-            f'{{"action": "hit"}} {{"action": "stick"}} {{"action": "stay"}} dealer {dealer}'
-        )
-    return lines
-
-
-def _cartpole_lines() -> list[str]:
-    lines = []
-    for i in range(60):
-        # Fixed arithmetic, not random numbers, so the corpus is identical everywhere.
-        pos = ((i * 37) % 480 - 240) / 100
-        vel = ((i * 53) % 400 - 200) / 100
-        ang = ((i * 29) % 418 - 209) / 1000
-        ang_vel = ((i * 71) % 600 - 300) / 100
-        action = "LEFT" if ang < 0 else "RIGHT"
-        lines.append(
-            f"Cart position: {pos:.3f}, Cart velocity: {vel:.3f}, "
-            f"Pole angle: {ang:.3f}, Pole angular velocity: {ang_vel:.3f}. Action: {action}"
-        )
-    return lines
-
-
-def _text_adventure_lines() -> list[str]:
-    lines = []
-    for room_index, room in enumerate(_ROOMS):
-        obj = _OBJECTS[room_index % len(_OBJECTS)]
-        other = _OBJECTS[(room_index * 5 + 3) % len(_OBJECTS)]
-        direction = _DIRECTIONS[room_index % len(_DIRECTIONS)]
-        title = room.title()
-        lines.append(f"-= {title} =- You are in the {room}. You see a {obj} and a {other}.")
-        lines.append(
-            f"There is an exit to the {direction}. Type go {direction} to leave the {room}."
-        )
-    for verb in _VERBS:
-        for obj in _OBJECTS:
-            lines.append(f'> {verb} {obj} {{"command": "{verb} {obj}"}}')
-    for direction in _DIRECTIONS:
-        lines.append(f'> go {direction} {{"command": "go {direction}"}} You go {direction}.')
-    for obj in _OBJECTS[:8]:
-        lines.append(f"> put {obj} on table. You put the {obj} on the table.")
-        lines.append(f"> put {obj} in chest. You put the {obj} in the chest.")
-    lines.append('> look {"command": "look"} > inventory {"command": "inventory"}')
-    return lines
-
-
-def _card_lines() -> list[str]:
-    return [f"You draw the {card} of {suit}." for suit in _SUITS for card in _CARD_NAMES]
-
-
-def _chat_lines() -> list[str]:
-    lines = []
-    answers = ("hit", "stick", "LEFT", "RIGHT", "go north", "open door", "take key", "look")
-    for i, system in enumerate(_SYSTEM_PROMPTS):
-        answer = answers[i % len(answers)]
-        lines.append(
-            f"{SYSTEM_TOKEN}\n{system}{END_TOKEN}\n{USER_TOKEN}\nWhat is your action?{END_TOKEN}\n"
-            f"{ASSISTANT_TOKEN}\n{answer}{END_TOKEN}"
-        )
-    return lines
-
 
 def training_corpus() -> list[str]:
-    """The fixed lines the tiny tokenizer is trained on (same list every call)."""
-    texts = (_BASE_TEXT, _PROSE_TEXT)
-    lines = [line for text in texts for line in text.splitlines() if line.strip()]
-    lines += _blackjack_lines()
-    lines += _cartpole_lines()
-    lines += _text_adventure_lines()
-    lines += _card_lines()
-    lines += _chat_lines()
-    return lines
+    """The fixed samples the tiny tokenizer is trained on (same list every call), read
+    from ``tiny_corpus.txt``: every line but blank ones and ``#`` comments, with
+    ``\\n`` standing for a line break."""
+    from importlib.resources import files
+
+    text = (files("llamagym") / "tiny_corpus.txt").read_text(encoding="utf-8")
+    return [
+        line.replace("\\n", "\n")
+        for line in text.splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
 
 
 # --------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import logging
 import random
 import shutil
@@ -48,7 +49,6 @@ import torch
 
 from llamagym import checkpoint as checkpoints
 from llamagym import distributed
-from llamagym.config import agent_config_class, complete_config, config_descriptions
 from llamagym.errors import EnvFailureError, LlamaGymError, TrainingDivergedError
 from llamagym.evaluation import EvalResult, evaluate_agent, evaluate_baseline
 from llamagym.report import (
@@ -59,14 +59,19 @@ from llamagym.report import (
     rewrite_records,
     write_report,
 )
+from llamagym.schedule import Control
+from llamagym.specs import RunContext
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_EPISODES = 1000
 MOVING_AVERAGE_EPISODES = 500
 RANK_RECORDS = ".ranks"
+#: The plugins that answered per-step hooks (prompt, observation, parsing, reward).
+PLUGINS = "plugins.json"
 _RUN_FILES = (
     METRICS,
+    PLUGINS,
     "report.md",
     "learning_curve.png",
     "tensorboard",
@@ -232,8 +237,12 @@ class Trainer:
         directory = self.config.output.dir or default_output_dir(self.config.agent.name)
         # Every process uses rank 0's directory (a default name holds the time).
         self.output_dir = Path(distributed.all_gather(str(directory))[0])
-        # Loggers find the run directory through the agent's config; only rank 0 logs.
-        self.config.output.dir = self.output_dir if distributed.is_main() else None
+        #: What observers (loggers) are told about the run; only rank 0 writes files.
+        self.context = RunContext(
+            self.output_dir if distributed.is_main() else None,
+            rank=distributed.rank(),
+            world_size=distributed.world_size(),
+        )
         self.resume_from = Path(resume_from) if resume_from is not None else None
         #: The signal that stops the run, agreed by every process before each update.
         self.stop_signal: str | None = None
@@ -242,6 +251,9 @@ class Trainer:
         self._last_checkpoint_update = -1
         self._config_dict: dict[str, Any] = {}
         self._config_yaml = ""
+        self._time_used: Callable[[], float] = lambda: 0.0  # the run's clock, once it runs
+        #: the plugins a resumed checkpoint recorded; compared after the first update
+        self._resumed_plugins: list[dict[str, Any]] | None = None
 
     # -- set-up -------------------------------------------------------------------
     def _prepare_output_dir(self, resume_checkpoint: Path | None) -> None:
@@ -266,24 +278,14 @@ class Trainer:
             directory.mkdir(parents=True, exist_ok=True)
 
     def _write_config(self) -> None:
-        from llamagym.agent import make_algorithm_config
-
-        algorithm_class, settings = make_algorithm_config(self.config, self.agent.plugins)
-        full = complete_config(self.config, settings)
-        self._config_dict = full.model_dump(mode="json")
-        from llamagym.config import render_config_yaml
-
-        descriptions = config_descriptions(
-            algorithm_class.Config, agent_config_class(type(self.agent))
-        )
         agent_name = self.config.agent.name
-        self._config_yaml = render_config_yaml(
-            full,
-            descriptions,
+        self._config_dict = self.config.model_dump(mode="json")
+        self._config_yaml = self.agent.resolved.to_yaml(
             header=[
                 f"LlamaGym run configuration, agent {agent_name!r}, written "
                 f"{datetime.now().isoformat(timespec='seconds')}.",
                 f"Run it again: llamagym run {agent_name} --config THIS_FILE --output NEW_DIR",
+                "'# from ...' marks a value set above the built-in defaults.",
                 "",
             ],
         )
@@ -292,7 +294,8 @@ class Trainer:
 
     def _restore(self, checkpoint: Path, counters: Counters) -> list[dict[str, Any]]:
         """Load the checkpoint into the agent; return the metrics history up to it."""
-        saved = checkpoints.restore_training_checkpoint(checkpoint, self.agent)
+        saved = checkpoints.restore_training_checkpoint(checkpoint, self.agent.run)
+        self._resumed_plugins = checkpoints.read_meta(checkpoint).get("plugins")
         for name, value in saved.items():
             if hasattr(counters, name):
                 setattr(counters, name, value)
@@ -340,6 +343,13 @@ class Trainer:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
+    def _show_phase(self, text: str) -> None:
+        if self.progress is not None and hasattr(self.progress, "phase"):
+            self.progress.phase(text, self._time_used())
+
+    def _show_epoch(self, epoch: int, epochs: int) -> None:
+        self._show_phase(f"update epoch {epoch}/{epochs}")
+
     def _stop_requested(self) -> bool:
         """What the algorithm checks between minibatches (one process only)."""
         return self._signal_received is not None
@@ -349,14 +359,18 @@ class Trainer:
         name = checkpoints.checkpoint_name(counters.updates)
         path = self.output_dir / checkpoints.CHECKPOINTS / name
         if distributed.is_main():
+            plugins = self.agent.plugins.participants()
             path = checkpoints.save_training_checkpoint(
                 self.output_dir,
-                self.agent,
+                self.agent.run,
                 counters.as_dict(),
                 self._config_dict,
                 self._config_yaml,
                 keep=self.config.output.keep_checkpoints,
+                plugins=plugins,
             )
+            text = json.dumps(plugins, indent=1) + "\n"
+            (self.output_dir / PLUGINS).write_text(text, encoding="utf-8")
             logger.info("checkpoint written: %s", path)
         self._last_checkpoint, self._last_checkpoint_update = path, counters.updates
         return path
@@ -392,10 +406,19 @@ class Trainer:
         self._prepare_output_dir(resume_checkpoint)
         self._write_config()
 
-        # Loads the model. Every process starts from rank 0's weights, before the
-        # algorithm (built next) copies them as its KL reference.
+        # Loads the model. Every process starts from rank 0's weights; then the run's
+        # parts are built around it, the algorithm told how to stop and show its epochs.
         distributed.broadcast_parameters(agent.policy.trainable_parameters())
-        algorithm, engine = agent.algorithm, agent.engine
+        agent.plugins.reset_participants()  # this run's, not an earlier one's in the process
+        several = distributed.world_size() > 1
+        control = Control(
+            # One process stops within an update; several only between updates, where
+            # they agree (a stop inside would break their lockstep).
+            should_stop=(lambda: False) if several else self._stop_requested,
+            on_epoch=self._show_epoch,
+        )
+        run_parts = agent.start_run(control)  # with its warm start, if any
+        algorithm, engine, schedule = run_parts.algorithm, run_parts.engine, run_parts.schedule
         envs = [agent.make_env() for _ in range(config.rollout.num_envs)]
         counters = Counters()
         history: list[dict[str, Any]] = []
@@ -416,29 +439,16 @@ class Trainer:
         seconds_before = counters.seconds
         metrics: dict[str, float] = {}
         skipped_in_a_row = 0
-        engine.max_failures_in_a_row = config.training.max_env_failures
         progress = self.progress
         if progress is not None:
             progress.start(episode_budget, config.training.minutes, counters.episodes,
                            counters.seconds)
-        # One process stops within a collection or an update; several only between
-        # updates, where they agree (a stop inside would break their lockstep).
-        several = distributed.world_size() > 1
-
         def time_used() -> float:
             """Training time so far, the same clock as ``counters.seconds``."""
             return seconds_before + time.perf_counter() - started
 
-        def show_phase(text: str) -> None:
-            if progress is not None and hasattr(progress, "phase"):
-                progress.phase(text, time_used())
-
-        def show_epoch(epoch: int, epochs: int) -> None:
-            show_phase(f"update epoch {epoch}/{epochs}")
-
-        # The algorithm's stop check and epoch report for this run, set here only.
-        algorithm.should_stop = None if several else self._stop_requested
-        algorithm.on_epoch = show_epoch
+        self._time_used = time_used
+        show_phase = self._show_phase
         seconds_used: float | None = None  # set when a collection is cut short
         dropped = 0
         try:
@@ -458,8 +468,8 @@ class Trainer:
                     failures_before = engine.stats.env_failures
                     # Schedules (e.g. learning-rate annealing) read the share of the
                     # budget used before this update.
-                    algorithm.progress = engine.progress = budget_fraction(
-                        counters, episode_budget, time_budget
+                    schedule.set_progress(
+                        budget_fraction(counters, episode_budget, time_budget)
                     )
                     wanted = algorithm.episodes_per_update
                     watch = CollectionWatch(self, wanted, time_used, time_budget, not several)
@@ -565,6 +575,11 @@ class Trainer:
                     history.append({"kind": "update", **metrics})
                     if counters.updates == 1:
                         warn_if_first_update_moved_far(metrics, config)
+                    if self._resumed_plugins is not None:
+                        warn_if_plugins_changed(
+                            self._resumed_plugins, agent.plugins.participants()
+                        )
+                        self._resumed_plugins = None
                     if metrics.get("update_interrupted"):
                         logger.warning(
                             "update %d was cut short at a minibatch boundary by the stop "
@@ -574,8 +589,11 @@ class Trainer:
                     if config.output.rank_records:
                         self._record_rank(counters.updates, batch)
                     if distributed.is_main():
+                        append_record(self.output_dir / METRICS, {"kind": "update", **metrics})
                         with isolated_rng():
-                            agent.plugins.update_end(agent, counters.updates, metrics)
+                            agent.plugins.update_end(
+                                agent, counters.updates, metrics, run=self.context
+                            )
                     if progress is not None:
                         progress.update(counters.episodes, counters.seconds, metrics)
                     logger.debug(
@@ -591,7 +609,6 @@ class Trainer:
                     if every and counters.updates % every == 0:
                         self._checkpoint(counters)
         finally:
-            algorithm.should_stop = algorithm.on_epoch = None
             if progress is not None:
                 progress.stop()
             for env in envs:
@@ -645,8 +662,6 @@ class Trainer:
             **result.as_dict(),
             "baselines": [b.as_dict() for b in baselines],
         }
-        # Written here rather than by the JSONL logger plugin: the hooks have no
-        # evaluation event, and the report needs this line.
         append_record(self.output_dir / METRICS, record)
         return result, baselines, record
 
@@ -673,6 +688,26 @@ def warn_if_first_update_moved_far(metrics: dict[str, float], config: Any) -> No
         kl,
         SANE_UPDATE_KL,
         fix,
+    )
+
+
+def _plugin_names(plugins: list[dict[str, Any]]) -> set[str]:
+    return {f"{p.get('name')} ({p.get('distribution')} {p.get('version')})" for p in plugins}
+
+
+def warn_if_plugins_changed(
+    saved: list[dict[str, Any]], current: list[dict[str, Any]]
+) -> None:
+    """A resumed run whose per-step plugins differ from the checkpoint's says so: its
+    prompts, parsing or rewards may no longer be the ones it was trained with."""
+    before, now = _plugin_names(saved), _plugin_names(current)
+    if before == now:
+        return
+    logger.warning(
+        "the plugins answering per-step hooks differ from the checkpoint's: %s%s",
+        f"new {', '.join(sorted(now - before))}" if now - before else "",
+        ("; " if now - before and before - now else "")
+        + (f"gone {', '.join(sorted(before - now))}" if before - now else ""),
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,8 +13,11 @@ class Turn:
     """One model decision and what the environment said about it.
 
     In score mode ``action_tokens`` is empty and ``logprobs`` holds one number, the
-    log-probability of the chosen candidate among ``candidates``; in generate mode
-    ``action_tokens`` are the sampled reply tokens and ``logprobs`` one per token.
+    log-probability of the chosen candidate among ``candidates`` (a softmax over their
+    scores divided by ``temperature``); in generate mode ``action_tokens`` are the
+    sampled reply tokens and ``logprobs`` one per token, the model's own (temperature
+    1, whatever the sampling temperature). ``temperature`` is the sampling temperature
+    the engine decided at, so a learner recomputes the very policy that acted.
     """
 
     prompt_tokens: list[int]
@@ -31,6 +36,16 @@ class Turn:
     #: in the conversation by ``feedback``.
     retries: list[Turn] = field(default_factory=list)
     feedback: str = ""
+    temperature: float = 1.0
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Turn:
+        """A turn from ``dataclasses.asdict`` output (e.g. JSON): retries become turns
+        again, and a field the data lacks takes its default."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        fields = {key: value for key, value in data.items() if key in known}
+        fields["retries"] = [cls.from_dict(retry) for retry in fields.get("retries", [])]
+        return cls(**fields)
 
     def context_messages(self) -> list[dict[str, str]]:
         """The messages this turn adds to the conversation, retries included."""
@@ -55,6 +70,14 @@ class Episode:
     group: int | None = None
     length: int = 0
     info: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Episode:
+        """An episode from ``dataclasses.asdict`` output, its turns included."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        fields = {key: value for key, value in data.items() if key in known}
+        fields["turns"] = [Turn.from_dict(turn) for turn in fields.get("turns", [])]
+        return cls(**fields)
 
     @property
     def invalid_replies(self) -> int:

@@ -11,10 +11,11 @@ The loss is PPO's clipped surrogate on exactly the tokens the engine sampled (or
 chosen candidate in score mode): the rewards being normalised belong to those very
 completions. Optional KL penalty to the reference policy (the adapter switched off, or a
 frozen copy of a fully fine-tuned model), with a fixed or adaptive weight, and an
-enforced target-KL stop. A group whose returns are all equal says nothing about which
-completion was better: it adds no policy gradient, is counted, and the share of such
-groups is logged as ``zero_variance_fraction`` (its turns still carry the entropy bonus
-and KL penalty when those are on, see ``update``).
+enforced target-KL stop: the shared clipped-policy-gradient loop (``Algorithm.optimise``).
+A group whose returns are all equal says nothing about which completion was better: it
+adds no policy gradient, is counted, and the share of such groups is logged as
+``zero_variance_fraction`` (its turns still carry the entropy bonus and KL penalty when
+those are on, see ``update``).
 """
 
 from __future__ import annotations
@@ -24,23 +25,20 @@ import logging
 import torch
 from pydantic import Field, field_validator
 
+from llamagym import distributed
 from llamagym.algorithm import (
     Algorithm,
-    Stateful,
+    AlgorithmConfig,
+    KLController,
     check_adaptive_kl,
     check_group_divides_batch,
-    clipped_surrogate,
-    masked_mean,
-    minibatches,
-    passes_target_kl,
-    reference_kl,
-    rollout_metrics,
     seed_groups,
 )
 from llamagym.config import RolloutSettings
 from llamagym.credit import RULES_WITHOUT_VALUES, CreditRule, group_normalized, turn_returns
-from llamagym.plugins.sft import SFTWarmStartConfig, kl_and_warm_start
+from llamagym.plugins.sft import WarmStart, WarmStartConfig
 from llamagym.policy import Policy
+from llamagym.schedule import Control, Schedule
 from llamagym.trajectory import Episode, Turn
 
 logger = logging.getLogger(__name__)
@@ -48,7 +46,7 @@ logger = logging.getLogger(__name__)
 STD_EPS = 1e-4  # keeps a group with a tiny spread from blowing its advantages up
 
 
-class CriticFreeConfig(SFTWarmStartConfig):
+class CriticFreeConfig(AlgorithmConfig):
     """The settings GRPO, RLOO and REINFORCE share."""
 
     credit_rules = RULES_WITHOUT_VALUES
@@ -75,6 +73,11 @@ class CriticFreeConfig(SFTWarmStartConfig):
     credit: CreditRule = Field("discounted", description="Credit rule across turns.")
     gamma: float = Field(1.0, ge=0, le=1, description="Discount across turns.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+    warm_start: WarmStartConfig = Field(
+        default_factory=WarmStartConfig,
+        description="Supervised steps: on demonstrations before RL, on the best episodes "
+        "between updates.",
+    )
 
     _adaptive_needs_coef = field_validator("adaptive_kl_target")(check_adaptive_kl)
 
@@ -92,17 +95,24 @@ class GRPO(Algorithm):
     Config = GRPOConfig
     credit_rules = GRPOConfig.credit_rules
 
-    def __init__(self, policy: Policy, config: GRPOConfig, rollout: RolloutSettings):
-        super().__init__(policy, config, rollout)
+    def __init__(
+        self,
+        policy: Policy,
+        config: GRPOConfig,
+        rollout: RolloutSettings,
+        *,
+        schedule: Schedule | None = None,
+        group: distributed.Collectives | None = None,
+        control: Control | None = None,
+    ):
+        super().__init__(policy, config, rollout, schedule=schedule, group=group, control=control)
         self.optimizer = torch.optim.Adam(self.model_parameters(), lr=config.lr)
-        self.kl, self.warm_start = kl_and_warm_start(self, config)
+        self.kl = KLController.from_config(config)
+        self.sft = WarmStart.create(self, config.warm_start)
 
     @property
     def group_size(self) -> int:
         return self.config.group_size
-
-    def stateful_parts(self) -> dict[str, Stateful | None]:
-        return {"kl_controller": self.kl, "warm_start": self.warm_start}
 
     def group_returns(self, group: list[Episode]) -> list[list[float]]:
         """Each episode's per-turn returns under the credit rule."""
@@ -134,7 +144,7 @@ class GRPO(Algorithm):
         # KL penalty) should still act on them: without that pull, states where the
         # policy is already deterministic never produce a varied group again, and the
         # policy collapses there (seen on Blackjack: always-stick after ~20 updates).
-        keep_masked = config.entropy_coef > 0 or self.kl.coef > 0
+        keep_masked = config.entropy_coef > 0 or (self.kl is not None and self.kl.coef > 0)
         turns: list[Turn] = []
         advantages: list[float] = []
         groups = self.groups(episodes)
@@ -151,77 +161,19 @@ class GRPO(Algorithm):
             for episode, episode_advantages in zip(group, group_advantages, strict=True):
                 turns += episode.turns
                 advantages += episode_advantages
-        device = self.policy.device
-        advantages_t = torch.tensor(advantages, device=device)
+        advantages_t = torch.tensor(advantages, device=self.policy.device)
 
-        # 2. The reference never moves during the update: score it once.
-        reference = None
-        if self.kl.coef > 0 and turns:
-            reference = self.reference_logprob_lists(turns, config.minibatch_size)
-
-        # 3. Clipped-surrogate epochs over minibatches of turns, stopped by target-KL.
-        sums = {"policy_loss": 0.0, "entropy": 0.0, "kl_ref": 0.0, "approx_kl": 0.0,
-                "clip_fraction": 0.0}
-        steps, epochs_run, stopped, interrupted = 0, 0, False, False
-        order = list(range(len(turns)))
-        steps_per_epoch = self.minibatch_count(len(turns), config.minibatch_size)
-        for epoch in range(config.epochs if turns else 0):
-            epochs_run += 1
-            self.epoch_started(epoch + 1, config.epochs)
-            self.rng.shuffle(order)
-            for index in minibatches(order, config.minibatch_size, steps_per_epoch):
-                if self.stop_requested():
-                    interrupted = True  # asked to stop: the steps taken so far stand
-                    break
-                batch = [turns[i] for i in index]
-                new = self.evaluate(batch)
-                width = new.logprobs.shape[1]
-                surrogate = clipped_surrogate(
-                    new, self.old_logprobs(batch, width), advantages_t[index], config.clip_range
-                )
-                if passes_target_kl(surrogate.approx_kl, config.target_kl):
-                    stopped = True  # this step would move further from the rollout policy
-                    break
-                entropy = masked_mean(new.entropy, new.mask)
-                loss = surrogate.loss - config.entropy_coef * entropy
-                kl_ref = torch.zeros((), device=device)
-                if reference is not None:
-                    reference_t = self.padded([reference[i] for i in index], width)
-                    kl_ref = reference_kl(new.logprobs, reference_t, new.mask)
-                    loss = loss + self.kl.coef * kl_ref
-                self.step(self.optimizer, loss, config.max_grad_norm)
-                steps += 1
-                sums["policy_loss"] += surrogate.loss.item()
-                sums["entropy"] += entropy.item()
-                sums["kl_ref"] += kl_ref.item()
-                sums["approx_kl"] += surrogate.approx_kl
-                sums["clip_fraction"] += surrogate.clip_fraction
-            if stopped:
-                self.target_kl_stops += 1
-                break
-            if interrupted:
-                break
-        metrics = {key: value / max(1, steps) for key, value in sums.items()}
-        if self.kl.coef > 0:  # on every process, even one without turns this update
-            self.kl.update(metrics["kl_ref"], len(turns))
-        self.updates += 1
-
-        # 4. Optional supervised steps on the best episodes seen so far.
-        if self.warm_start is not None:
-            metrics.update(self.warm_start.after_update(episodes))
-        metrics.update(rollout_metrics(episodes))
-        metrics.update(
-            zero_variance_groups=float(masked),
-            zero_variance_fraction=masked / max(1, len(groups)),
-            signal_turns=float(signal_turns),
-            trained_turns=float(len(turns)),
-            policy_steps=float(steps),
-            epochs_run=float(epochs_run),
-            target_kl_stop=float(stopped),
-            update_interrupted=float(interrupted or bool(metrics.get("update_interrupted"))),
-            target_kl_stops=float(self.target_kl_stops),
-            kl_coef=self.kl.coef,
-            skipped_steps=float(self.skipped_updates),
-            lr=lr,
+        # 2. Clipped-surrogate epochs; 3. optional supervised steps; the metrics.
+        result = self.optimise(turns, advantages_t)
+        metrics = self.finish_update(
+            episodes,
+            result,
+            batch={
+                "zero_variance_groups": float(masked),
+                "zero_variance_fraction": masked / max(1, len(groups)),
+                "signal_turns": float(signal_turns),
+                "trained_turns": float(len(turns)),
+            },
         )
+        metrics["lr"] = lr
         return metrics

@@ -1,15 +1,17 @@
 """The built-in metric loggers, plugins on the ``update_end`` / ``episode_end`` hooks.
 
-* ``jsonl-logger``: one line per update in ``<run>/metrics.jsonl`` (fields in
-  :mod:`llamagym.report`); the report is made from this file.
 * ``tensorboard-logger``: scalars in ``<run>/tensorboard/`` when the ``tensorboard``
   package is installed and ``output.tensorboard`` is on (the default).
 * ``wandb-logger``: Weights & Biases, only when ``WANDB_PROJECT`` is set; ``wandb`` is
   never imported otherwise, so a default run makes no network call.
 
-Each finds the run directory in ``agent.config.output.dir`` (the trainer fills it in)
-and does nothing for an agent driven outside a run, e.g. through ``Agent.act``. Any of
-them can be turned off like any plugin: ``LLAMAGYM_DISABLE_PLUGINS=tensorboard-logger``.
+``metrics.jsonl`` (one line per update, fields in :mod:`llamagym.report`) is not a
+plugin: the trainer writes it, and the report is made from it.
+
+Each takes the run directory from the hook's ``run`` argument
+(:class:`~llamagym.specs.RunContext`) and does nothing when it is ``None``: for an agent
+driven outside a run (``Agent.act``) and on ranks other than 0. Any of them can be
+turned off like any plugin: ``LLAMAGYM_DISABLE_PLUGINS=tensorboard-logger``.
 """
 
 from __future__ import annotations
@@ -22,23 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from llamagym.hookspecs import hookimpl
-from llamagym.report import METRICS, append_record
+from llamagym.specs import RunContext
 
 logger = logging.getLogger(__name__)
-
-
-def _run_dir(agent: Any) -> Path | None:
-    directory = getattr(getattr(agent, "config", None), "output", None)
-    directory = getattr(directory, "dir", None)
-    return Path(directory) if directory is not None else None
-
-
-class JsonlLogger:
-    @hookimpl
-    def llamagym_update_end(self, agent: Any, update: int, metrics: dict[str, float]) -> None:
-        run_dir = _run_dir(agent)
-        if run_dir is not None:
-            append_record(run_dir / METRICS, {"kind": "update", **metrics})
 
 
 class TensorBoardLogger:
@@ -69,14 +57,15 @@ class TensorBoardLogger:
         return bool(getattr(output, "tensorboard", False))
 
     @hookimpl
-    def llamagym_episode_end(self, agent: Any, episode: Any) -> None:
-        run_dir = _run_dir(agent)
-        if run_dir is not None and self._enabled(agent):
-            self._returns.setdefault(run_dir, []).append(float(episode.env_return))
+    def llamagym_episode_end(self, agent: Any, episode: Any, run: RunContext) -> None:
+        if run.run_dir is not None and not run.evaluation and self._enabled(agent):
+            self._returns.setdefault(run.run_dir, []).append(float(episode.env_return))
 
     @hookimpl
-    def llamagym_update_end(self, agent: Any, update: int, metrics: dict[str, float]) -> None:
-        run_dir = _run_dir(agent)
+    def llamagym_update_end(
+        self, agent: Any, update: int, metrics: dict[str, float], run: RunContext
+    ) -> None:
+        run_dir = run.run_dir
         if run_dir is None or not self._enabled(agent):
             return
         if importlib.util.find_spec("tensorboard") is None:
@@ -113,13 +102,15 @@ class WandbLogger:
         atexit.register(self.close)
 
     @hookimpl
-    def llamagym_update_end(self, agent: Any, update: int, metrics: dict[str, float]) -> None:
+    def llamagym_update_end(
+        self, agent: Any, update: int, metrics: dict[str, float], run: RunContext
+    ) -> None:
         project = os.environ.get("WANDB_PROJECT")
-        run_dir = _run_dir(agent)
+        run_dir = run.run_dir
         if not project or run_dir is None or self._unavailable:
             return
-        run = self._runs.get(run_dir)
-        if run is None:
+        wandb_run = self._runs.get(run_dir)
+        if wandb_run is None:
             try:
                 import wandb
             except ImportError:
@@ -129,14 +120,14 @@ class WandbLogger:
                 )
                 self._unavailable = True
                 return
-            run = wandb.init(
+            wandb_run = wandb.init(
                 project=project,
                 name=run_dir.name,
                 dir=str(run_dir),
                 config=agent.config.model_dump(mode="json"),
             )
-            self._runs[run_dir] = run
-        run.log(dict(metrics), step=update)
+            self._runs[run_dir] = wandb_run
+        wandb_run.log(dict(metrics), step=update)
 
     def close(self) -> None:
         for run in self._runs.values():
@@ -144,6 +135,5 @@ class WandbLogger:
         self._runs.clear()
 
 
-jsonl_logger = JsonlLogger()
 tensorboard_logger = TensorBoardLogger()
 wandb_logger = WandbLogger()

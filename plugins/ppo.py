@@ -1,7 +1,9 @@
 """PPO over turns: clipped surrogate on the action/response tokens, a value head on the
 policy's hidden state, GAE across turns, optional KL to the reference policy (the same
 weights with the LoRA adapter switched off) with a fixed or adaptive weight, an enforced
-target-KL early stop, and the optional SFT warm-start (``llamagym.plugins.sft``).
+target-KL early stop, and the optional SFT warm-start (``llamagym.plugins.sft``). The
+epochs are the shared clipped-policy-gradient loop (``Algorithm.optimise``) with the
+value loss as an extra term.
 """
 
 from __future__ import annotations
@@ -9,25 +11,23 @@ from __future__ import annotations
 import torch
 from pydantic import Field, field_validator
 
+from llamagym import distributed
 from llamagym.algorithm import (
     Algorithm,
-    Stateful,
+    AlgorithmConfig,
+    KLController,
+    LossTerm,
     check_adaptive_kl,
-    clipped_surrogate,
-    masked_mean,
-    minibatches,
-    passes_target_kl,
-    reference_kl,
-    rollout_metrics,
 )
 from llamagym.config import RolloutSettings
 from llamagym.credit import CREDIT_RULES, CreditRule, gae, turn_returns
-from llamagym.plugins.sft import SFTWarmStartConfig, kl_and_warm_start
-from llamagym.policy import Policy
+from llamagym.plugins.sft import WarmStart, WarmStartConfig
+from llamagym.policy import Evaluation, Policy
+from llamagym.schedule import Control, Schedule
 from llamagym.trajectory import Episode
 
 
-class PPOConfig(SFTWarmStartConfig):
+class PPOConfig(AlgorithmConfig):
     credit_rules = CREDIT_RULES
 
     lr: float = Field(1e-3, gt=0, description="Adam learning rate.")
@@ -53,6 +53,11 @@ class PPOConfig(SFTWarmStartConfig):
     credit: CreditRule = Field("gae", description="Credit rule across turns.")
     normalize_advantages: bool = Field(True, description="Per-batch advantage normalisation.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+    warm_start: WarmStartConfig = Field(
+        default_factory=WarmStartConfig,
+        description="Supervised steps: on demonstrations before RL, on the best episodes "
+        "between updates.",
+    )
 
     _adaptive_needs_coef = field_validator("adaptive_kl_target")(check_adaptive_kl)
 
@@ -61,13 +66,20 @@ class PPO(Algorithm):
     Config = PPOConfig
     credit_rules = PPOConfig.credit_rules
 
-    def __init__(self, policy: Policy, config: PPOConfig, rollout: RolloutSettings):
-        super().__init__(policy, config, rollout)
+    def __init__(
+        self,
+        policy: Policy,
+        config: PPOConfig,
+        rollout: RolloutSettings,
+        *,
+        schedule: Schedule | None = None,
+        group: distributed.Collectives | None = None,
+        control: Control | None = None,
+    ):
+        super().__init__(policy, config, rollout, schedule=schedule, group=group, control=control)
         self.optimizer = torch.optim.Adam(policy.trainable_parameters(), lr=config.lr)
-        self.kl, self.warm_start = kl_and_warm_start(self, config)
-
-    def stateful_parts(self) -> dict[str, Stateful | None]:
-        return {"kl_controller": self.kl, "warm_start": self.warm_start}
+        self.kl = KLController.from_config(config)
+        self.sft = WarmStart.create(self, config.warm_start)
 
     def update(self, episodes: list[Episode]) -> dict[str, float]:
         config = self.config
@@ -96,75 +108,13 @@ class PPO(Algorithm):
         if config.normalize_advantages and len(turns) > 1:
             advantages_t = (advantages_t - advantages_t.mean()) / (advantages_t.std() + 1e-8)
 
-        # 2. The reference never moves during the update: score it once.
-        reference = None
-        if self.kl.coef > 0:
-            reference = self.reference_logprob_lists(turns, config.minibatch_size)
+        # 2. Clipped-surrogate epochs, the value head regressed on the returns.
+        def value_loss(index: list[int], new: Evaluation) -> torch.Tensor:
+            return 0.5 * (new.values - returns_t[index]).pow(2).mean()
 
-        # 3. Clipped-surrogate epochs over minibatches of turns, stopped by target-KL.
-        sums = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "kl_ref": 0.0,
-                "approx_kl": 0.0, "clip_fraction": 0.0}
-        steps, epochs_run, stopped, interrupted = 0, 0, False, False
-        order = list(range(len(turns)))
-        steps_per_epoch = self.minibatch_count(len(turns), config.minibatch_size)
-        for epoch in range(config.epochs):
-            epochs_run += 1
-            self.epoch_started(epoch + 1, config.epochs)
-            self.rng.shuffle(order)
-            for index in minibatches(order, config.minibatch_size, steps_per_epoch):
-                if self.stop_requested():
-                    interrupted = True  # asked to stop: the steps taken so far stand
-                    break
-                batch = [turns[i] for i in index]
-                new = self.evaluate(batch)
-                width = new.logprobs.shape[1]
-                surrogate = clipped_surrogate(
-                    new, self.old_logprobs(batch, width), advantages_t[index], config.clip_range
-                )
-                if passes_target_kl(surrogate.approx_kl, config.target_kl):
-                    stopped = True  # this step would move further from the rollout policy
-                    break
-                value_loss = 0.5 * (new.values - returns_t[index]).pow(2).mean()
-                entropy = masked_mean(new.entropy, new.mask)
-                loss = (
-                    surrogate.loss + config.value_coef * value_loss - config.entropy_coef * entropy
-                )
-                kl_ref = torch.zeros((), device=device)
-                if reference is not None:
-                    reference_t = self.padded([reference[i] for i in index], width)
-                    kl_ref = reference_kl(new.logprobs, reference_t, new.mask)
-                    loss = loss + self.kl.coef * kl_ref
-                self.step(self.optimizer, loss, config.max_grad_norm)
-                steps += 1
-                sums["policy_loss"] += surrogate.loss.item()
-                sums["value_loss"] += value_loss.item()
-                sums["entropy"] += entropy.item()
-                sums["kl_ref"] += kl_ref.item()
-                sums["approx_kl"] += surrogate.approx_kl
-                sums["clip_fraction"] += surrogate.clip_fraction
-            if stopped:
-                self.target_kl_stops += 1
-                break
-            if interrupted:
-                break
-        metrics = {key: value / max(1, steps) for key, value in sums.items()}
-        if reference is not None:
-            self.kl.update(metrics["kl_ref"], len(turns))
-        self.updates += 1
-
-        # 4. Optional supervised steps on the best episodes seen so far.
-        if self.warm_start is not None:
-            metrics.update(self.warm_start.after_update(episodes))
-        metrics.update(rollout_metrics(episodes))
-        metrics.update(
-            policy_steps=float(steps),
-            epochs_run=float(epochs_run),
-            target_kl_stop=float(stopped),
-            update_interrupted=float(interrupted or bool(metrics.get("update_interrupted"))),
-            target_kl_stops=float(self.target_kl_stops),
-            kl_coef=self.kl.coef,
-            skipped_steps=float(self.skipped_updates),
-            value_mean=float(returns_t.mean()),
-            lr=lr,
-        )
+        value_term = LossTerm("value_loss", config.value_coef, value_loss)
+        result = self.optimise(turns, advantages_t, extra_losses=[value_term])
+        # 3. Optional supervised steps on the best episodes seen so far; the metrics.
+        metrics = self.finish_update(episodes, result)
+        metrics.update(value_mean=float(returns_t.mean()), lr=lr)
         return metrics

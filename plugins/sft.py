@@ -1,8 +1,11 @@
-"""SFT warm-start: supervised steps on the best episodes seen so far, between RL updates,
-and on a JSONL file of demonstrations before RL starts.
+"""SFT warm-start: supervised steps on a JSONL file of demonstrations before RL starts,
+and on the best episodes seen so far between RL updates.
 
-Every built-in algorithm's config inherits :class:`SFTWarmStartConfig`; an algorithm
-builds a :class:`WarmStart` from it and calls ``after_update`` at the end of each update.
+Every built-in algorithm's config has a ``warm_start`` section (:class:`WarmStartConfig`,
+``--set algorithm.warm_start.lr=1e-3``); an algorithm builds a :class:`WarmStart` from
+it. The demonstrations are a phase of their own: a fresh run calls
+``Algorithm.warm_start()`` before the first update (then ``freeze_reference()``, so the
+KL reference is the policy they taught); ``after_update`` runs at the end of each update.
 
 The loss is the masked cross-entropy of the action only, through the same forward pass
 RL uses (``Algorithm.evaluate``): in score mode ``-log pi(chosen | legal actions)``, a
@@ -42,10 +45,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from pydantic import Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from llamagym import distributed
-from llamagym.algorithm import AlgorithmConfig, KLController, masked_mean
+from llamagym.algorithm import masked_mean
 from llamagym.errors import ConfigError
 from llamagym.trajectory import Episode, Turn
 
@@ -55,26 +57,30 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class SFTWarmStartConfig(AlgorithmConfig):
-    sft_warm_start: bool = Field(
+class WarmStartConfig(BaseModel):
+    """The ``algorithm.warm_start`` section: supervised steps with their own Adam."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    replay: bool = Field(
         False, description="After each RL update, supervised steps on the best episodes so far."
     )
-    sft_buffer_size: int = Field(256, ge=1, description="Episodes the replay buffer keeps.")
-    sft_top_k: int = Field(16, ge=1, description="Best episodes of each batch offered to it.")
-    sft_min_return: float | None = Field(
+    buffer_size: int = Field(256, ge=1, description="Episodes the replay buffer keeps.")
+    top_k: int = Field(16, ge=1, description="Best episodes of each batch offered to it.")
+    min_return: float | None = Field(
         None, description="Only episodes with a return above this enter the buffer."
     )
-    sft_steps: int = Field(1, ge=0, description="Supervised steps after each RL update.")
-    sft_batch_size: int = Field(32, ge=1, description="Turns per supervised step.")
-    sft_lr: float = Field(1e-4, gt=0, description="Learning rate of the supervised Adam.")
-    sft_demonstrations: Path | None = Field(
+    steps: int = Field(1, ge=0, description="Supervised steps after each RL update.")
+    batch_size: int = Field(32, ge=1, description="Turns per supervised step.")
+    lr: float = Field(1e-4, gt=0, description="Learning rate of the supervised Adam.")
+    demonstrations: Path | None = Field(
         None, description="JSONL of demonstrations to train on before RL starts."
     )
-    sft_demonstration_epochs: int = Field(
+    demonstration_epochs: int = Field(
         1, ge=1, description="Passes over the demonstrations before RL."
     )
 
-    @field_validator("sft_demonstrations")
+    @field_validator("demonstrations")
     @classmethod
     def _file_exists(cls, path: Path | None) -> Path | None:
         if path is not None and not path.is_file():
@@ -143,9 +149,8 @@ class ReplayBuffer:
         self._arrivals = int(state["arrivals"])
         self._heap = []
         for entry in state["entries"]:
-            fields = dict(entry["episode"])
-            fields["turns"] = [Turn(**turn) for turn in fields["turns"]]
-            self._heap.append((float(entry["return"]), int(entry["arrival"]), Episode(**fields)))
+            episode = Episode.from_dict(entry["episode"])
+            self._heap.append((float(entry["return"]), int(entry["arrival"]), episode))
         heapq.heapify(self._heap)
 
 
@@ -265,34 +270,37 @@ def demonstration_turns(
 class WarmStart:
     """The replay buffer and the supervised optimizer of one algorithm."""
 
-    def __init__(self, algorithm: Algorithm, config: SFTWarmStartConfig):
+    def __init__(self, algorithm: Algorithm, config: WarmStartConfig):
         self.algorithm = algorithm
         self.config = config
-        self.buffer = ReplayBuffer(config.sft_buffer_size, config.sft_min_return)
+        self.buffer = ReplayBuffer(config.buffer_size, config.min_return)
         # Its own Adam: the supervised loss has another scale than the RL one, and
         # sharing moment estimates would let one disturb the other's step sizes.
-        self.optimizer = torch.optim.Adam(algorithm.model_parameters(), lr=config.sft_lr)
+        self.optimizer = torch.optim.Adam(algorithm.model_parameters(), lr=config.lr)
         self.steps = 0
         self.demonstrations_done = False
 
     @classmethod
-    def create(cls, algorithm: Algorithm, config: SFTWarmStartConfig) -> WarmStart | None:
-        if not config.sft_warm_start and config.sft_demonstrations is None:
+    def create(cls, algorithm: Algorithm, config: WarmStartConfig) -> WarmStart | None:
+        """The warm start ``config`` asks for, or None when it asks for none."""
+        if not config.replay and config.demonstrations is None:
             return None
         return cls(algorithm, config)
 
     def supervised_step(self, turns: Sequence[Turn]) -> float:
-        """One masked cross-entropy step on the actions of ``turns``; returns the loss."""
-        evaluation = self.algorithm.evaluate(turns)
+        """One masked cross-entropy step on the actions of ``turns``; returns the loss.
+        Score mode's policy is the one that acts now (the schedule's temperature)."""
+        algorithm = self.algorithm
+        evaluation = algorithm.evaluate(turns, temperature=algorithm.schedule.temperature())
         loss = -masked_mean(evaluation.logprobs, evaluation.mask)
-        max_grad_norm = float(getattr(self.config, "max_grad_norm", 1.0))
-        if self.algorithm.step(self.optimizer, loss, max_grad_norm):
+        max_grad_norm = float(getattr(algorithm.config, "max_grad_norm", 1.0))
+        if algorithm.step(self.optimizer, loss, max_grad_norm):
             self.steps += 1
         return loss.item()
 
     def train_on_demonstrations(self) -> dict[str, float]:
-        """Before RL: ``sft_demonstration_epochs`` passes over the demonstrations file."""
-        path = self.config.sft_demonstrations
+        """Before RL: ``demonstration_epochs`` passes over the demonstrations file."""
+        path = self.config.demonstrations
         if path is None or self.demonstrations_done:
             return {}
         policy = self.algorithm.policy
@@ -303,11 +311,12 @@ class WarmStart:
             reply_prefix=self.algorithm.rollout.reply_prefix,
         )
         losses = []
-        for _ in range(self.config.sft_demonstration_epochs):
+        size = self.config.batch_size
+        for _ in range(self.config.demonstration_epochs):
             order = list(range(len(turns)))
             self.algorithm.rng.shuffle(order)
-            for start in range(0, len(order), self.config.sft_batch_size):
-                batch = [turns[i] for i in order[start : start + self.config.sft_batch_size]]
+            for start in range(0, len(order), size):
+                batch = [turns[i] for i in order[start : start + size]]
                 losses.append(self.supervised_step(batch))
         self.demonstrations_done = True
         logger.info(
@@ -316,20 +325,21 @@ class WarmStart:
         return {"sft_demo_loss_first": losses[0], "sft_demo_loss_last": losses[-1]}
 
     def after_update(self, episodes: Sequence[Episode]) -> dict[str, float]:
-        """Offer the batch's best episodes to the buffer, then ``sft_steps`` steps on it."""
-        if not self.config.sft_warm_start:
+        """Offer the batch's best episodes to the buffer, then ``steps`` steps on it;
+        every process takes as many steps as the one with the fewest (a collective)."""
+        if not self.config.replay:
             return {}
-        self.buffer.offer(episodes, self.config.sft_top_k)
+        self.buffer.offer(episodes, self.config.top_k)
         turns = self.buffer.turns()
         losses = []
         # The same number of steps on every process (each has its own buffer).
-        steps = distributed.agreed_min(self.config.sft_steps if turns else 0)
+        steps = self.algorithm.group.all_min(self.config.steps if turns else 0)
         interrupted = False
         for _ in range(steps):
             if self.algorithm.stop_requested():
-                interrupted = True  # a stop was asked for (see Algorithm.should_stop)
+                interrupted = True  # a stop was asked for (see Algorithm.control)
                 break
-            size = min(self.config.sft_batch_size, len(turns))
+            size = min(self.config.batch_size, len(turns))
             losses.append(self.supervised_step(self.algorithm.rng.sample(turns, size)))
         metrics = {"sft_buffer_episodes": float(len(self.buffer))}
         if interrupted:
@@ -353,18 +363,3 @@ class WarmStart:
         self.steps = int(state["steps"])
         self.demonstrations_done = bool(state["demonstrations_done"])
 
-
-def kl_and_warm_start(
-    algorithm: Algorithm, config: Any
-) -> tuple[KLController, WarmStart | None]:
-    """An algorithm's KL controller and optional warm start, set up in the order that
-    makes the KL reference right: the demonstrations first, then the reference frozen,
-    so RL is pulled back to what they taught (a LoRA reference is the adapter switched
-    off, i.e. the base model, whatever the demonstrations changed)."""
-    kl = KLController(config.kl_coef, config.adaptive_kl_target, config.adaptive_kl_horizon)
-    warm_start = WarmStart.create(algorithm, config)
-    if warm_start is not None:
-        warm_start.train_on_demonstrations()
-    if config.kl_coef > 0:
-        algorithm.policy.freeze_reference()
-    return kl, warm_start

@@ -1,9 +1,12 @@
 """The algorithm plugins on the tiny model: each one moves every parameter it trains and
-learns the bandit; target-KL, zero-variance groups, config errors, SFT warm-start and
-the state a checkpoint needs."""
+learns the bandit; target-KL, zero-variance groups, config errors, SFT warm-start, the
+schedule and control they are given, fixed-seed metrics, and the state a checkpoint
+needs."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -11,11 +14,17 @@ from pathlib import Path
 import gymnasium
 import pytest
 import torch
+from pydantic import ValidationError
 
-from llamagym.agent import make_algorithm_config
+from llamagym.algorithm import nest_warm_start_keys
+from llamagym.config import format_validation_error
+from llamagym.distributed import SingleProcess
 from llamagym.errors import ConfigError
-from llamagym.plugin_manager import get_plugins
+from llamagym.plugins.grpo import GRPO
+from llamagym.plugins.ppo import PPO
+from llamagym.plugins.rloo import REINFORCE, RLOO
 from llamagym.plugins.sft import ReplayBuffer, load_demonstrations
+from llamagym.schedule import Control, Schedule
 from llamagym.testing import BanditAgent, action_probabilities, tiny_agent
 from llamagym.trajectory import Episode, Turn
 
@@ -193,24 +202,21 @@ def test_zero_variance_groups_are_masked_counted_and_logged(entropy_coef: float)
 
 def test_group_algorithms_need_whole_groups() -> None:
     for name in ("grpo", "rloo"):
-        config = tiny_agent(algorithm={"name": name, "group_size": 6}).config
         with pytest.raises(ConfigError, match=r"episodes_per_update.*multiple of group_size \(6\)"):
-            make_algorithm_config(config, get_plugins())
+            tiny_agent(algorithm={"name": name, "group_size": 6})
 
 
 @pytest.mark.parametrize("name", ("grpo", "rloo", "reinforce"))
 def test_unsupported_credit_rule_is_a_config_error(name: str) -> None:
-    config = tiny_agent(algorithm={"name": name, "credit": "gae"}).config
     unsupported = r"algorithm\.credit.*does not support.*'gae'.*discounted"
     with pytest.raises(ConfigError, match=unsupported):
-        make_algorithm_config(config, get_plugins())
+        tiny_agent(algorithm={"name": name, "credit": "gae"})
 
 
 def test_ppo_accepts_every_credit_rule() -> None:
     for rule in ("gae", "discounted", "equal", "terminal"):
-        config = tiny_agent(algorithm={"name": "ppo", "credit": rule}).config
-        _, settings = make_algorithm_config(config, get_plugins())
-        assert settings.credit == rule
+        agent = tiny_agent(algorithm={"name": "ppo", "credit": rule})
+        assert agent.resolved.algorithm.credit == rule
 
 
 def test_grpo_trains_from_the_llamagym_act_loop() -> None:
@@ -309,12 +315,21 @@ def test_demonstrations_warm_start_before_rl(tmp_path: Path) -> None:
             "response": "right"}
     path = write_lines(tmp_path / "demos.jsonl", [json.dumps(demo)] * 8)
     agent = agent_for(
-        "grpo", sft_demonstrations=str(path), sft_lr=1e-2, sft_demonstration_epochs=3
+        "grpo", warm_start={"demonstrations": str(path), "lr": 1e-2, "demonstration_epochs": 3}
     )
-    before = action_probabilities(agent, 0)[1]
-    warm_start = agent.algorithm.warm_start  # building the algorithm trains on the file
-    assert warm_start.demonstrations_done and warm_start.steps == 3
-    assert action_probabilities(agent, 0)[1] > before + 0.1
+    resolved = agent.resolved
+    algorithm = resolved.algorithm_class.create(
+        agent.policy, resolved.algorithm, agent.config.rollout
+    )
+    sft = algorithm.sft  # building an algorithm trains nothing
+    assert not sft.demonstrations_done and sft.steps == 0
+    metrics = algorithm.warm_start()  # a run's first phase
+    assert sft.demonstrations_done and sft.steps == 3
+    assert metrics["sft_demo_loss_last"] < metrics["sft_demo_loss_first"]
+    assert algorithm.warm_start() == {}  # once only
+    # Building a run goes through the phase: the demonstrated lever is now preferred.
+    untrained = action_probabilities(agent_for("grpo"), 0)[1]
+    assert action_probabilities(agent, 0)[1] > untrained + 0.1
 
 
 @pytest.mark.parametrize("name", ["ppo", "grpo"])
@@ -322,29 +337,33 @@ def test_kl_reference_is_the_policy_after_the_demonstrations(tmp_path: Path, nam
     demo = {"system": BanditAgent().get_system_prompt(), "prompt": "Which lever?",
             "response": "right"}
     path = write_lines(tmp_path / "demos.jsonl", [json.dumps(demo)] * 8)
-    agent = agent_for(name, sft_demonstrations=str(path), sft_lr=1e-2, kl_coef=0.1)
-    algorithm = agent.algorithm  # warm-started, then the reference frozen
+    agent = agent_for(name, warm_start={"demonstrations": str(path), "lr": 1e-2}, kl_coef=0.1)
+    algorithm = agent.algorithm
+    algorithm.warm_start()
+    algorithm.freeze_reference()
     turns = [turn for episode in collect(agent, 8) for turn in episode.turns]
     with torch.no_grad():
         reference = algorithm.reference_logprobs(turns)
         current = algorithm.evaluate(turns).logprobs
     # RL starts with no KL to pay: the demonstrations' lesson is what it is pulled to.
-    assert algorithm.warm_start.demonstrations_done
+    assert algorithm.sft.demonstrations_done
     assert torch.allclose(reference, current, atol=1e-6)
 
 
 def test_sft_steps_after_each_update_on_the_best_episodes() -> None:
-    agent = agent_for("ppo", sft_warm_start=True, sft_top_k=4, sft_buffer_size=6, sft_steps=2)
+    agent = agent_for(
+        "ppo", warm_start={"replay": True, "top_k": 4, "buffer_size": 6, "steps": 2}
+    )
     for _ in range(3):
         metrics = agent.algorithm.update(collect(agent, 16))
         assert metrics["sft_buffer_episodes"] <= 6
     assert metrics["sft_buffer_episodes"] == 6 and math.isfinite(metrics["sft_loss"])
-    assert agent.algorithm.warm_start.steps == 6
+    assert agent.algorithm.sft.steps == 6
 
 
 def test_state_dict_holds_everything_to_resume() -> None:
     settings = {"kl_coef": 0.1, "adaptive_kl_target": 0.001, "adaptive_kl_horizon": 16,
-                "sft_warm_start": True}
+                "warm_start": {"replay": True}}
     agent = agent_for("grpo", **settings)
     agent.algorithm.update(collect(agent, 16))
     state = agent.algorithm.state_dict()
@@ -356,6 +375,140 @@ def test_state_dict_holds_everything_to_resume() -> None:
     fresh.algorithm.load_state_dict(state)
     assert fresh.algorithm.kl.coef == agent.algorithm.kl.coef
     assert fresh.algorithm.rng.random() == agent.algorithm.rng.random()
-    buffers = fresh.algorithm.warm_start.buffer, agent.algorithm.warm_start.buffer
+    buffers = fresh.algorithm.sft.buffer, agent.algorithm.sft.buffer
     assert buffers[0].returns() == buffers[1].returns()
     assert fresh.algorithm.updates == 1
+
+
+def test_flat_sft_keys_name_their_new_place() -> None:
+    for algorithm in (PPO, GRPO, RLOO, REINFORCE):
+        with pytest.raises(ValidationError) as raised:
+            algorithm.Config(sft_lr=1e-3, sft_warm_start=True, lr=1e-3)
+        lines = format_validation_error(raised.value, prefix="algorithm.").splitlines()
+        assert lines == [
+            "algorithm.sft_lr: got 0.001; this key is now algorithm.warm_start.lr",
+            "algorithm.sft_warm_start: got True; this key is now algorithm.warm_start.replay",
+        ]
+    settings = PPO.Config(warm_start={"lr": 1e-3, "replay": True})
+    assert settings.warm_start.lr == 1e-3 and settings.warm_start.replay
+    with pytest.raises(ValidationError, match="no demonstrations file"):
+        PPO.Config(warm_start={"demonstrations": "missing.jsonl"})
+    assert nest_warm_start_keys({"lr": 0.1, "sft_lr": 1e-3, "sft_warm_start": True}) == {
+        "lr": 0.1, "warm_start": {"lr": 1e-3, "replay": True}
+    }
+
+
+def test_turns_read_back_from_json_keep_retries_and_default_the_temperature() -> None:
+    retry = Turn([1], ["a"], None, "?", [-1.0], 0.0, valid=False, feedback="again")
+    turn = Turn([1, 2], ["a", "b"], 1, "b", [-0.2], 0.5, retries=[retry], temperature=0.7)
+    data = json.loads(json.dumps(dataclasses.asdict(Episode(turns=[turn], env_return=1.0))))
+    episode = Episode.from_dict(data)
+    assert episode.turns[0] == turn and isinstance(episode.turns[0].retries[0], Turn)
+    del data["turns"][0]["temperature"]  # a turn recorded without it
+    assert Episode.from_dict(data).turns[0].temperature == 1.0
+
+
+# -- the learner's inputs: schedule, control, collectives ------------------------------
+def test_schedule_and_control_are_given_at_construction() -> None:
+    agent = agent_for("grpo", epochs=3, minibatch_size=8)
+    schedule = Schedule(agent.config.rollout)
+    epochs: list[tuple[int, int]] = []
+    stop = [False]
+    control = Control(should_stop=lambda: stop[0], on_epoch=lambda k, n: epochs.append((k, n)))
+    algorithm = GRPO(
+        agent.policy, agent.algorithm.config, agent.config.rollout,
+        schedule=schedule, group=SingleProcess(), control=control,
+    )
+    batch = collect(agent, 16)
+    schedule.set_progress(0.5)
+    metrics = algorithm.update(batch)
+    assert metrics["lr"] == pytest.approx(0.5 * algorithm.config.lr)
+    assert epochs == [(1, 3), (2, 3), (3, 3)] and metrics["update_interrupted"] == 0.0
+    stop[0] = True
+    metrics = algorithm.update(batch)
+    assert metrics["update_interrupted"] == 1.0 and metrics["policy_steps"] == 0.0
+
+
+def test_a_constructor_of_three_arguments_gets_the_run_context() -> None:
+    class ThreeArguments(GRPO):
+        def __init__(self, policy, config, rollout):
+            super().__init__(policy, config, rollout)
+
+    agent = agent_for("grpo")
+    schedule, control = Schedule(agent.config.rollout), Control()
+    built = ThreeArguments.create(
+        agent.policy, agent.algorithm.config, agent.config.rollout,
+        schedule=schedule, control=control,
+    )
+    assert built.schedule is schedule and built.control is control
+    assert isinstance(built.group, SingleProcess)  # this process's group: one process
+    plain = GRPO.create(agent.policy, agent.algorithm.config, agent.config.rollout,
+                        schedule=schedule)
+    assert plain.schedule is schedule and plain.control.should_stop() is False
+
+
+# The metrics of one update on a fixed seed (CPU, one thread): a change to what an
+# update computes shows here.
+GOLDEN = {
+    "ppo": (
+        {"final_temperature": 0.5},
+        {"name": "ppo", "kl_coef": 0.1, "minibatch_size": 8, "epochs": 2},
+        {"policy_loss": -0.10258295387029648, "value_loss": 0.23443196713924408,
+         "entropy": 0.5517695918679237, "kl_ref": 0.08693692460656166,
+         "approx_kl": 0.06338132172822952, "clip_fraction": 0.75, "episodes": 16.0,
+         "return_mean": 0.5, "invalid_rate": 0.0, "episode_length": 1.0,
+         "policy_steps": 4.0, "epochs_run": 2.0, "target_kl_stop": 0.0,
+         "update_interrupted": 0.0, "target_kl_stops": 0.0, "kl_coef": 0.1,
+         "skipped_steps": 0.0, "value_mean": 0.5, "lr": 0.0005},
+    ),
+    "grpo": (
+        {},
+        {"name": "grpo", "group_size": 4, "kl_coef": 0.05, "entropy_coef": 0.01,
+         "minibatch_size": 8},
+        {"policy_loss": -0.05623875930905342, "entropy": 0.5907428860664368,
+         "kl_ref": 0.06793591566383839, "approx_kl": 0.05322052538394928,
+         "clip_fraction": 0.75, "episodes": 16.0, "return_mean": 0.125,
+         "invalid_rate": 0.0, "episode_length": 1.0, "zero_variance_groups": 2.0,
+         "zero_variance_fraction": 0.5, "signal_turns": 8.0, "trained_turns": 16.0,
+         "policy_steps": 4.0, "epochs_run": 2.0, "target_kl_stop": 0.0,
+         "update_interrupted": 0.0, "target_kl_stops": 0.0, "kl_coef": 0.05,
+         "skipped_steps": 0.0, "lr": 0.0005},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", GOLDEN)
+def test_updates_on_a_fixed_batch_repeat_their_metrics(name: str) -> None:
+    rollout, settings, expected = GOLDEN[name]
+    torch.manual_seed(0)
+    agent = tiny_agent(BanditAgent, rollout=rollout, algorithm=settings)
+    agent.algorithm.freeze_reference()
+    agent.engine.schedule.set_progress(0.5)
+    agent.algorithm.schedule.set_progress(0.5)  # the same object in a built run
+    batch = collect(agent, 16)
+    metrics = agent.algorithm.update(batch)
+    assert list(metrics) == list(expected)
+    assert metrics == pytest.approx(expected, abs=1e-6, rel=1e-6)
+
+
+@pytest.mark.parametrize("name", ["ppo", "grpo"])
+def test_state_dicts_alone_resume_an_update_exactly(name: str) -> None:
+    settings = {"kl_coef": 0.1, "adaptive_kl_target": 0.001, "adaptive_kl_horizon": 16,
+                "warm_start": {"replay": True, "steps": 2}, "minibatch_size": 8}
+    torch.manual_seed(0)
+    first = agent_for(name, **settings)
+    first.algorithm.freeze_reference()
+    first.algorithm.update(collect(first, 16))
+    saved = copy.deepcopy(
+        {"policy": first.policy.state_dict(), "algorithm": first.algorithm.state_dict(),
+         "engine": first.engine.state_dict()}
+    )
+    expected = first.algorithm.update(collect(first, 16))
+
+    torch.manual_seed(1)  # a resumed process starts elsewhere; the state says where to go
+    second = agent_for(name, **settings)
+    second.algorithm.freeze_reference()  # before the weights: the reference is the start's
+    second.policy.load_state_dict(saved["policy"])
+    second.algorithm.load_state_dict(saved["algorithm"])
+    second.engine.load_state_dict(saved["engine"])
+    assert second.algorithm.update(collect(second, 16)) == expected

@@ -130,14 +130,14 @@ def test_resumed_run_repeats_the_unbroken_run(mode, tmp_path, monkeypatch, cli) 
 def interrupted_write_keeps_previous_checkpoint(run_dir: Path, monkeypatch) -> None:
     from llamagym_blackjack.agent import BlackjackAgent
 
-    from llamagym.config import build_config
+    from llamagym.config import RunConfig
     from llamagym.testing import tiny_agent
 
     previous = checkpoints.find_checkpoint(run_dir)
     before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     meta = checkpoints.read_meta(previous)
     agent = tiny_agent(BlackjackAgent, **{k: meta["config"][k] for k in ("rollout", "algorithm")})
-    checkpoints.restore_training_checkpoint(previous, agent)
+    checkpoints.restore_training_checkpoint(previous, agent.run)
 
     import safetensors.torch
 
@@ -153,14 +153,16 @@ def interrupted_write_keeps_previous_checkpoint(run_dir: Path, monkeypatch) -> N
     monkeypatch.setattr(safetensors.torch, "save_file", failing_save)
     counters = dict(meta["counters"], updates=meta["update"] + 1)
     with pytest.raises(OSError, match="simulated"):
-        checkpoints.save_training_checkpoint(run_dir, agent, counters, meta["config"], keep=1)
+        checkpoints.save_training_checkpoint(
+            run_dir, agent.run, counters, meta["config"], keep=1
+        )
     monkeypatch.setattr(safetensors.torch, "save_file", real_save)
 
     assert len(calls) == 2 and Path(calls[0]).parent.name.startswith(".update-")
     leftovers = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert leftovers == before  # no half checkpoint, no staging directory
     assert checkpoints.find_checkpoint(run_dir) == previous
-    fresh = BlackjackAgent(config=build_config(meta["config"]))
+    fresh = BlackjackAgent(config=RunConfig.model_validate(meta["config"]))
     checkpoints.load_checkpoint(fresh.policy, previous)
     saved = weights_of(previous)
     parameters = dict(fresh.policy.model.named_parameters())

@@ -14,10 +14,12 @@ import gymnasium
 import pytest
 from typer.testing import CliRunner
 
-from llamagym import conformance, hookimpl
+from llamagym import hookimpl
 from llamagym.agent import Agent
 from llamagym.cli import app
-from llamagym.conformance import FakePolicy, ScriptExhaustedError, check_agent
+from llamagym.devtools import conformance
+from llamagym.devtools.conformance import check_agent
+from llamagym.devtools.fake_model import FakePolicy, ScriptExhaustedError
 from llamagym.testing import BanditAgent, TwoArmedBandit, assert_agent_conforms
 
 # Two small TextWorld games, as the TextWorld plugin's own tests make them (shared cache).

@@ -129,7 +129,15 @@ AGREEMENT = textwrap.dedent(
     skipped = not distributed.average_gradients([parameter, unused], finite=rank == 0)
     weights = torch.nn.Parameter(torch.full((2,), float(rank)))
     distributed.broadcast_parameters([weights])
+    group = distributed.process_group()
     answer = {
+        "group": [type(group).__name__, group.world_size, group.rank],
+        "group_agrees": [
+            group.all_min([5, 3][rank]),
+            group.all_max([0.5, 2.0][rank]),
+            list(group.all_mean([1.0, 4.0][rank], [3, 1][rank])),
+            group.all_gather(rank * 10),
+        ],
         "count": distributed.agreed_min([5, 3][rank]),
         "max": distributed.agreed_max([0.5, 2.0][rank]),
         "max_nan": math.isnan(distributed.agreed_max([0.5, float("nan")][rank])),
@@ -170,7 +178,9 @@ def test_processes_agree_on_counts_stops_and_gradients() -> None:
         out, err = process.communicate(timeout=60)
         assert process.returncode == 0, err[-2000:]
         answers.append(json.loads(out.strip().splitlines()[-1]))
-    for answer in answers:
+    for rank, answer in enumerate(answers):
+        assert answer["group"] == ["ProcessGroup", 2, rank]
+        assert answer["group_agrees"] == [3, 2.0, [(1.0 * 3 + 4.0 * 1) / 4, 4.0], [0, 10]]
         assert answer["count"] == 3  # the fewest minibatches
         assert answer["max"] == 2.0  # the largest KL decides the target-KL stop
         assert answer["max_nan"] is True
@@ -189,6 +199,12 @@ def test_one_process_needs_no_process_group() -> None:
     assert distributed.agreed_min(7) == 7
     assert distributed.all_gather("x") == ["x"]
     assert distributed.weighted_mean(0.25, 3) == (0.25, 3)
+    group = distributed.process_group()
+    assert isinstance(group, distributed.SingleProcess)
+    assert (group.world_size, group.rank) == (1, 0)
+    assert group.all_min(7) == 7 and group.all_max(0.5) == 0.5
+    assert group.all_mean(0.25, 3) == (0.25, 3) and group.all_gather("x") == ["x"]
+    assert group.average_gradients([], finite=False) is False
     assert distributed.process_seed(5, 0) == 5
     assert distributed.process_seed(5, 1) == 1005
     assert distributed.process_seed(5, 1, update=2) != distributed.process_seed(5, 1)

@@ -397,10 +397,7 @@ def test_lora_on_the_tiny_model(tiny_dir: Path) -> None:
     assert torch.equal(q_lora_a, q_again), "the seed makes the adapter init reproducible"
 
 
-def test_register_model_entry(monkeypatch: pytest.MonkeyPatch) -> None:
-    import llamagym.model_registry as registry
-
-    monkeypatch.setattr(registry, "_entries", dict(registry._entries))
+def test_register_model_entry() -> None:
     entry = ModelEntry(
         name="my-model",
         hub_id="Me/My-Model",

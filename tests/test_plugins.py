@@ -105,11 +105,9 @@ def test_register_commands() -> None:
     assert result.exit_code == 0 and "hello world" in result.output
 
 
-def test_register_models(monkeypatch) -> None:
+def test_register_models() -> None:
     from llamagym import model_registry
     from llamagym.model_registry import ModelEntry
-
-    monkeypatch.setattr(model_registry, "_entries", dict(model_registry._entries))
 
     def register_models(register):
         register(
@@ -235,7 +233,7 @@ def test_shaping_is_off_unless_configured(tmp_path) -> None:
 # -- discovery and broken plugins ----------------------------------------------------------
 def test_builtins_are_registered_through_entry_points() -> None:
     infos = {info.name: info for info in get_plugins().plugin_infos()}
-    for name in ("json-action", "regex-action", "ppo"):
+    for name in ("json-action", "regex-action", "algorithms", "models"):
         assert infos[name].distribution == "llamagym"
     assert "ppo" in get_plugins().algorithms()
 

@@ -38,6 +38,16 @@ def test_scores_match_unbatched_forward() -> None:
             assert abs(float(scores[i, j]) - expected) < 1e-4
 
 
+def test_action_log_probs_take_one_temperature_or_one_per_row() -> None:
+    scores = torch.tensor([[-1.0, -2.0, float("-inf")], [-0.5, -3.0, -1.0]])
+    shared = Policy.action_log_probs(scores, 0.5)
+    assert torch.allclose(shared.exp().sum(-1), torch.ones(2))
+    assert shared[0, 2] == float("-inf")  # a padding column stays impossible
+    per_row = Policy.action_log_probs(scores, torch.tensor([[0.5], [2.0]]))
+    assert torch.equal(per_row[0], shared[0])
+    assert torch.allclose(per_row[1], (scores[1] / 2.0).log_softmax(-1))
+
+
 def test_reply_logprobs_match_unbatched_forward() -> None:
     model, tokenizer = load_model_and_tokenizer("tiny")
     policy = Policy(model, tokenizer)

@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from llamagym.schedule import Schedule
 from llamagym.testing import BanditAgent, action_probabilities, tiny_agent
 
 
@@ -36,12 +37,16 @@ def test_rollout_and_update_share_the_annealed_temperature() -> None:
         rollout={"mode": "score", "temperature": 1.0, "final_temperature": 0.25},
         algorithm={"epochs": 1, "episodes_per_update": 8, "minibatch_size": 8},
     )
-    assert agent.config.rollout.temperature_at(0.5) == 0.625
-    assert agent.config.rollout.temperature_at(2.0) == 0.25  # clamped to the budget
-    agent.engine.progress = agent.algorithm.progress = 1.0
+    schedule = Schedule(agent.config.rollout)
+    schedule.set_progress(0.5)
+    assert schedule.temperature() == 0.625
+    schedule.set_progress(2.0)
+    assert schedule.progress == 1.0 and schedule.temperature() == 0.25  # clamped to the budget
+    agent.engine.schedule.set_progress(1.0)
     envs = [agent.make_env() for _ in range(agent.config.rollout.num_envs)]
     batch = agent.engine.collect(envs, 8)
     turns = [turn for episode in batch for turn in episode.turns]
+    assert {turn.temperature for turn in turns} == {0.25}  # what the learner reads
     with torch.no_grad():
         scores, _ = agent.policy.score(
             [t.prompt_tokens for t in turns], [t.candidates for t in turns]

@@ -8,7 +8,7 @@ import torch
 from llamagym_blackjack.agent import BlackjackAgent, basic_strategy
 from llamagym_blackjack.exact import reachable_states
 
-from llamagym.config import build_config
+from llamagym.config import RunConfig
 from llamagym.evaluation import evaluate_baseline
 from llamagym.plugins.sft import load_demonstrations
 
@@ -54,18 +54,21 @@ def test_random_play_teaches_the_reply_format_and_no_preference(tmp_path, cli) -
     assert cli("record", "blackjack", "-b", "random", "-n", "600", "-o", path)[0] == 0
     before, after = (
         BlackjackAgent(
-            config=build_config(
-                {"agent": {"name": "blackjack"}},
-                {"rollout": {"mode": "generate", "num_envs": 8}},
-                {"algorithm": {"name": "ppo", "sft_lr": 1e-3, "sft_demonstration_epochs": 4}},
-                {"algorithm": {"sft_demonstrations": str(demos)}} if demos else {},
-            )
+            # A whole config: the built-in defaults, not the agent's.
+            config=RunConfig.model_validate({
+                "agent": {"name": "blackjack"},
+                "rollout": {"mode": "generate", "num_envs": 8},
+                "algorithm": {"name": "ppo", "warm_start": {
+                    "lr": 1e-3, "demonstration_epochs": 4,
+                    **({"demonstrations": str(demos)} if demos else {}),
+                }},
+            })
         )
         for demos in (None, path)
     )
     states = reachable_states()
     for agent in (before, after):
-        agent.algorithm  # noqa: B018  (building the algorithm runs the warm-start)
+        agent.algorithm  # noqa: B018  (building the run runs the warm-start)
     with torch.no_grad():
         untrained, warm = (
             agent.engine.decide(

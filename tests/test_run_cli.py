@@ -143,20 +143,22 @@ class FakeWandbRun:
 def test_wandb_logs_only_when_its_project_is_set(tmp_path, monkeypatch) -> None:
     from llamagym.config import RunConfig
     from llamagym.plugins.loggers import WandbLogger
+    from llamagym.specs import RunContext
 
     calls: list = []
     fake = types.ModuleType("wandb")
     fake.init = lambda **kwargs: calls.append(("init", kwargs)) or FakeWandbRun(calls)
     monkeypatch.setitem(sys.modules, "wandb", fake)
-    agent = types.SimpleNamespace(config=RunConfig.model_validate({"output": {"dir": tmp_path}}))
+    agent = types.SimpleNamespace(config=RunConfig())
+    run = RunContext(tmp_path)
     logger = WandbLogger()
 
     monkeypatch.delenv("WANDB_PROJECT", raising=False)
-    logger.llamagym_update_end(agent=agent, update=1, metrics={"return_mean": 0.5})
+    logger.llamagym_update_end(agent=agent, update=1, metrics={"return_mean": 0.5}, run=run)
     assert calls == []
 
     monkeypatch.setenv("WANDB_PROJECT", "blackjack-runs")
-    logger.llamagym_update_end(agent=agent, update=2, metrics={"return_mean": 0.25})
+    logger.llamagym_update_end(agent=agent, update=2, metrics={"return_mean": 0.25}, run=run)
     logger.close()
     assert calls[0][0] == "init" and calls[0][1]["project"] == "blackjack-runs"
     assert calls[1] == ("log", 2, {"return_mean": 0.25}) and calls[2] == ("finish",)

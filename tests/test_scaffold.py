@@ -18,7 +18,12 @@ except ModuleNotFoundError:  # Python 3.10
 from typer.testing import CliRunner
 
 from llamagym.cli import app
-from llamagym.scaffold import ScaffoldError, llamagym_requirement, validate_name, write_plugin
+from llamagym.devtools.scaffold import (
+    ScaffoldError,
+    llamagym_requirement,
+    validate_name,
+    write_plugin,
+)
 
 LLAMAGYM = [sys.executable, "-m", "llamagym.cli"]
 

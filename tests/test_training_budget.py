@@ -229,20 +229,22 @@ def test_sigterm_during_an_update_ends_it_at_a_minibatch_boundary(
 
 
 def test_algorithm_without_a_stop_check_runs_every_step() -> None:
-    """Outside a trainer nothing is set: an update runs to its end, as before."""
+    """Outside a trainer an update runs to its end; a run's Control stops it."""
+    from llamagym.schedule import Control
     from llamagym.testing import BanditAgent, tiny_agent
 
     agent = tiny_agent(BanditAgent, algorithm={"episodes_per_update": 8, "minibatch_size": 4,
                                                "epochs": 2})
-    assert agent.algorithm.should_stop is None and agent.algorithm.on_epoch is None
-    seen: list[tuple[int, int]] = []
-    agent.algorithm.on_epoch = lambda epoch, epochs: seen.append((epoch, epochs))
     batch = agent.engine.collect([agent.make_env() for _ in range(4)], 8)
     metrics = agent.algorithm.update(batch)
     assert metrics["update_interrupted"] == 0.0 and metrics["policy_steps"] == 4.0
+    seen: list[tuple[int, int]] = []
+    run = agent.start_run(Control(on_epoch=lambda epoch, epochs: seen.append((epoch, epochs))))
+    metrics = run.algorithm.update(batch)
+    assert metrics["update_interrupted"] == 0.0 and metrics["policy_steps"] == 4.0
     assert seen == [(1, 2), (2, 2)]
-    agent.algorithm.should_stop = lambda: True
-    metrics = agent.algorithm.update(batch)
+    run = agent.start_run(Control(should_stop=lambda: True))
+    metrics = run.algorithm.update(batch)
     assert metrics["update_interrupted"] == 1.0 and metrics["policy_steps"] == 0.0
 
 

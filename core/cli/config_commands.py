@@ -27,7 +27,6 @@ def show_command(
 
     flags = {"algorithm.name": algorithm, "model.name": model}
     agent_class, resolved = resolve_run_config(agent, config_file, assignments, flags)
-    agent_class(config=resolved.config)  # the agent's own option checks, if it has any
     header = [
         f"Configuration of `llamagym run {agent}`.",
         "Precedence: built-in defaults < agent defaults < pretrained-model defaults (any",

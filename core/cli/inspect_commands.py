@@ -27,9 +27,9 @@ def list_command() -> None:
         if kind == "agents":
             table.add_column("environment")
         table.add_column("distribution")
-        for name, registration in sorted(registry.items()):
-            env = [str(registration.extra.get("env_id", ""))] if kind == "agents" else []
-            table.add_row(name, registration.description, *env, registration.distribution)
+        for name, spec in sorted(registry.items()):
+            env = [spec.env_id] if kind == "agents" else []
+            table.add_row(name, spec.description, *env, spec.distribution)
         console.print(table)
 
 

@@ -24,7 +24,7 @@ def new_plugin_command(
 ) -> None:
     """Write a complete plugin package: pyproject.toml with the entry point, the agent or
     algorithm, a README and tests. Then `pip install -e` it and it is in `llamagym list`."""
-    from llamagym.scaffold import DEFAULT_ENV_ID, write_plugin
+    from llamagym.devtools.scaffold import DEFAULT_ENV_ID, write_plugin
 
     spec, root = write_plugin(name, kind, directory, env_id or DEFAULT_ENV_ID)
     what = f"agent {name!r} for {spec.env_id}" if kind == "env" else f"algorithm {name!r}"
@@ -55,7 +55,7 @@ def check_command(
     candidate per action, baselines run, and episodes play with a scripted model.
     Exit code 1 when a check fails."""
     from llamagym.config import deep_merge, parse_assignment
-    from llamagym.conformance import CHECK_NAMES, check_agent
+    from llamagym.devtools.conformance import CHECK_NAMES, check_agent
     from llamagym.errors import LlamaGymError
     from llamagym.plugin_manager import get_plugins
 

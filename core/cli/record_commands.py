@@ -21,7 +21,7 @@ def record_command(
 ) -> None:
     """Play one of the agent's baselines and write each decision as a demonstration:
     the conversation the model sees in generate mode, answered with the baseline's
-    action. Train on it first with `--set algorithm.sft_demonstrations=FILE`."""
+    action. Train on it first with `--set algorithm.warm_start.demonstrations=FILE`."""
     from llamagym.cli.run_commands import resolve_run_config
     from llamagym.demonstrations import record_demonstrations
 
@@ -29,10 +29,10 @@ def record_command(
     flags = {"rollout.mode": "generate"}
     agent_class, resolved = resolve_run_config(agent, config_file, assignments, flags)
     recording = record_demonstrations(
-        agent_class(config=resolved.config), baseline, episodes, output, seed=seed
+        agent_class(config=resolved), baseline, episodes, output, seed=seed
     )
     typer.echo(
         f"{recording.demonstrations:,} demonstrations from {recording.episodes:,} episodes of "
         f"{baseline!r} (mean return {recording.mean_return:+.3f}) written to {recording.path}"
     )
-    typer.echo(f"train on them first: --set algorithm.sft_demonstrations={recording.path}")
+    typer.echo(f"train on them first: --set algorithm.warm_start.demonstrations={recording.path}")

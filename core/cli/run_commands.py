@@ -19,46 +19,24 @@ from llamagym.errors import LlamaGymError
 SIGNAL_EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143}
 
 
-def config_layers(
-    agent_name: str,
-    agent_class: type,
-    config_file: Path | None,
-    assignments: list[str],
-    flags: dict[str, Any],
-    base: dict[str, Any] | None = None,
+def command_line_layers(
+    config_file: Path | None, assignments: list[str], flags: dict[str, Any]
 ) -> list[tuple[str, dict[str, Any]]]:
-    """The named layers of a run's config, lowest precedence first.
+    """The layers a command line gives, lowest precedence first: the ``--config`` file,
+    each ``--set``, then the typed flags (those not given are left out)."""
+    from llamagym.config import parse_assignment, read_config_file
 
-    ``base`` (a resumed checkpoint's config) replaces the agent's defaults: a resumed
-    run continues with the settings it was trained with unless told otherwise.
-    """
-    from llamagym.config import (
-        defaults_for_algorithm,
-        defaults_for_model,
-        parse_assignment,
-        read_config_file,
-    )
-
-    later: list[tuple[str, dict[str, Any]]] = []
+    layers: list[tuple[str, dict[str, Any]]] = []
     if config_file is not None:
-        later.append((f"file {config_file}", read_config_file(config_file)))
-    later += [("--set", parse_assignment(assignment)) for assignment in assignments]
+        layers.append((f"file {config_file}", read_config_file(config_file)))
+    layers += [("--set", parse_assignment(assignment)) for assignment in assignments]
     flag_layer: dict[str, Any] = {}
     for dotted, value in flags.items():
         if value is not None:
             section, key = dotted.split(".")
             flag_layer.setdefault(section, {})[key] = value
-    later.append(("flag", flag_layer))
-    layers: list[tuple[str, dict[str, Any]]] = [("argument", {"agent": {"name": agent_name}})]
-    if base is not None:
-        layers.append(("checkpoint", base))
-    else:
-        chosen = [layer for _, layer in later]
-        layers.append(("agent defaults", defaults_for_algorithm(agent_class.defaults, chosen)))
-        model_defaults = defaults_for_model(agent_class, chosen)
-        if model_defaults:
-            layers.append(("pretrained-model defaults", model_defaults))
-    return layers + later
+    layers.append(("flag", flag_layer))
+    return layers
 
 
 def resolve_run_config(
@@ -68,23 +46,22 @@ def resolve_run_config(
     flags: dict[str, Any],
     base: dict[str, Any] | None = None,
 ) -> tuple[Any, Any]:
-    """Agent class and :class:`~llamagym.config.ResolvedConfig` from every layer.
+    """Agent class and :class:`~llamagym.config.ResolvedConfig` of a command line.
 
+    ``base`` (a resumed checkpoint's config) replaces the agent's defaults: a resumed
+    run continues with the settings it was trained with unless told otherwise.
     Everything is validated here, before a model or an environment loads: a bad value
     anywhere is a ``ConfigError`` naming each problem on its own line.
     """
-    from llamagym.config import resolve_config
     from llamagym.plugin_manager import get_plugins
+    from llamagym.run import resolve_agent_config
 
     plugins = get_plugins()
     report_plugin_problems()
     agent_class = plugins.get("agent", agent_name).load()
-    layers = config_layers(agent_name, agent_class, config_file, assignments, flags, base)
-    resolved = resolve_config(
-        layers,
-        agent_class=agent_class,
-        algorithm_class_for=lambda name: plugins.get("algorithm", name).load(),
-    )
+    later = command_line_layers(config_file, assignments, flags)
+    later.insert(0, ("argument", {"agent": {"name": agent_name}}))
+    resolved = resolve_agent_config(agent_class, later, base=base, plugins=plugins)
     return agent_class, resolved
 
 
@@ -257,12 +234,13 @@ def run_command(
             flags["output.dir"] = checkpoints.run_dir_of(resume_checkpoint)
     agent_class, resolved = resolve_run_config(agent, config_file, assignments, flags, base)
     config = resolved.config
-    agent_object = agent_class(config=config)  # the agent's own option checks, still cheap
     if num_processes is not None and num_processes > 1:
         # Everything above is checked once, here; each process then runs the command
         # again without --num-processes.
         raise typer.Exit(launch_processes(num_processes, run_arguments))
-    config.model.device = distributed.start(config.model.device)  # several processes only
+    # Several processes: each its own device (cuda:RANK); the config keeps what was asked.
+    device = distributed.start(config.model.device)
+    agent_object = agent_class(config=resolved, device=device)
     try:
         _train(agent, agent_object, config, resume_checkpoint, verbose)
     finally:
@@ -334,26 +312,15 @@ def eval_command(
     """Evaluate a checkpoint: mean return with a 95% CI, beside the baselines."""
     from rich.console import Console
 
-    from llamagym import checkpoint as checkpoints
-    from llamagym.config import build_config
-
-    directory = checkpoints.find_checkpoint(checkpoint)
-    meta = checkpoints.read_meta(directory)
-    if meta.get("agent") != agent:
-        raise LlamaGymError(
-            f"checkpoint {str(directory)!r} was trained with agent.name = "
-            f"{meta.get('agent')!r}, not {agent!r}"
-        )
-    from llamagym.plugin_manager import get_plugins
+    from llamagym.run import load_agent
 
     report_plugin_problems()
-    agent_class = get_plugins().get("agent", agent).load()
-    overrides: dict[str, Any] = {"training": {"seed": seed}, "output": {"dir": None}}
+    overrides: dict[str, Any] = {"training": {"seed": seed}}
     if num_envs is not None:
         overrides["rollout"] = {"num_envs": num_envs}
-    agent_object = agent_class(config=build_config(meta["config"], overrides))
+    agent_object = load_agent(checkpoint, overrides=overrides, agent=agent)
+    directory, meta = agent_object.checkpoint, agent_object.checkpoint_meta
     configure_logging(Console(stderr=True), quiet=as_json, verbose=False)
-    checkpoints.load_checkpoint(agent_object.policy, directory)
 
     from llamagym.progress import evaluation_table
     from llamagym.training import evaluate_with_baselines

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from llamagym.agent import Agent
+from llamagym_blackjack.plugin import BLACKJACK
 
 STICK, HIT = "stick", "hit"
 
@@ -43,10 +44,8 @@ def basic_strategy(observation: Any, info: dict, legal: Sequence[str], rng: Any)
     return HIT
 
 
+@BLACKJACK.bind  # name, description and env_id come from the registration
 class BlackjackAgent(Agent):
-    name = "blackjack"
-    description = "Blackjack-v1: stick or hit against the dealer"
-    env_id = "Blackjack-v1"
     action_names = (STICK, HIT)  # index 0 sticks, 1 hits: Blackjack-v1's Discrete(2)
     baselines = {
         "random": random_action,

@@ -15,11 +15,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from llamagym.agent import Agent
-from llamagym.config import agent_options, format_validation_error
-from llamagym.errors import ConfigError
+from llamagym_cartpole.plugin import CARTPOLE
 
 LEFT, RIGHT = "LEFT", "RIGHT"
 
@@ -55,10 +54,8 @@ def angle_and_velocity(observation: Any, info: dict, legal: Sequence[str], rng: 
     return RIGHT if angle + 0.5 * angular_velocity > 0 else LEFT
 
 
+@CARTPOLE.bind  # name, description and env_id come from the registration
 class CartPoleAgent(Agent):
-    name = "cartpole"
-    description = "CartPole-v1: push the cart LEFT or RIGHT to keep the pole up"
-    env_id = "CartPole-v1"
     action_names = (LEFT, RIGHT)  # index 0 pushes left, 1 right: CartPole-v1's Discrete(2)
     baselines = {
         "random": random_action,
@@ -98,12 +95,9 @@ class CartPoleAgent(Agent):
         "training": {"minutes": 15, "eval_episodes": 100, "threads": 1},
     }
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        try:
-            self.options = CartPoleOptions(**agent_options(self.config))
-        except ValidationError as error:
-            raise ConfigError(format_validation_error(error, prefix="agent.")) from None
+    #: Options under ``agent.`` (``--set agent.KEY=VALUE``); ``self.options`` holds them.
+    Config = CartPoleOptions
+    options: CartPoleOptions
 
     def get_system_prompt(self) -> str:
         if self.config.rollout.mode == "generate":

@@ -19,12 +19,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from llamagym.agent import Agent
-from llamagym.config import agent_options, format_validation_error
-from llamagym.errors import ConfigError
 from llamagym_textworld.baselines import FALLBACK_COMMAND, WalkthroughPolicy
+from llamagym_textworld.plugin import TEXTWORLD
 
 logger = logging.getLogger(__name__)
 
@@ -122,9 +121,8 @@ def closest_command(
     return best
 
 
+@TEXTWORLD.bind  # name, description and env_id come from the registration
 class TextWorldAgent(Agent):
-    name = "textworld"
-    description = "TextWorld: text adventures generated locally, admissible commands ranked"
     baselines = {"random": random_admissible, "walkthrough": WalkthroughBaseline()}
     # Score mode ranks a dozen admissible commands per turn, which a small model learns
     # far faster than writing commands out. Rewards are sparse (1 for the quest, at the
@@ -154,13 +152,10 @@ class TextWorldAgent(Agent):
         "training": {"minutes": 15, "eval_episodes": 100, "threads": 1},
     }
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        try:
-            self.options = TextWorldOptions(**agent_options(self.config))
-        except ValidationError as error:
-            raise ConfigError(format_validation_error(error, prefix="agent.")) from None
-        self._game_files: list[Path] | None = None
+    #: Options under ``agent.`` (``--set agent.KEY=VALUE``); ``self.options`` holds them.
+    Config = TextWorldOptions
+    options: TextWorldOptions
+    _game_files: list[Path] | None = None  # made on first use
 
     # -- the environment ----------------------------------------------------------------
     def game_files(self) -> list[Path]:

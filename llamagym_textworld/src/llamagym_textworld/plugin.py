@@ -9,16 +9,20 @@ from collections.abc import Callable
 from typing import Any
 
 from llamagym import hookimpl
+from llamagym.specs import AgentSpec
+
+# The one statement of the agent's name, description and environment.
+TEXTWORLD = AgentSpec(
+    name="textworld",
+    entry_point="llamagym_textworld.agent:TextWorldAgent",
+    description="TextWorld: text adventures generated locally, admissible commands ranked",
+    env_id="TextWorld (generated games)",
+)
 
 
 @hookimpl
 def llamagym_register_agents(register: Callable[..., None]) -> None:
-    register(
-        "textworld",
-        "llamagym_textworld.agent:TextWorldAgent",
-        description="TextWorld: text adventures generated locally, admissible commands ranked",
-        env_id="TextWorld (generated games)",
-    )
+    register(TEXTWORLD)
 
 
 @hookimpl

@@ -1,4 +1,4 @@
-"""Conformance checks for agents, and the scripted fake model they play with.
+"""Conformance checks for agents.
 
 ``llamagym check AGENT`` and :func:`llamagym.testing.assert_agent_conforms` run the
 same small, named checks, in the spirit of Gymnasium's ``check_env``. Each one passes,
@@ -7,10 +7,9 @@ whose prerequisite failed is skipped, so one broken ``make_env`` gives one failu
 eight.
 
 The checks need no trained model. Prompts are rendered with the tiny model's tokenizer
-and chat template; episodes are played by :class:`FakePolicy`, which stands where
-:class:`llamagym.policy.Policy` stands in the rollout engine and answers from a script
-(:class:`ScriptedLLM`), so replies go through the real extraction chain and the real
-invalid-action policy.
+and chat template; episodes are played by the scripted fake model of
+:mod:`llamagym.devtools.fake_model`, so replies go through the real extraction chain and
+the real invalid-action policy.
 
 Nothing heavy is imported at module level: ``llamagym --help`` imports the CLI module
 that imports this one.
@@ -26,10 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from llamagym.devtools.fake_model import (
+    ScriptedLLM,
+    TurnBudgetExceededError,
+    load_tiny_tokenizer,
+    tokenizer_context,
+)
+
 if TYPE_CHECKING:
     from llamagym.agent import Agent
-    from llamagym.policy import Evaluation
-    from llamagym.trajectory import Episode
 
 #: Decisions one end-to-end episode may take before the check calls it endless.
 MAX_TURNS_PER_EPISODE = 1000
@@ -42,208 +46,6 @@ SCORE_MODE_REPLY_TOKENS = 16
 ROUND_TRIP_LISTS = 40
 
 Status = Literal["pass", "fail", "skip"]
-
-
-# -- the scripted fake model ------------------------------------------------------------
-class ScriptExhaustedError(AssertionError):
-    """A :class:`ScriptedLLM` was asked for more replies than its script holds."""
-
-
-class TurnBudgetExceededError(AssertionError):
-    """A :class:`FakePolicy` was asked for more decisions than its budget allows."""
-
-
-Script = Sequence[str] | Callable[[str], str]
-
-
-class ScriptedLLM:
-    """A fake language model that replies from a script.
-
-    ``replies`` is a list of reply texts, given in order (with ``cycle=True`` it starts
-    over when it runs out; otherwise running out is an error, because a test that
-    miscounted its turns should say so), or a function from the rendered prompt text
-    to a reply. Every prompt seen and reply given is recorded in :attr:`prompts` and
-    :attr:`replies`, so a test can assert on exactly what the model was shown.
-    """
-
-    def __init__(self, replies: Script, *, cycle: bool = False, tokenizer: Any = None):
-        if not callable(replies) and not list(replies):
-            raise ValueError("a ScriptedLLM needs at least one reply")
-        self.script = replies if callable(replies) else list(replies)
-        self.cycle = cycle
-        self.tokenizer = tokenizer
-        self.prompts: list[str] = []
-        self.replies: list[str] = []
-
-    def reply(self, prompt: str) -> str:
-        """The next reply of the script for ``prompt`` (recorded)."""
-        if callable(self.script):
-            text = self.script(prompt)
-        else:
-            position = len(self.replies)
-            if position >= len(self.script) and not self.cycle:
-                raise ScriptExhaustedError(
-                    f"the scripted LLM was asked for reply {position + 1} but its script "
-                    f"holds {len(self.script)}; add replies or pass cycle=True"
-                )
-            text = self.script[position % len(self.script)]
-        self.prompts.append(prompt)
-        self.replies.append(text)
-        return text
-
-    def policy(self, max_turns: int | None = None) -> FakePolicy:
-        """A policy stand-in answering from this script (tiny tokenizer by default)."""
-        if self.tokenizer is None:
-            self.tokenizer = load_tiny_tokenizer()
-        return FakePolicy(self, self.tokenizer, max_turns=max_turns)
-
-    def attach(self, agent: Agent) -> Agent:
-        """Make ``agent`` decide with this fake: ``agent.act`` and ``agent.engine`` then
-        run the real engine and extraction chain with no model loaded. Training is not
-        possible with a fake (it has no weights); ``agent.algorithm`` would fail."""
-        agent.use_policy(self.policy())
-        return agent
-
-    def play(
-        self,
-        agent: Agent,
-        episodes: int = 1,
-        *,
-        num_envs: int = 1,
-        seed: int = 0,
-        mode: Literal["generate", "score"] = "generate",
-        max_turns: int | None = None,
-    ) -> list[Episode]:
-        """Play ``episodes`` seeded episodes of ``agent``'s env with this fake model.
-
-        Generate mode (the default) asks the script for every reply; score mode gives
-        every legal action the same score, so actions are drawn uniformly.
-        """
-        from llamagym.engine import RolloutEngine
-
-        settings = agent.config.rollout.model_copy(update={"mode": mode, "num_envs": num_envs})
-        engine = RolloutEngine(agent, self.policy(max_turns), settings, seed=seed)
-        envs = [agent.make_env() for _ in range(num_envs)]
-        try:
-            return engine.collect(envs, episodes)
-        finally:
-            for env in envs:
-                env.close()
-
-
-class FakePolicy:
-    """What :class:`~llamagym.engine.RolloutEngine` needs of a policy, with no model.
-
-    ``generate`` encodes the script's reply with the real tokenizer and appends the
-    end-of-turn token, as a model would; log-probabilities, values and scores are all
-    zero. ``max_turns`` bounds the decisions taken, so an environment that never ends
-    an episode fails a test instead of hanging it.
-    """
-
-    def __init__(self, llm: ScriptedLLM, tokenizer: Any, max_turns: int | None = None):
-        self.llm = llm
-        self.tokenizer = tokenizer
-        if tokenizer.pad_token_id is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        self.pad_id = tokenizer.pad_token_id
-        self.eos_id = tokenizer.eos_token_id
-        self.max_context = tokenizer_context(tokenizer)
-        import torch
-
-        self.device = torch.device("cpu")
-        self.training = False
-        self.max_turns = max_turns
-        self.turns = 0
-
-    def train(self, mode: bool = True) -> FakePolicy:
-        self.training = mode
-        return self
-
-    def eval(self) -> FakePolicy:
-        return self.train(False)
-
-    def _count(self, rows: int) -> None:
-        self.turns += rows
-        if self.max_turns is not None and self.turns > self.max_turns:
-            raise TurnBudgetExceededError(
-                f"more than {self.max_turns} decisions were asked of the fake model"
-            )
-
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        greedy: bool = False,
-        generator: Any = None,  # the script decides; nothing is sampled
-        reply_prefix: str = "",
-    ) -> list[list[int]]:
-        self._count(len(prompts))
-        replies = []
-        for prompt in prompts:
-            text = self.llm.reply(self.tokenizer.decode(list(prompt)))
-            # The prompt ends with the reply prefix: a scripted reply written in full
-            # continues after it.
-            text = text.removeprefix(reply_prefix) if reply_prefix else text
-            tokens = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-            # A real model cannot say more than max_new_tokens either.
-            replies.append((list(tokens) + [self.eos_id])[:max_new_tokens])
-        return replies
-
-    def evaluate_replies(
-        self,
-        prompts: Sequence[Sequence[int]],
-        replies: Sequence[Sequence[int]],
-        reference: bool = False,
-    ) -> Evaluation:
-        import torch
-
-        from llamagym.policy import Evaluation
-
-        width = max(1, max(len(reply) for reply in replies))
-        mask = torch.zeros(len(replies), width)
-        for row, reply in enumerate(replies):
-            mask[row, : len(reply)] = 1.0
-        zeros = torch.zeros(len(replies), width)
-        return Evaluation(zeros, zeros.clone(), mask, torch.zeros(len(replies)))
-
-    def score(
-        self,
-        prompts: Sequence[Sequence[int]],
-        candidates: Sequence[Sequence[Sequence[int]]],
-        reference: bool = False,
-    ) -> tuple[Any, Any]:
-        import torch
-
-        self._count(len(prompts))
-        width = max(len(options) for options in candidates)
-        scores = torch.full((len(prompts), width), float("-inf"))
-        for row, options in enumerate(candidates):
-            scores[row, : len(options)] = 0.0
-        return scores, torch.zeros(len(prompts))
-
-
-def tokenizer_context(tokenizer: Any, default: int = 2048) -> int:
-    """The tokenizer's context length, or ``default`` when it declares none."""
-    limit = getattr(tokenizer, "model_max_length", None)
-    return int(limit) if limit and limit < 1_000_000 else default
-
-
-_tokenizers: dict[Path, Any] = {}
-
-
-def load_tiny_tokenizer() -> Any:
-    """The offline tiny model's tokenizer (built into the cache on first use)."""
-    from llamagym.tiny_model import build_tiny_model
-
-    directory = build_tiny_model()
-    if directory not in _tokenizers:
-        from transformers import AutoTokenizer
-
-        _tokenizers[directory] = AutoTokenizer.from_pretrained(directory)
-    return _tokenizers[directory]
 
 
 # -- results ------------------------------------------------------------------------

@@ -1,0 +1,316 @@
+"""``llamagym new-plugin``: write a complete, installable plugin package.
+
+The package follows the layout of the built-in env plugins (``llamagym_blackjack``):
+a ``src/`` layout, one ``plugin.py`` module as the entry point in group ``llamagym``
+that registers the agent or algorithm as a lazy ``"module:Class"`` string, the class in
+its own module, a README and tests that use :mod:`llamagym.testing`.
+
+Two kinds:
+
+* ``env``: an :class:`~llamagym.Agent` for a Gymnasium environment. For the default,
+  ``FrozenLake-v1``, a worked example (prompts that draw the lake, a hand-written
+  route as a baseline); for any other env id with a ``Discrete`` action space, the
+  same skeleton with placeholder action names marked ``TODO``.
+* ``algorithm``: REINFORCE with a batch-mean baseline and a pydantic ``Config``, the
+  smallest complete :class:`~llamagym.Algorithm`.
+
+The package's files are real files under ``templates/``, in layers: ``common`` (every
+package), then ``env`` or ``algorithm``, then for the worked example ``frozenlake``,
+whose files replace those of the same path. A file is rendered by replacing tokens
+such as ``__NAME__`` or ``__CLASS__`` (in its path too) with the values of
+:meth:`PluginSpec.substitutions`; a line holding only a comment with a token whose
+name ends in ``_LINES`` (``# __ACTION_PLACEHOLDER_LINES__``) becomes the token's
+lines, indented like the comment. The tokens are plain identifiers and strings, so
+every template is valid Python (or TOML, or Markdown), and ruff checks the Python
+ones under the generated package's own settings (``templates/ruff.toml``).
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llamagym.errors import LlamaGymError
+
+KINDS = ("env", "algorithm")
+DEFAULT_ENV_ID = "FrozenLake-v1"
+TEMPLATES = Path(__file__).resolve().with_name("templates")
+_NAME = re.compile(r"[a-z][a-z0-9_]*")
+# A comment line holding a *_LINES token (group 1: its indentation, group 2: the
+# token's name), or a token anywhere (group 3).
+_TOKEN = re.compile(r"^([ \t]*)# __((?:[A-Z]+_)+LINES)__$|__([A-Z]+(?:_[A-Z]+)*)__", re.M)
+
+
+class ScaffoldError(LlamaGymError):
+    """The plugin cannot be written as asked (bad name, existing folder, unknown env)."""
+
+
+def validate_name(name: str) -> str:
+    """``name`` if it can be the agent/algorithm name and the ``llamagym_NAME`` import
+    name; otherwise a :class:`ScaffoldError` that says what to type instead."""
+    if _NAME.fullmatch(name) and not keyword.iskeyword(name):
+        return name
+    suggestion = re.sub(r"[^a-z0-9_]+", "_", name.strip().lower()).strip("_")
+    if suggestion and not suggestion[0].isalpha():
+        suggestion = "env_" + suggestion
+    hint = f"; try {suggestion!r}" if _NAME.fullmatch(suggestion or "-") else ""
+    raise ScaffoldError(
+        f"plugin name {name!r} is not valid: it becomes the import name llamagym_<name>, "
+        "so use lowercase letters, digits and underscores, starting with a letter "
+        f"(a Python identifier){hint}"
+    )
+
+
+def llamagym_requirement(version: str | None = None) -> str:
+    """The ``llamagym`` range a new plugin depends on: this release series only, because
+    before 1.0 a minor release may change the hooks (after it, only a major one)."""
+    if version is None:
+        from llamagym import __version__ as version
+    major, minor = (int(part) for part in version.split(".")[:2])
+    upper = f"{major}.{minor + 1}" if major == 0 else f"{major + 1}"
+    return f"llamagym>={major}.{minor},<{upper}"
+
+
+@dataclass(frozen=True)
+class EnvFacts:
+    """What the env template needs to know about an env, read from the env itself."""
+
+    action_count: int
+    #: index -> what the env's documentation says the action does (may be empty)
+    action_meanings: dict[int, str] = field(default_factory=dict)
+    #: the "Observation Space" section of the env's documentation, as lines
+    observation_notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PluginSpec:
+    name: str
+    kind: str
+    env_id: str = DEFAULT_ENV_ID
+    env: EnvFacts | None = None  # env kind, other than the worked example
+
+    @property
+    def package(self) -> str:
+        return f"llamagym_{self.name}"
+
+    @property
+    def distribution(self) -> str:
+        return f"llamagym-{self.name.replace('_', '-')}"
+
+    @property
+    def folder(self) -> str:
+        # The distribution name, not the import name: a folder called like the package
+        # it holds can be mistaken for that package when tests run from its parent.
+        return self.distribution
+
+    @property
+    def class_name(self) -> str:
+        stem = "".join(part.capitalize() for part in self.name.split("_") if part)
+        return stem + ("Agent" if self.kind == "env" else "")
+
+    @property
+    def worked_example(self) -> bool:
+        return self.kind == "env" and self.env_id == DEFAULT_ENV_ID
+
+    @property
+    def layers(self) -> tuple[str, ...]:
+        """The template folders this package is made of, later ones winning."""
+        if self.kind == "algorithm":
+            return ("common", "algorithm")
+        return ("common", "env", "frozenlake") if self.worked_example else ("common", "env")
+
+    def substitutions(self) -> dict[str, str]:
+        """Token name (``NAME`` for ``__NAME__``) -> the text it stands for."""
+        env = self.env or EnvFacts(0)
+        return {
+            "NAME": self.name,
+            "PACKAGE": self.package,
+            "DISTRIBUTION": self.distribution,
+            "CLASS": self.class_name,
+            "CONFIG_CLASS": f"{self.class_name}Config",
+            "ENV_ID": self.env_id,
+            "REQUIREMENT": llamagym_requirement(),
+            "ACTION_COUNT": str(env.action_count),
+            "ACTION_PLACEHOLDER_LINES": _placeholder_names(env),
+            "OBSERVATION_NOTE_LINES": _observation_notes(env, self.env_id),
+            "DESCRIPTION": (
+                "FrozenLake-v1: cross the ice to the goal without falling in a hole"
+                if self.worked_example
+                else f"{self.env_id}: an LLM agent (TODO: say what it does)"
+            ),
+            "WHAT": (
+                f"an LLM agent for Gymnasium's {self.env_id}"
+                if self.kind == "env"
+                else "a REINFORCE-style training algorithm"
+            ),
+        }
+
+
+def _placeholder_names(env: EnvFacts) -> str:
+    """``ACTION_NAMES``' body: one placeholder per action, with what the env's
+    documentation says the action does beside it."""
+    lines = []
+    for index in range(env.action_count):
+        meaning = env.action_meanings.get(index, "")
+        comment = f"  # {meaning[:70]}" if meaning else ""
+        lines.append(f'"action {index}",{comment}')
+    return "\n".join(lines)
+
+
+def _observation_notes(env: EnvFacts, env_id: str, limit: int = 30) -> str:
+    """Comment lines quoting the env's own description of its observations."""
+    import textwrap
+
+    if not env.observation_notes:
+        return f"# help(gymnasium.make({env_id!r}).unwrapped) may say what it holds."
+    quoted: list[str] = []
+    for line in env.observation_notes:
+        # The docstring's own line breaks carry its lists and tables: keep them, and
+        # only wrap a line too long for a 100-column file.
+        quoted += textwrap.wrap(line, 84, subsequent_indent="  ") or [""]
+    if len(quoted) > limit:
+        quoted = quoted[:limit] + [f"(more: help(gymnasium.make({env_id!r}).unwrapped))"]
+    lines = ["# What the env's documentation says about its observations:"]
+    lines += [f"#   {line}".rstrip() for line in quoted]
+    return "\n".join(lines)
+
+
+def _doc_sections(doc: str) -> dict[str, list[str]]:
+    """``## Title`` sections of a Gymnasium env's docstring, title -> body lines."""
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in doc.splitlines():
+        heading = re.match(r"\s*##\s+(.+?):?\s*$", line)
+        if heading:
+            current = sections.setdefault(heading.group(1).strip().lower(), [])
+        elif current is not None:
+            current.append(line.strip())
+    return sections
+
+
+def _action_meanings(lines: list[str]) -> dict[int, str]:
+    """``- 0: Move south`` list items or ``| 0 | apply -1 torque |`` table rows."""
+    meanings: dict[int, str] = {}
+    for line in lines:
+        item = re.match(r"-\s*(\d+)\s*:\s*(.+)$", line) or re.match(
+            r"\|\s*(\d+)\s*\|\s*([^|]+?)\s*\|", line
+        )
+        if item:
+            meanings.setdefault(int(item.group(1)), item.group(2).strip().rstrip("."))
+    return meanings
+
+
+def inspect_env(env_id: str) -> EnvFacts:
+    """The size of ``env_id``'s ``Discrete`` action space, and what its documentation
+    says about the actions and the observations."""
+    import inspect
+    import warnings
+
+    import gymnasium
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the error below says what matters
+            env = gymnasium.make(env_id)
+    except (
+        gymnasium.error.NameNotFound,
+        gymnasium.error.VersionNotFound,
+        gymnasium.error.DeprecatedEnv,
+        gymnasium.error.NamespaceNotFound,
+    ) as error:
+        family = env_id.split("-")[0]
+        known = [key for key in gymnasium.registry if key.startswith(family) and key != env_id]
+        hint = f"; registered ids like it: {', '.join(known[:5])}" if known else ""
+        raise ScaffoldError(f"cannot make env {env_id!r}: {error}{hint}") from None
+    except Exception as error:  # e.g. an optional dependency of the env is missing
+        raise ScaffoldError(
+            f"cannot make env {env_id!r}: {type(error).__name__}: {error}"
+        ) from None
+    space = env.action_space
+    doc = inspect.getdoc(type(env.unwrapped)) or ""
+    env.close()
+    if not isinstance(space, gymnasium.spaces.Discrete):
+        raise ScaffoldError(
+            f"env {env_id!r} has the action space {space}; the env template needs a "
+            "Discrete one (one name per action). Generate from a Discrete env and adapt "
+            "legal_actions()/env_action(), or pick another env"
+        )
+    sections = _doc_sections(doc)
+    return EnvFacts(
+        int(space.n),
+        _action_meanings(sections.get("action space", [])),
+        tuple(sections.get("observation space", [])),
+    )
+
+
+def render(text: str, values: Mapping[str, str]) -> str:
+    """``text`` with every token replaced by its value (one pass: a value is never
+    read for tokens). A token without a value is a template error (``KeyError``)."""
+
+    def replace(match: re.Match[str]) -> str:
+        indent, block, inline = match.groups()
+        if inline is not None:
+            return values[inline]
+        lines = values[block].split("\n")
+        return "\n".join(indent + line if line else line for line in lines)
+
+    return _TOKEN.sub(replace, text)
+
+
+def layer_files(layer: str) -> dict[str, Path]:
+    """Relative path (with its tokens) -> file, for every template of ``layer``."""
+    folder = TEMPLATES / layer
+    files = {}
+    for path in sorted(folder.rglob("*")):
+        relative = path.relative_to(folder)
+        # Tools leave caches beside the templates (ruff's .ruff_cache, __pycache__).
+        cache = any(part.startswith(".") or part == "__pycache__" for part in relative.parts[:-1])
+        if path.is_file() and not cache:
+            files[relative.as_posix()] = path
+    return files
+
+
+def plugin_files(spec: PluginSpec) -> dict[str, str]:
+    """Relative path -> content of every file of the package."""
+    values = spec.substitutions()
+    templates: dict[str, Path] = {}
+    for layer in spec.layers:
+        templates.update(layer_files(layer))
+    return {
+        render(relative, values): render(path.read_text(encoding="utf-8"), values)
+        for relative, path in templates.items()
+    }
+
+
+def write_plugin(
+    name: str,
+    kind: str = "env",
+    directory: Path | str = ".",
+    env_id: str = DEFAULT_ENV_ID,
+) -> tuple[PluginSpec, Path]:
+    """Write the package into ``directory/llamagym-NAME`` and return its spec and path.
+
+    Refuses to touch an existing folder: nothing is ever overwritten.
+    """
+    validate_name(name)
+    if kind not in KINDS:
+        raise ScaffoldError(f"--kind {kind!r} is not known; use one of: {', '.join(KINDS)}")
+    if kind == "algorithm" and env_id != DEFAULT_ENV_ID:
+        raise ScaffoldError("--env-id applies to --kind env only")
+    env = inspect_env(env_id) if kind == "env" and env_id != DEFAULT_ENV_ID else None
+    spec = PluginSpec(name, kind, env_id, env)
+    root = Path(directory).expanduser() / spec.folder
+    if root.exists():
+        raise ScaffoldError(
+            f"{str(root)!r} already exists; new-plugin never overwrites: choose another "
+            "NAME or --dir, or move the folder away"
+        )
+    files = plugin_files(spec)
+    for relative, content in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content, encoding="utf-8")
+    return spec, root

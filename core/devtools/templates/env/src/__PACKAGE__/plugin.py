@@ -1,0 +1,28 @@
+"""Entry point of the plugin (see pyproject.toml): the one statement of the agent's
+name, description and environment. It names the agent class by a "module:Class" string,
+so `llamagym list` does not import the agent module (or torch)."""
+
+from collections.abc import Callable
+
+from llamagym import hookimpl
+from llamagym.specs import AgentSpec
+
+AGENT = AgentSpec(
+    name="__NAME__",
+    entry_point="__PACKAGE__.agent:__CLASS__",
+    # The line `llamagym list` shows for the agent.
+    description="__DESCRIPTION__",
+    env_id="__ENV_ID__",
+)
+
+
+@hookimpl
+def llamagym_register_agents(register: Callable[..., None]) -> None:
+    register(AGENT)
+
+
+# An environment of your own? Register it with Gymnasium here, then set env_id to it:
+#
+# @hookimpl
+# def llamagym_register_envs(register: Callable[..., None]) -> None:
+#     register(id="MyGame-v0", entry_point="__PACKAGE__.env:MyGameEnv", max_episode_steps=200)

@@ -1,0 +1,236 @@
+"""A run: what one training run is made of, built in one place.
+
+An :class:`~llamagym.Agent` describes a task (env, prompts, legal actions, parsing,
+defaults, baselines, its options). A run adds the machinery: the policy (model, tokenizer,
+value head), the rollout engine, the algorithm and the schedule they read. Everything
+here is built by :func:`build_run` from a resolved config, each part getting what it needs
+as constructor arguments; nothing is assigned into a part after it is built.
+
+    resolved = resolve_agent_config(AgentClass, [("--set", {...})])   # the one resolver
+    agent = AgentClass(config=resolved)
+    run = build_run(agent, load_policy(resolved.config), control)      # what Trainer does
+    agent = load_agent("runs/blackjack-.../")                          # a trained agent
+
+The classic ``act`` / ``assign_reward`` / ``terminate_episode`` API, the trainer, the
+evaluation and ``load_agent`` all go through these functions: one code path.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from llamagym.config import Layer, ResolvedConfig, RunConfig, resolve_config, run_layers
+from llamagym.errors import ConfigError, LlamaGymError
+
+if TYPE_CHECKING:
+    from llamagym.agent import Agent
+    from llamagym.algorithm import Algorithm
+    from llamagym.engine import RolloutEngine
+    from llamagym.plugin_manager import Plugins
+    from llamagym.policy import Policy
+    from llamagym.schedule import Control, Schedule
+
+logger = logging.getLogger(__name__)
+
+def resolve_agent_config(
+    agent_class: type,
+    later: Sequence[Layer] = (),
+    *,
+    base: Mapping[str, Any] | None = None,
+    model: Any = None,
+    plugins: Plugins | None = None,
+) -> ResolvedConfig:
+    """The one config resolver: every layer of ``agent_class``'s run (see
+    :func:`llamagym.config.run_layers`), merged and validated, the algorithm section by
+    the registered algorithm's ``Config`` and the agent section by the agent's."""
+    from llamagym.plugin_manager import get_plugins
+
+    plugins = plugins or get_plugins()
+    return resolve_config(
+        run_layers(agent_class, later, base=base, model=model),
+        agent_class=agent_class,
+        algorithm_class_for=lambda name: plugins.get("algorithm", name).load(),
+    )
+
+
+def load_policy(
+    config: RunConfig, model: Any = None, tokenizer: Any = None, device: Any = None
+) -> Policy:
+    """The policy of a run: ``model`` (an object, or a name/directory) or the configured
+    model, loaded with its tokenizer; LoRA by the loader's rule. Sets torch's CPU
+    threads (``training.threads``; one for a small model on the CPU)."""
+    from llamagym.models import add_lora_adapter, load_model_and_tokenizer, trains_through_lora
+    from llamagym.policy import Policy
+
+    settings = config.model
+    if model is None or isinstance(model, str):
+        where, device = device, None  # the loader places the model; the policy follows it
+        model, tokenizer = load_model_and_tokenizer(
+            model or settings.name,
+            device=str(where) if where else settings.device,
+            dtype=None if settings.dtype == "auto" else settings.dtype,
+            quantize=settings.quantize,
+            lora=settings.lora,
+            lora_rank=settings.lora_rank,
+            lora_layers=settings.lora_layers,
+            trust_remote_code=settings.trust_remote_code,
+            seed=config.training.seed,
+        )
+    elif tokenizer is None:
+        raise ConfigError("a model object was given without its tokenizer")
+    else:
+        # A value-head wrapper (the original LlamaGym's) gives its LM: the policy has its
+        # own head. A model object follows the loader's LoRA rule (``model.lora``), so a
+        # pretrained model is not fully fine-tuned by accident; one carrying an adapter
+        # already is used as it is.
+        model = getattr(model, "pretrained_model", model)
+        if not hasattr(model, "peft_config") and trains_through_lora(model, settings.lora):
+            logger.info("adding a LoRA adapter to the given model (model.lora=false: train "
+                        "it whole)")
+            model = add_lora_adapter(
+                model, type(model).__name__, None, settings.lora_rank,
+                config.training.seed, layers=settings.lora_layers,
+            )
+    checkpointing = settings.gradient_checkpointing
+    if checkpointing is None:
+        # Replies make long rows whose activations dominate an update's memory;
+        # score-mode rows are short, so recomputing them would only cost time.
+        checkpointing = config.rollout.mode == "generate" and hasattr(model, "peft_config")
+    policy = Policy(model, tokenizer, device, gradient_checkpointing=checkpointing)
+    _choose_threads(policy, config.training.threads)
+    return policy
+
+
+def _choose_threads(policy: Policy, threads: int | None) -> None:
+    """One thread for a model below the LoRA threshold on the CPU: its matrices are too
+    small to split (two threads were slower than one here)."""
+    import torch
+
+    from llamagym.models import LORA_AUTO_THRESHOLD
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    elif policy.device.type == "cpu" and (
+        sum(p.numel() for p in policy.model.parameters()) < LORA_AUTO_THRESHOLD
+    ):
+        torch.set_num_threads(1)
+
+
+@dataclass
+class Run:
+    """The parts of one run. Its state is the sum of its parts' ``state_dict()``s."""
+
+    agent: Agent
+    config: RunConfig
+    policy: Policy
+    engine: RolloutEngine
+    algorithm: Algorithm
+    schedule: Schedule
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"algorithm": self.algorithm.state_dict(), "engine": self.engine.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.algorithm.load_state_dict(state["algorithm"])
+        self.engine.load_state_dict(state["engine"])
+
+    def evaluation_engine(self, num_envs: int | None = None) -> RolloutEngine:
+        """An engine of its own for evaluation: its episodes reach no training observer
+        and draw nothing from the training engine's random streams."""
+        return make_engine(self.agent, self.policy, self.config, self.schedule,
+                           num_envs=num_envs, observe=False)
+
+
+def make_engine(
+    agent: Agent,
+    policy: Policy,
+    config: RunConfig,
+    schedule: Schedule,
+    *,
+    num_envs: int | None = None,
+    observe: bool = True,
+) -> RolloutEngine:
+    from llamagym.engine import RolloutEngine
+
+    rollout = config.rollout
+    if num_envs is not None:
+        rollout = rollout.model_copy(update={"num_envs": num_envs})
+    return RolloutEngine(
+        agent,
+        policy,
+        rollout,
+        seed=config.training.seed,
+        schedule=schedule,
+        max_failures_in_a_row=config.training.max_env_failures,
+        observe=observe,
+    )
+
+
+def build_run(agent: Agent, policy: Policy, control: Control | None = None) -> Run:
+    """Policy -> schedule -> engine -> algorithm, from ``agent.resolved``. ``control``
+    carries the trainer's stop request and epoch display into the algorithm; without it
+    (the classic API) an update never stops early.
+
+    Then the two phases before the first update: the algorithm's warm start
+    (demonstrations, if configured) and freezing its KL reference on the final starting
+    weights. A resumed run goes through them too, before its checkpoint is loaded over
+    them, so its KL reference is the one the unbroken run had."""
+    from llamagym import distributed
+    from llamagym.schedule import Schedule
+
+    resolved, config = agent.resolved, agent.config
+    if resolved.algorithm_class is None or resolved.algorithm is None:
+        raise LlamaGymError(f"agent {agent.name!r}: the config names no algorithm")
+    schedule = Schedule(config.rollout)
+    engine = make_engine(agent, policy, config, schedule)
+    algorithm = resolved.algorithm_class.create(
+        policy,
+        resolved.algorithm,
+        config.rollout,
+        schedule=schedule,
+        group=distributed.process_group(),
+        control=control,
+    )
+    warm_start = algorithm.warm_start()
+    if warm_start:
+        logger.info("warm start: %s", ", ".join(f"{k} {v:.4g}" for k, v in warm_start.items()))
+    algorithm.freeze_reference()
+    return Run(agent, config, policy, engine, algorithm, schedule)
+
+
+def load_agent(
+    path: Path | str,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    agent: str | None = None,
+    plugins: Plugins | None = None,
+) -> Agent:
+    """A trained agent, ready to ``act``: ``path`` is a run directory (its newest
+    checkpoint) or one checkpoint. The agent class comes from the registry (the plugin
+    that trained it must be installed), the config from the checkpoint with
+    ``overrides`` over it, and the weights from the checkpoint. ``agent`` checks the
+    checkpoint's agent name."""
+    from llamagym import checkpoint as checkpoints
+    from llamagym.plugin_manager import get_plugins
+
+    plugins = plugins or get_plugins()
+    directory = checkpoints.find_checkpoint(Path(path))
+    meta = checkpoints.read_meta(directory)
+    trained = meta.get("agent")
+    if agent is not None and trained != agent:
+        raise LlamaGymError(
+            f"checkpoint {str(directory)!r} was trained with agent.name = {trained!r}, "
+            f"not {agent!r}"
+        )
+    agent_class = plugins.get("agent", str(trained)).load()
+    layers = [("overrides", {"output": {"dir": None}, **dict(overrides or {})})]
+    resolved = resolve_agent_config(agent_class, layers, base=meta["config"], plugins=plugins)
+    loaded = agent_class(config=resolved, plugins=plugins)
+    checkpoints.load_checkpoint(loaded.policy, directory)
+    loaded.checkpoint = directory
+    loaded.checkpoint_meta = meta
+    return loaded

@@ -1,0 +1,77 @@
+"""What a run's parts read about the run's course: the :class:`Schedule` (the share of
+the budget used, and the sampling temperature and learning rate that follow from it)
+and the :class:`Control` of an update (may it go on, which epoch is starting).
+
+One owner moves the schedule (the trainer, before each collection and update, with
+``schedule.set_progress``); the rollout engine and the algorithm only read it. A
+hand-written loop that never moves it trains at progress 0: the starting temperature
+and the full learning rate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from llamagym.config import RolloutSettings
+
+#: The annealed learning rate never drops below this share of the configured one.
+LR_FLOOR = 0.05
+
+
+class Schedule:
+    """The fraction of the run's budget used so far, and what is scheduled on it."""
+
+    def __init__(self, rollout: RolloutSettings):
+        self._rollout = rollout
+        self._progress = 0.0
+
+    @property
+    def progress(self) -> float:
+        """The share of the budget (episodes or minutes) used so far, from 0 to 1."""
+        return self._progress
+
+    def set_progress(self, fraction: float) -> None:
+        """Move the schedule to ``fraction`` of the budget used (kept within 0 to 1: a
+        run past its budget stays at the end of every schedule)."""
+        fraction = float(fraction)
+        if math.isnan(fraction):
+            raise ValueError("progress must be a fraction from 0 to 1, got nan")
+        self._progress = min(max(fraction, 0.0), 1.0)
+
+    def temperature(self) -> float:
+        """The sampling temperature now: ``rollout.temperature``, moved linearly to
+        ``rollout.final_temperature`` over the budget when that is set."""
+        start, final = self._rollout.temperature, self._rollout.final_temperature
+        if final is None:
+            return start
+        return start + self._progress * (final - start)
+
+    def lr(self, base: float, anneal: bool) -> float:
+        """The learning rate now: ``base``, or with ``anneal`` a linear decay to 5% of
+        it over the budget (late updates then stop undoing what was learnt)."""
+        return base * max(LR_FLOOR, 1.0 - self._progress) if anneal else base
+
+
+def never_stop() -> bool:
+    return False
+
+
+def ignore_epoch(epoch: int, epochs: int) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Control:
+    """How the one running an algorithm steers its updates.
+
+    ``should_stop()`` turns True once a stop has been asked for (SIGINT/SIGTERM): an
+    update then ends at its next minibatch boundary, keeping the steps already taken,
+    and reports ``update_interrupted: 1.0``. ``on_epoch(k, epochs)`` is told when epoch
+    ``k`` (from 1) of an update starts (the progress bar shows it). The defaults never
+    stop and show nothing.
+    """
+
+    should_stop: Callable[[], bool] = never_stop
+    on_epoch: Callable[[int, int], None] = ignore_epoch

@@ -1,0 +1,136 @@
+"""A run and its directory: the core writes the history, evaluation stays out of the
+training observers, the run directory names the plugins that took part, and a trained
+agent loads back with one call."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+
+from llamagym import checkpoint as checkpoints
+from llamagym import hookimpl, load_agent
+from llamagym.errors import LlamaGymError
+from llamagym.plugin_manager import reset_plugins
+from llamagym.report import read_records
+from llamagym.testing import BanditAgent, temporary_plugin, tiny_agent
+from llamagym.training import Trainer
+
+FAST = [
+    "--num-envs", "4", "--threads", "1", "--eval-episodes", "0", "--quiet",
+    "--checkpoint-every", "1",
+    "--set", "algorithm.episodes_per_update=8", "--set", "algorithm.minibatch_size=8",
+    "--set", "algorithm.epochs=1",
+]
+
+
+def update_numbers(run_dir) -> list[int]:
+    return [r["update"] for r in read_records(run_dir / "metrics.jsonl") if r["kind"] == "update"]
+
+
+def test_history_and_resume_need_no_optional_plugin(tmp_path, monkeypatch, cli) -> None:
+    monkeypatch.setenv("LLAMAGYM_DISABLE_PLUGINS", "tensorboard-logger,wandb-logger")
+    reset_plugins()
+    run_dir = tmp_path / "run"
+    assert cli("run", "blackjack", "-n", "16", "-o", run_dir, *FAST)[0] == 0
+    assert update_numbers(run_dir) == [1, 2]
+    code, _, err = cli("run", "blackjack", "-n", "32", "--resume", run_dir, *FAST)
+    assert code == 0, err
+    assert update_numbers(run_dir) == [1, 2, 3, 4]
+    assert not (run_dir / "tensorboard").exists()
+
+
+class EpisodeObserver:
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, bool]] = []
+
+    @hookimpl
+    def llamagym_episode_end(self, agent, episode, run):
+        self.calls.append((episode.seed, run.evaluation))
+
+
+def test_evaluation_episodes_reach_no_training_observer(tmp_path) -> None:
+    agent = tiny_agent(
+        BanditAgent,
+        training={"episodes": 16, "eval_episodes": 24},
+        output={"dir": str(tmp_path / "run"), "report": False},
+    )
+    observer = EpisodeObserver()
+    with temporary_plugin(observer, "observer"):
+        summary = Trainer(agent).run()
+    assert summary.evaluation is not None and summary.evaluation.episodes == 24
+    assert len(observer.calls) == summary.episodes == 16
+    assert not any(evaluation for _, evaluation in observer.calls)
+
+
+class Narrator:
+    """Answers the observation hook before the agent does; never parses."""
+
+    @hookimpl(tryfirst=True)
+    def llamagym_format_observation(self, agent, observation, info):
+        return f"You see {observation}."
+
+    @hookimpl(tryfirst=True)
+    def llamagym_extract_action(self, agent, reply, legal_actions):
+        return None
+
+
+def test_run_directory_names_the_plugins_that_answered(tmp_path) -> None:
+    run_dir = tmp_path / "run"
+    agent = tiny_agent(
+        BanditAgent,
+        training={"episodes": 16, "eval_episodes": 0},
+        output={"dir": str(run_dir), "report": False},
+    )
+    with temporary_plugin(Narrator(), "narrator"):
+        Trainer(agent).run()
+    answered = {p["name"]: p for p in json.loads((run_dir / "plugins.json").read_text())}
+    assert answered["narrator"]["hooks"] == ["llamagym_format_observation"]
+    # The agent's own methods answered the system prompt; the narrator's None parses
+    # never counted.
+    assert "llamagym_system_prompt" in answered["agent"]["hooks"]
+    meta = checkpoints.read_meta(checkpoints.find_checkpoint(run_dir))
+    assert {p["name"] for p in meta["plugins"]} == set(answered)
+
+
+def test_resume_with_other_plugins_says_so(tmp_path, caplog) -> None:
+    run_dir = tmp_path / "run"
+    settings = {"output": {"dir": str(run_dir), "report": False}}
+    with temporary_plugin(Narrator(), "narrator"):
+        Trainer(tiny_agent(BanditAgent, training={"episodes": 16, "eval_episodes": 0},
+                           **settings)).run()
+    resumed = tiny_agent(BanditAgent, training={"episodes": 32, "eval_episodes": 0}, **settings)
+    with caplog.at_level(logging.WARNING, logger="llamagym"):
+        Trainer(resumed, resume_from=run_dir).run()
+    warnings = [r.getMessage() for r in caplog.records if "per-step hooks differ" in r.message]
+    assert len(warnings) == 1 and "gone narrator" in warnings[0]
+
+
+class BanditRegistration:
+    @hookimpl
+    def llamagym_register_agents(self, register):
+        register("bandit", "llamagym.testing:BanditAgent", description="two levers")
+
+
+def test_load_agent_acts_with_the_trained_weights(tmp_path) -> None:
+    run_dir = tmp_path / "run"
+    agent = tiny_agent(
+        BanditAgent,
+        training={"episodes": 16, "eval_episodes": 0},
+        output={"dir": str(run_dir), "report": False},
+    )
+    Trainer(agent).run()
+    with temporary_plugin(BanditRegistration(), "bandit-plugin"):
+        loaded = load_agent(run_dir)
+    assert type(loaded) is BanditAgent and loaded.config == agent.config.model_copy(
+        update={"output": agent.config.output.model_copy(update={"dir": None})}
+    )
+    trained = dict(agent.policy.model.named_parameters())
+    for name, parameter in loaded.policy.model.named_parameters():
+        assert torch.equal(parameter, trained[name]), name
+    observation, info = loaded.make_env().reset(seed=0)
+    assert loaded.act(observation, info) in range(len(loaded.legal_actions(observation, info)))
+    with pytest.raises(LlamaGymError, match="trained with agent.name = 'bandit', not 'blackjack'"):
+        load_agent(run_dir, agent="blackjack")
