@@ -11,7 +11,7 @@ TORCH_INDEX ?=
 PLUGINS := -e ./llamagym_blackjack -e ./llamagym_cartpole -e "./llamagym_textworld[textworld]"
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test lint bench clean
 
 $(STAMP): pyproject.toml llamagym_blackjack/pyproject.toml llamagym_cartpole/pyproject.toml llamagym_textworld/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# Style (ruff) and types (mypy on the installed layout of core/ and plugins/).
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python .ci/typecheck
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks all

@@ -70,9 +70,9 @@ def greedy_curve(run_dir: Path, updates: list[dict[str, Any]], episodes: int,
     """Greedy mean length of (up to ``max_points`` evenly spread) checkpoints of a run."""
     import torch
 
-    from llamagym import checkpoint as checkpoints
     from llamagym import load_agent
-    from llamagym.evaluation import evaluate_agent
+    from llamagym.rollout.evaluation import evaluate_agent
+    from llamagym.training import checkpoint as checkpoints
 
     torch.set_num_threads(1)
     seconds_at = {int(r["update"]): float(r["seconds"]) for r in updates}

@@ -116,7 +116,7 @@ def run_ours(plan: Plan, seed: int, threads: int, workdir: Path, quick: bool) ->
                (output / "metrics.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
     updates = [r for r in records if r.get("kind") == "update"]
     final = next(r for r in reversed(records) if r.get("kind") == "evaluation")
-    from llamagym import checkpoint as checkpoints
+    from llamagym.training import checkpoint as checkpoints
 
     kept = checkpoints.list_checkpoints(output)
     metas = [(path, checkpoints.read_meta(path)) for path in kept]
@@ -184,9 +184,9 @@ def log_spaced(count: int, points: int) -> list[int]:
 def work(spec: dict[str, Any]) -> dict[str, Any]:
     """Evaluate checkpoints greedily: the exact value (Blackjack's exact module) and,
     where asked, a run on the evaluation seeds (what `llamagym eval` does)."""
-    from llamagym import checkpoint as checkpoints
     from llamagym import load_agent
-    from llamagym.evaluation import evaluate_agent
+    from llamagym.rollout.evaluation import evaluate_agent
+    from llamagym.training import checkpoint as checkpoints
 
     results = []
     agent = None
@@ -247,7 +247,7 @@ def exact_baselines() -> dict[str, float]:
 # -- the peer ---------------------------------------------------------------------------
 def run_peer_seed(plan: Plan, seed: int, threads: int, venv: Path, model_dir: Path) -> dict:
     from benchmarks.peer import PEER_MAX_POSITIONS, run_peer
-    from llamagym.evaluation import evaluation_seeds
+    from llamagym.rollout.evaluation import evaluation_seeds
 
     spec = {
         "task": "learning", "model_dir": str(model_dir), "seed": seed, "threads": threads,

@@ -121,7 +121,7 @@ def export_peer_model(directory: Path, seed: int = 0) -> Path:
     our tokenizer with its BPE merges written the way tokenizers 0.15 reads them
     (``"a b"`` strings; newer releases write ``["a", "b"]`` pairs).
     """
-    from llamagym.tiny_model import build_tiny_model
+    from llamagym.models.tiny import build_tiny_model
 
     source = build_tiny_model(seed=seed)
     directory.mkdir(parents=True, exist_ok=True)

@@ -257,7 +257,7 @@ def train_seed(args: argparse.Namespace, seed: int, runs: Path) -> dict[str, Any
     records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
     updates = [r for r in records if r.get("kind") == "update"]
     final = next(r for r in reversed(records) if r.get("kind") == "evaluation")
-    from llamagym import checkpoint as checkpoints
+    from llamagym.training import checkpoint as checkpoints
 
     checkpoint = checkpoints.find_checkpoint(output)
     exact = run_worker({"work": "final_exact", "checkpoint": str(checkpoint)}, args.threads)

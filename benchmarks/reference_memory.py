@@ -27,7 +27,7 @@ def measure(mode: str, hidden: int, layers: int) -> dict:
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from llamagym.models import load_model_and_tokenizer
+    from llamagym.models.loading import load_model_and_tokenizer
 
     torch.manual_seed(0)
     _, tokenizer = load_model_and_tokenizer("tiny")

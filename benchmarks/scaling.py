@@ -65,7 +65,7 @@ def build_model(directory: Path, dims: dict[str, int], seed: int = 0) -> Path:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from llamagym.tiny_model import MODEL_CONFIG, build_tiny_model
+    from llamagym.models.tiny import MODEL_CONFIG, build_tiny_model
 
     tiny = build_tiny_model(seed=seed)
     tokenizer = AutoTokenizer.from_pretrained(tiny)

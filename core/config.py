@@ -250,7 +250,7 @@ def defaults_for_model(
         if str(name).strip().lower() == "tiny":
             return {}
     else:
-        from llamagym.models import trains_through_lora
+        from llamagym.models.loading import trains_through_lora
 
         if not trains_through_lora(model):
             return {}

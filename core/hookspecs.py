@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     import typer
 
     from llamagym.agent import Agent
+    from llamagym.rollout.trajectory import Episode
     from llamagym.specs import RunContext
-    from llamagym.trajectory import Episode
 
 PROJECT_NAME = "llamagym"
 

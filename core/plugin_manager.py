@@ -428,7 +428,7 @@ class Plugins:
 
     def add_model(self, entry: ModelEntry, *, overwrite: bool = False) -> None:
         """Add a model entry from Python code; a clash raises ``ValueError`` unless
-        ``overwrite``. See :func:`llamagym.model_registry.register_model_entry`."""
+        ``overwrite``. See :func:`llamagym.models.registry.register_model_entry`."""
         if not isinstance(entry, ModelEntry):
             raise TypeError(f"expected a ModelEntry, got {type(entry).__name__}")
         self.register_models()

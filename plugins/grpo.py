@@ -3,7 +3,7 @@
 Each update's episodes come in seed groups of G: the engine resets the first G episodes
 of a batch with one seed, the next G with another, so a group shares its start state and
 its returns are directly comparable. A turn's advantage is its return minus the group's
-mean start return, over the group's std (see ``llamagym.credit``: with the default
+mean start return, over the group's std (see ``llamagym.training.credit``: with the default
 ``discounted`` rule, gamma 1 and a reward only at the end, every turn of an episode gets
 ``(R - mean) / (std + eps)``).
 
@@ -25,8 +25,12 @@ import logging
 import torch
 from pydantic import Field, field_validator
 
-from llamagym import distributed
-from llamagym.algorithm import (
+from llamagym.config import RolloutSettings
+from llamagym.models.policy import Policy
+from llamagym.plugins.sft import WarmStart, WarmStartConfig
+from llamagym.rollout.trajectory import Episode, Turn
+from llamagym.training import distributed
+from llamagym.training.algorithm import (
     Algorithm,
     AlgorithmConfig,
     KLController,
@@ -34,12 +38,13 @@ from llamagym.algorithm import (
     check_group_divides_batch,
     seed_groups,
 )
-from llamagym.config import RolloutSettings
-from llamagym.credit import RULES_WITHOUT_VALUES, CreditRule, group_normalized, turn_returns
-from llamagym.plugins.sft import WarmStart, WarmStartConfig
-from llamagym.policy import Policy
-from llamagym.schedule import Control, Schedule
-from llamagym.trajectory import Episode, Turn
+from llamagym.training.credit import (
+    RULES_WITHOUT_VALUES,
+    CreditRule,
+    group_normalized,
+    turn_returns,
+)
+from llamagym.training.schedule import Control, Schedule
 
 logger = logging.getLogger(__name__)
 

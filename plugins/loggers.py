@@ -5,7 +5,7 @@
 * ``wandb-logger``: Weights & Biases, only when ``WANDB_PROJECT`` is set; ``wandb`` is
   never imported otherwise, so a default run makes no network call.
 
-``metrics.jsonl`` (one line per update, fields in :mod:`llamagym.report`) is not a
+``metrics.jsonl`` (one line per update, fields in :mod:`llamagym.training.report`) is not a
 plugin: the trainer writes it, and the report is made from it.
 
 Each takes the run directory from the hook's ``run`` argument

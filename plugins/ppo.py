@@ -11,20 +11,20 @@ from __future__ import annotations
 import torch
 from pydantic import Field, field_validator
 
-from llamagym import distributed
-from llamagym.algorithm import (
+from llamagym.config import RolloutSettings
+from llamagym.models.policy import Evaluation, Policy
+from llamagym.plugins.sft import WarmStart, WarmStartConfig
+from llamagym.rollout.trajectory import Episode
+from llamagym.training import distributed
+from llamagym.training.algorithm import (
     Algorithm,
     AlgorithmConfig,
     KLController,
     LossTerm,
     check_adaptive_kl,
 )
-from llamagym.config import RolloutSettings
-from llamagym.credit import CREDIT_RULES, CreditRule, gae, turn_returns
-from llamagym.plugins.sft import WarmStart, WarmStartConfig
-from llamagym.policy import Evaluation, Policy
-from llamagym.schedule import Control, Schedule
-from llamagym.trajectory import Episode
+from llamagym.training.credit import CREDIT_RULES, CreditRule, gae, turn_returns
+from llamagym.training.schedule import Control, Schedule
 
 
 class PPOConfig(AlgorithmConfig):

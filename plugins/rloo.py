@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from llamagym.algorithm import check_group_divides_batch
-from llamagym.credit import (
+from llamagym.plugins.grpo import GRPO, STD_EPS, CriticFreeConfig
+from llamagym.rollout.trajectory import Episode
+from llamagym.training.algorithm import check_group_divides_batch
+from llamagym.training.credit import (
     group_normalized,
     leave_one_out,
     minus_batch_mean,
 )
-from llamagym.plugins.grpo import GRPO, STD_EPS, CriticFreeConfig
-from llamagym.trajectory import Episode
 
 
 class RLOOConfig(CriticFreeConfig):

@@ -47,12 +47,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from llamagym.algorithm import masked_mean
 from llamagym.errors import ConfigError
-from llamagym.trajectory import Episode, Turn
+from llamagym.rollout.trajectory import Episode, Turn
+from llamagym.training.algorithm import masked_mean
 
 if TYPE_CHECKING:
-    from llamagym.algorithm import Algorithm
+    from llamagym.training.algorithm import Algorithm
 
 logger = logging.getLogger(__name__)
 

@@ -16,17 +16,17 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from llamagym.algorithm import nest_warm_start_keys
 from llamagym.config import format_validation_error
-from llamagym.distributed import SingleProcess
 from llamagym.errors import ConfigError
 from llamagym.plugins.grpo import GRPO
 from llamagym.plugins.ppo import PPO
 from llamagym.plugins.rloo import REINFORCE, RLOO
 from llamagym.plugins.sft import ReplayBuffer, load_demonstrations
-from llamagym.schedule import Control, Schedule
+from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.testing import BanditAgent, action_probabilities, tiny_agent
-from llamagym.trajectory import Episode, Turn
+from llamagym.training.algorithm import nest_warm_start_keys
+from llamagym.training.distributed import SingleProcess
+from llamagym.training.schedule import Control, Schedule
 
 ALGORITHMS = ("ppo", "grpo", "rloo", "reinforce")
 GROUPED = {"grpo": {"group_size": 4}, "rloo": {"group_size": 4}}

@@ -15,11 +15,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from llamagym import checkpoint as checkpoints
 from llamagym import hookimpl
 from llamagym.errors import LlamaGymError
-from llamagym.report import read_records
 from llamagym.testing import temporary_plugin
+from llamagym.training import checkpoint as checkpoints
+from llamagym.training.report import read_records
 
 # Small and single-threaded: fast, and bit-for-bit repeatable on CPU.
 FAST = [
@@ -171,7 +171,7 @@ def interrupted_write_keeps_previous_checkpoint(run_dir: Path, monkeypatch) -> N
 
 def test_sigterm_stops_cleanly_with_a_checkpoint(tmp_path) -> None:
     from llamagym.testing import BanditAgent, tiny_agent
-    from llamagym.training import Trainer
+    from llamagym.training.trainer import Trainer
 
     agent = tiny_agent(
         BanditAgent,

@@ -6,8 +6,9 @@ import math
 
 import pytest
 
-from llamagym.algorithm import KLController
-from llamagym.credit import (
+from llamagym.rollout.trajectory import Episode
+from llamagym.training.algorithm import KLController
+from llamagym.training.credit import (
     discounted_returns,
     equal_split,
     gae,
@@ -18,7 +19,6 @@ from llamagym.credit import (
     terminal_reward,
     turn_returns,
 )
-from llamagym.trajectory import Episode
 
 
 def close(actual, expected, tol: float = 1e-6) -> bool:

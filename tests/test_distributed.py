@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from llamagym import distributed
-from llamagym.algorithm import minibatches
 from llamagym.errors import ConfigError
-from llamagym.report import read_records
+from llamagym.training import distributed
+from llamagym.training.algorithm import minibatches
+from llamagym.training.report import read_records
 
 FAST = [
     *("--quiet", "--num-envs", "8", "--episodes", "64", "--eval-episodes", "40"),
@@ -45,7 +45,7 @@ def rank_records(run_dir: Path, rank: int) -> list[dict]:
 @pytest.fixture(scope="module")
 def two_process_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """64 Blackjack episodes, 16 per update in each of two processes: 2 updates."""
-    from llamagym.tiny_model import build_tiny_model
+    from llamagym.models.tiny import build_tiny_model
 
     build_tiny_model()  # once, before two processes both look for it
     run_dir = tmp_path_factory.mktemp("distributed") / "run"
@@ -118,7 +118,7 @@ AGREEMENT = textwrap.dedent(
     import json, math
     import torch
     import torch.distributed as dist
-    from llamagym import distributed
+    from llamagym.training import distributed
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()

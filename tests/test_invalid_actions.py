@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llamagym.policy import Policy
+from llamagym.models.policy import Policy
 from llamagym.testing import BanditAgent, tiny_agent
 
 
@@ -139,7 +139,7 @@ def test_reply_prefix_is_context_and_the_parsers_read_it_with_the_reply() -> Non
 
 
 def test_a_reply_ends_where_its_json_object_closes() -> None:
-    from llamagym.policy import closes_json, json_closed_at
+    from llamagym.models.policy import closes_json, json_closed_at
 
     agent = tiny_agent(rollout={"mode": "generate"})
     tokenizer = agent.policy.tokenizer

@@ -20,10 +20,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from llamagym import model_sources
 from llamagym.errors import ModelLoadError
-from llamagym.model_registry import LLAMA_LIKE_TARGETS, PyPIFile, get_model_entry
-from llamagym.model_sources import (
+from llamagym.models import sources as model_sources
+from llamagym.models.loading import _resolve_source, load_model_and_tokenizer
+from llamagym.models.registry import LLAMA_LIKE_TARGETS, PyPIFile, get_model_entry
+from llamagym.models.sources import (
     CHECK_SAMPLE,
     SourceUnreachableError,
     conversion_info,
@@ -33,7 +34,6 @@ from llamagym.model_sources import (
     gguf_digest,
     offline_status,
 )
-from llamagym.models import _resolve_source, load_model_and_tokenizer
 
 SMOLLM2 = "smollm2-135m"
 

@@ -17,7 +17,14 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from llamagym.errors import LlamaGymError, ModelLoadError
-from llamagym.model_registry import (
+from llamagym.models.loading import (
+    _prepare_tokenizer,
+    linear_module_names,
+    load_model_and_tokenizer,
+    resolve_device,
+    resolve_dtype,
+)
+from llamagym.models.registry import (
     GENERIC_CHAT_TEMPLATE,
     PHI2_CHAT_TEMPLATE,
     ModelEntry,
@@ -25,21 +32,14 @@ from llamagym.model_registry import (
     list_model_entries,
     register_model_entry,
 )
-from llamagym.models import (
-    _prepare_tokenizer,
-    linear_module_names,
-    load_model_and_tokenizer,
-    resolve_device,
-    resolve_dtype,
-)
-from llamagym.paths import cache_dir
-from llamagym.tiny_model import (
+from llamagym.models.tiny import (
     CHAT_TEMPLATE,
     END_TOKEN,
     PAD_TOKEN,
     build_tiny_model,
     default_tiny_model_dir,
 )
+from llamagym.paths import cache_dir
 
 REQUIRED_HUB_IDS = {
     "TinyLlama/TinyLlama-1.1B-Chat-v1.0",
@@ -421,7 +421,7 @@ def test_missing_chat_template_gets_a_fallback(
 ) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
     tokenizer.chat_template = None
-    with caplog.at_level(logging.WARNING, logger="llamagym.models"):
+    with caplog.at_level(logging.WARNING, logger="llamagym.models.loading"):
         _prepare_tokenizer(tokenizer, None, "some/model")
     assert tokenizer.chat_template == GENERIC_CHAT_TEMPLATE
     assert "no chat template" in caplog.text

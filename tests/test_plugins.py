@@ -16,7 +16,7 @@ from llamagym import hookimpl, plugin_manager
 from llamagym.hookspecs import all_hook_names
 from llamagym.plugin_manager import get_plugins
 from llamagym.testing import BanditAgent, temporary_plugin, tiny_agent
-from llamagym.training import Trainer
+from llamagym.training.trainer import Trainer
 
 
 class FakeDistribution:
@@ -106,8 +106,8 @@ def test_register_commands() -> None:
 
 
 def test_register_models() -> None:
-    from llamagym import model_registry
-    from llamagym.model_registry import ModelEntry
+    from llamagym.models import registry as model_registry
+    from llamagym.models.registry import ModelEntry
 
     def register_models(register):
         register(

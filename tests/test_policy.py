@@ -7,9 +7,14 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from llamagym.errors import ModelLoadError
-from llamagym.models import load_model_and_tokenizer
-from llamagym.policy import MIN_SHARED_TOKENS, Policy, sampling_processors, shared_prefix_length
-from llamagym.tiny_model import build_tiny_model
+from llamagym.models.loading import load_model_and_tokenizer
+from llamagym.models.policy import (
+    MIN_SHARED_TOKENS,
+    Policy,
+    sampling_processors,
+    shared_prefix_length,
+)
+from llamagym.models.tiny import build_tiny_model
 
 
 def naive_logprob(model, prompt: list[int], continuation: list[int]) -> float:
@@ -226,7 +231,7 @@ def test_a_4bit_model_evaluates_trains_and_scores_again(mode: str) -> None:
     pytest.importorskip("bitsandbytes")
     from llamagym_blackjack.agent import BlackjackAgent
 
-    from llamagym.evaluation import evaluate_agent
+    from llamagym.rollout.evaluation import evaluate_agent
 
     agent = BlackjackAgent(
         config={
@@ -254,7 +259,7 @@ def test_a_model_object_given_to_the_classic_api_follows_the_lora_rule() -> None
     defaults), as one loaded by name would; model.lora=false trains it whole."""
     from llamagym_blackjack.agent import BlackjackAgent
 
-    from llamagym import models
+    from llamagym.models import loading as models
 
     model, tokenizer = load_model_and_tokenizer("tiny")
     agent = BlackjackAgent(model, tokenizer)

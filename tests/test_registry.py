@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from llamagym import hookimpl, plugin_manager
 from llamagym.agent import Agent
 from llamagym.errors import PluginError
-from llamagym.model_registry import LLAMA_LIKE_TARGETS, ModelEntry, get_model_entry
+from llamagym.models.registry import LLAMA_LIKE_TARGETS, ModelEntry, get_model_entry
 from llamagym.plugin_manager import get_plugins
 from llamagym.specs import AgentSpec, AlgorithmSpec, RunContext
 from llamagym.testing import BanditAgent, temporary_plugin

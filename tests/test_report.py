@@ -9,9 +9,9 @@ import sys
 import pytest
 from PIL import Image
 
-from llamagym import report
 from llamagym.cli import main
-from llamagym.report import read_records, records_until, write_report
+from llamagym.training import report
+from llamagym.training.report import read_records, records_until, write_report
 
 BASELINES = [
     {"name": "random", "episodes": 400, "mean": -0.40, "ci95": 0.09, "invalid_rate": 0.0,

@@ -10,13 +10,13 @@ import logging
 import pytest
 import torch
 
-from llamagym import checkpoint as checkpoints
 from llamagym import hookimpl, load_agent
 from llamagym.errors import LlamaGymError
 from llamagym.plugin_manager import reset_plugins
-from llamagym.report import read_records
 from llamagym.testing import BanditAgent, temporary_plugin, tiny_agent
-from llamagym.training import Trainer
+from llamagym.training import checkpoint as checkpoints
+from llamagym.training.report import read_records
+from llamagym.training.trainer import Trainer
 
 FAST = [
     "--num-envs", "4", "--threads", "1", "--eval-episodes", "0", "--quiet",

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from llamagym.cli import app
 from llamagym.cli.run_commands import resolve_run_config
-from llamagym.report import EVALUATION_FIELDS, UPDATE_FIELDS, read_records
+from llamagym.training.report import EVALUATION_FIELDS, UPDATE_FIELDS, read_records
 
 FAST = [
     "--num-envs", "4", "--threads", "1", "--episodes", "16", "--eval-episodes", "40",
@@ -176,7 +176,7 @@ def test_wandb_is_never_imported_without_wandb_project(tmp_path) -> None:
         import sys
         from llamagym.plugin_manager import get_plugins
         from llamagym.testing import tiny_agent
-        from llamagym.training import Trainer
+        from llamagym.training.trainer import Trainer
 
         assert "wandb-logger" in {{i.name for i in get_plugins().plugin_infos()}}
         agent = tiny_agent(

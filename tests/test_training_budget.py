@@ -14,12 +14,13 @@ import numpy as np
 import pytest
 import torch
 
-from llamagym import checkpoint as checkpoints
-from llamagym import hookimpl, training
-from llamagym.algorithm import Algorithm
-from llamagym.progress import format_stats
-from llamagym.report import format_speed, read_records
+from llamagym import hookimpl
 from llamagym.testing import temporary_plugin
+from llamagym.training import checkpoint as checkpoints
+from llamagym.training import trainer as training
+from llamagym.training.algorithm import Algorithm
+from llamagym.training.progress import format_stats
+from llamagym.training.report import format_speed, read_records
 
 # Blackjack on the tiny model, 8 episodes per update, single-threaded: bit-for-bit
 # repeatable. No learning-rate annealing: with a time budget the schedule would read
@@ -98,7 +99,7 @@ def test_time_budget_stops_inside_the_first_collection(tmp_path, caplog) -> None
 
 
 class FakeClock:
-    """Stands in for the ``time`` module in llamagym.training: real time plus a jump."""
+    """Stands in for the ``time`` module in llamagym.training.trainer: real time plus a jump."""
 
     def __init__(self) -> None:
         self.offset = 0.0
@@ -230,8 +231,8 @@ def test_sigterm_during_an_update_ends_it_at_a_minibatch_boundary(
 
 def test_algorithm_without_a_stop_check_runs_every_step() -> None:
     """Outside a trainer an update runs to its end; a run's Control stops it."""
-    from llamagym.schedule import Control
     from llamagym.testing import BanditAgent, tiny_agent
+    from llamagym.training.schedule import Control
 
     agent = tiny_agent(BanditAgent, algorithm={"episodes_per_update": 8, "minibatch_size": 4,
                                                "epochs": 2})

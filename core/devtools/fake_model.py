@@ -2,7 +2,7 @@
 
 :class:`ScriptedLLM` answers from a script (a list of replies, or a function of the
 prompt) and records what it was shown. :class:`FakePolicy` stands where
-:class:`llamagym.policy.Policy` stands in the rollout engine: it encodes the script's
+:class:`llamagym.models.policy.Policy` stands in the rollout engine: it encodes the script's
 replies with a real tokenizer (the offline tiny model's by default), so the replies go
 through the real extraction chain and the real invalid-action policy, with no model
 loaded. The conformance checks (:mod:`llamagym.devtools.conformance`) play their
@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from llamagym.agent import Agent
-    from llamagym.policy import Evaluation
-    from llamagym.trajectory import Episode
+    from llamagym.models.policy import Evaluation
+    from llamagym.rollout.trajectory import Episode
 
 
 class ScriptExhaustedError(AssertionError):
@@ -97,7 +97,7 @@ class ScriptedLLM:
         Generate mode (the default) asks the script for every reply; score mode gives
         every legal action the same score, so actions are drawn uniformly.
         """
-        from llamagym.engine import RolloutEngine
+        from llamagym.rollout.engine import RolloutEngine
 
         settings = agent.config.rollout.model_copy(update={"mode": mode, "num_envs": num_envs})
         engine = RolloutEngine(agent, self.policy(max_turns), settings, seed=seed)
@@ -110,7 +110,7 @@ class ScriptedLLM:
 
 
 class FakePolicy:
-    """What :class:`~llamagym.engine.RolloutEngine` needs of a policy, with no model.
+    """What :class:`~llamagym.rollout.engine.RolloutEngine` needs of a policy, with no model.
 
     ``generate`` encodes the script's reply with the real tokenizer and appends the
     end-of-turn token, as a model would; log-probabilities, values and scores are all
@@ -184,7 +184,7 @@ class FakePolicy:
     ) -> Evaluation:
         import torch
 
-        from llamagym.policy import Evaluation
+        from llamagym.models.policy import Evaluation
 
         width = max(1, max(len(reply) for reply in replies))
         mask = torch.zeros(len(replies), width)
@@ -220,7 +220,7 @@ _tokenizers: dict[Path, Any] = {}
 
 def load_tiny_tokenizer() -> Any:
     """The offline tiny model's tokenizer (built into the cache on first use)."""
-    from llamagym.tiny_model import build_tiny_model
+    from llamagym.models.tiny import build_tiny_model
 
     directory = build_tiny_model()
     if directory not in _tokenizers:

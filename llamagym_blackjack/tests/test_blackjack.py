@@ -9,8 +9,8 @@ import torch
 from llamagym_blackjack.agent import BlackjackAgent, basic_strategy, hit_below_17
 
 from llamagym import Agent, load_model_and_tokenizer
-from llamagym.evaluation import evaluate_baseline
 from llamagym.plugin_manager import get_plugins
+from llamagym.rollout.evaluation import evaluate_baseline
 
 
 def test_registered_through_the_plugin() -> None:
@@ -134,7 +134,7 @@ def test_exact_values_of_the_baselines() -> None:
 def test_greedy_evaluation_reuses_decisions_and_plays_the_same_episodes(mode: str) -> None:
     """An evaluation decides each distinct prompt once; the episodes are those the
     engine plays deciding every turn afresh."""
-    from llamagym.evaluation import evaluate_agent, evaluation_seeds
+    from llamagym.rollout.evaluation import evaluate_agent, evaluation_seeds
 
     agent = BlackjackAgent(config={"rollout": {"mode": mode, "num_envs": 16}})
     policy = agent.policy

@@ -16,10 +16,10 @@ from llamagym_cartpole.agent import (
 )
 
 from llamagym.errors import ConfigError
-from llamagym.evaluation import evaluate_baseline
 from llamagym.plugin_manager import get_plugins
+from llamagym.rollout.evaluation import evaluate_baseline
 from llamagym.testing import tiny_agent
-from llamagym.training import Trainer
+from llamagym.training.trainer import Trainer
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -25,10 +25,10 @@ from llamagym_textworld.cli import games_app
 
 from llamagym.errors import LlamaGymError
 from llamagym.errors import MissingDependencyError as LlamaGymMissingDependency
-from llamagym.evaluation import evaluate_baseline
 from llamagym.plugin_manager import get_plugins
+from llamagym.rollout.evaluation import evaluate_baseline
 from llamagym.testing import tiny_agent
-from llamagym.training import Trainer
+from llamagym.training.trainer import Trainer
 from llamagym_textworld import plugin
 
 # Two small games whose quests are both two commands long (see the env tests).

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 
-from llamagym.evaluation import evaluate_baseline
 from llamagym.plugin_manager import get_plugins
+from llamagym.rollout.evaluation import evaluate_baseline
 from llamagym.testing import assert_agent_conforms
 
 from __PACKAGE__.agent import __CLASS__

@@ -13,10 +13,10 @@ import math
 from typing import Any
 
 import torch
-from llamagym.algorithm import Algorithm, AlgorithmConfig, minibatches, rollout_metrics
 from llamagym.config import RolloutSettings
-from llamagym.policy import Policy
-from llamagym.trajectory import Episode, Turn
+from llamagym.models.policy import Policy
+from llamagym.rollout.trajectory import Episode, Turn
+from llamagym.training.algorithm import Algorithm, AlgorithmConfig, minibatches, rollout_metrics
 from pydantic import Field
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from llamagym.trajectory import Episode
+from llamagym.rollout.trajectory import Episode
 
 EVAL_SEED_OFFSET = 1_000_003  # evaluation episodes never reuse training seeds
 

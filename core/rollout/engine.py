@@ -21,9 +21,9 @@ import torch
 
 from llamagym.config import RolloutSettings
 from llamagym.errors import EnvFailureError
-from llamagym.policy import Policy
-from llamagym.schedule import Schedule
-from llamagym.trajectory import Episode, Turn
+from llamagym.models.policy import Policy
+from llamagym.rollout.trajectory import Episode, Turn
+from llamagym.training.schedule import Schedule
 
 if TYPE_CHECKING:
     from llamagym.agent import Agent

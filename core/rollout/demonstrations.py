@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from llamagym.errors import ConfigError
-from llamagym.evaluation import play_baseline
-from llamagym.report import rewrite_records
+from llamagym.rollout.evaluation import play_baseline
+from llamagym.training.report import rewrite_records
 
 RECORD_SEED_OFFSET = 2_000_003  # recorded episodes never reuse training or evaluation seeds
 

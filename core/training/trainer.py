@@ -11,7 +11,7 @@ so the checkpoint is exactly the last completed update's. A signal during an upd
 ends it at the next minibatch boundary (``Algorithm.should_stop``); the weights after
 the steps taken are kept, and the update's metrics say ``update_interrupted: 1``.
 
-With several processes (:mod:`llamagym.distributed`) every process runs this loop on its
+With several processes (:mod:`llamagym.training.distributed`) every process runs this loop on its
 own environments and episodes; after each update they exchange a small summary (their
 episodes' returns, turns and env steps, rank 0's elapsed time), and before each any stop
 signal, so every process counts the same episodes and time and stops after the same
@@ -47,11 +47,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from llamagym import checkpoint as checkpoints
-from llamagym import distributed
 from llamagym.errors import EnvFailureError, LlamaGymError, TrainingDivergedError
-from llamagym.evaluation import EvalResult, evaluate_agent, evaluate_baseline
-from llamagym.report import (
+from llamagym.rollout.evaluation import EvalResult, evaluate_agent, evaluate_baseline
+from llamagym.specs import RunContext
+from llamagym.training import checkpoint as checkpoints
+from llamagym.training import distributed
+from llamagym.training.report import (
     METRICS,
     append_record,
     read_records,
@@ -59,8 +60,7 @@ from llamagym.report import (
     rewrite_records,
     write_report,
 )
-from llamagym.schedule import Control
-from llamagym.specs import RunContext
+from llamagym.training.schedule import Control
 
 logger = logging.getLogger(__name__)
 

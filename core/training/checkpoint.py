@@ -317,7 +317,7 @@ def read_meta(directory: Path) -> dict[str, Any]:
         raise LlamaGymError(f"{str(path)!r} is damaged: {error}") from None
     algorithm = meta.get("config", {}).get("algorithm")
     if isinstance(algorithm, dict):
-        from llamagym.algorithm import nest_warm_start_keys
+        from llamagym.training.algorithm import nest_warm_start_keys
 
         # Written before the warm-start settings had their own section.
         meta["config"]["algorithm"] = nest_warm_start_keys(algorithm)

