@@ -20,11 +20,19 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from llamagym.config import Layer, ResolvedConfig, RunConfig
 from llamagym.errors import ConfigError, LlamaGymError
 from llamagym.plugin_manager import Plugins, get_plugins
+
+if TYPE_CHECKING:
+    from llamagym.rollout.engine import RolloutEngine, Slot
+    from llamagym.rollout.trajectory import Episode, Turn
+    from llamagym.run import Run
+    from llamagym.training.algorithm import Algorithm
+    from llamagym.training.schedule import Control
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +73,10 @@ class Agent:
     action_names: ClassVar[Sequence[str] | None] = None
     defaults: ClassVar[Mapping[str, Any]] = {}
     baselines: ClassVar[Mapping[str, Baseline]] = {}
+    #: The checkpoint directory a trained agent was loaded from, and that checkpoint's
+    #: metadata (:func:`llamagym.run.load_agent`); None for an agent built otherwise.
+    checkpoint: Path | None = None
+    checkpoint_meta: dict[str, Any] | None = None
 
     def __init__(
         self,
@@ -87,10 +99,10 @@ class Agent:
         self.env = env
         self._model, self._tokenizer, self._device = model, tokenizer, device
         self._policy: Any = None
-        self._run: Any = None
-        self._slot = None
-        self._pending_turn = None
-        self._finished: list[Any] = []
+        self._run: Run | None = None
+        self._slot: Slot | None = None
+        self._pending_turn: Turn | None = None
+        self._finished: list[Episode] = []
 
     # -- what subclasses override -----------------------------------------------------
     def get_system_prompt(self) -> str:
@@ -173,13 +185,13 @@ class Agent:
         self._policy, self._run = policy, None
 
     @property
-    def run(self) -> Any:
+    def run(self) -> Run:
         """The run this agent acts in (:func:`llamagym.run.build_run`), built on first use."""
         if self._run is None:
-            self.start_run()
+            return self.start_run()
         return self._run
 
-    def start_run(self, control: Any = None) -> Any:
+    def start_run(self, control: Control | None = None) -> Run:
         """A new run on this agent's policy (the trainer passes its ``control``)."""
         from llamagym.run import build_run
 
@@ -187,43 +199,48 @@ class Agent:
         return self._run
 
     @property
-    def engine(self) -> Any:
+    def engine(self) -> RolloutEngine:
         return self.run.engine
 
     @property
-    def algorithm(self) -> Any:
+    def algorithm(self) -> Algorithm:
         return self.run.algorithm
 
     # -- the LlamaGym loop ----------------------------------------------------------
     def act(self, observation: Any, info: dict | None = None) -> Any:
         """Choose an action for ``observation`` (always a legal one)."""
-        if self._slot is None:
-            self._slot = self.engine.new_slot(observation, dict(info or {}), None, None)
+        slot = self._slot
+        if slot is None:
+            slot = self._slot = self.engine.new_slot(observation, dict(info or {}), None, None)
         elif self._pending_turn is not None:
-            self._commit_turn()
-        self._slot.observation, self._slot.info = observation, dict(info or {})
-        turn = self.engine.decide([self._slot])[0]
+            self._commit_turn(slot, self._pending_turn)
+        slot.observation, slot.info = observation, dict(info or {})
+        turn = self.engine.decide([slot])[0]
         self._pending_turn = turn
+        assert turn.action_index is not None, "decide() gives every turn a legal action"
         return self.env_action(turn.action_index, turn.legal_actions)
 
     def assign_reward(self, reward: float) -> None:
         """Credit ``reward`` to the latest action."""
-        if self._pending_turn is None and not (self._slot and self._slot.episode.turns):
+        slot = self._slot
+        # A pending turn always belongs to the open episode (act() opens it first).
+        if slot is None or (self._pending_turn is None and not slot.episode.turns):
             raise LlamaGymError("assign_reward() was called before act(): nothing to reward")
-        turn = self._pending_turn or self._slot.episode.turns[-1]
+        turn = self._pending_turn or slot.episode.turns[-1]
         turn.reward += float(reward)
-        self._slot.episode.env_return += float(reward)
+        slot.episode.env_return += float(reward)
 
     def terminate_episode(self) -> dict[str, float]:
         """End the episode; train when ``episodes_per_update`` episodes are stored.
 
         Returns the update's metrics, or an empty dict when no update ran.
         """
-        if self._slot is None:
+        slot = self._slot
+        if slot is None:
             return {}
         if self._pending_turn is not None:
-            self._commit_turn()
-        episode = self._slot.episode
+            self._commit_turn(slot, self._pending_turn)
+        episode = slot.episode
         self._slot = None
         if not episode.turns:
             return {}
@@ -234,9 +251,9 @@ class Agent:
         batch, self._finished = self._finished, []
         return self.algorithm.update(batch)
 
-    def _commit_turn(self) -> None:
-        turn, self._pending_turn = self._pending_turn, None
-        slot = self._slot
+    def _commit_turn(self, slot: Slot, turn: Turn) -> None:
+        """Add the pending ``turn`` to ``slot``'s episode and conversation."""
+        self._pending_turn = None
         include_retries = self.config.rollout.invalid_action.train_on_reprompts
         slot.episode.turns += turn.training_turns(include_retries)
         slot.episode.length += 1

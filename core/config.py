@@ -13,21 +13,25 @@ from __future__ import annotations
 import copy
 import difflib
 import json
+import sys
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
+else:  # Python 3.10
     import tomli as tomllib
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llamagym.errors import ConfigError, UnknownNameError
+
+if TYPE_CHECKING:
+    from llamagym.training.algorithm import Algorithm, AlgorithmConfig
 
 
 class Settings(BaseModel):
@@ -403,8 +407,8 @@ class ResolvedConfig:
     #: dotted key -> the layer that set it last; keys no layer set hold built-in defaults
     sources: dict[str, str] = field(default_factory=dict)
     #: the registered algorithm class and its validated ``Config`` (what the run gets)
-    algorithm_class: type | None = None
-    algorithm: BaseModel | None = None
+    algorithm_class: type[Algorithm] | None = None
+    algorithm: AlgorithmConfig | None = None
     #: the agent's validated options (an instance of its ``Config``), if it declares one
     agent_options: BaseModel | None = None
 
@@ -447,7 +451,7 @@ def resolve_config(
     layers: Sequence[Layer],
     *,
     agent_class: type | None = None,
-    algorithm_class_for: Callable[[str], type] | None = None,
+    algorithm_class_for: Callable[[str], type[Algorithm]] | None = None,
 ) -> ResolvedConfig:
     """Merge ``layers`` (lowest precedence first) and validate every section.
 
@@ -469,7 +473,8 @@ def resolve_config(
         problems += format_validation_error(error, model=RunConfig).splitlines()
 
     algorithm_section = merged.get("algorithm", {})
-    algorithm_class = algorithm_settings = None
+    algorithm_class: type[Algorithm] | None = None
+    algorithm_settings: AlgorithmConfig | None = None
     if isinstance(algorithm_section, Mapping) and algorithm_class_for is not None:
         name = algorithm_section.get("name", AlgorithmSection().name)
         try:

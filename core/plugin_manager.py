@@ -32,7 +32,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 import pluggy
 
@@ -81,7 +81,9 @@ def _call_text(args: Sequence[Any], kwargs: dict[str, Any]) -> str:
     return f"register({', '.join(shown)})"
 
 
-def _registration(spec_class: type, args: tuple, kwargs: dict[str, Any]) -> tuple[Spec, bool]:
+def _registration(
+    spec_class: type[Spec], args: tuple, kwargs: dict[str, Any]
+) -> tuple[Spec, bool]:
     """The spec and ``override`` flag of one ``register(...)`` call, or TypeError /
     ValueError saying what is wrong with it."""
     kwargs = dict(kwargs)
@@ -357,7 +359,7 @@ class Plugins:
         self._specs_collected = False
         self._models_collected = False
 
-    def _collect(self, hook_name: str, spec_class: type) -> None:
+    def _collect(self, hook_name: str, spec_class: type[Spec]) -> None:
         """Call a registration hook and add what each plugin registered, in the order
         the plugins were registered (built-ins first)."""
         pending: list[tuple[str, Spec, bool]] = []
@@ -442,6 +444,15 @@ class Plugins:
             self._own_models = [
                 (own, flag) for own, flag in self._own_models if own in kept and own != entry
             ] + [(entry, overwrite)]
+
+    @overload
+    def get(self, kind: Literal["agent"], name: str) -> AgentSpec: ...
+    @overload
+    def get(self, kind: Literal["algorithm"], name: str) -> AlgorithmSpec: ...
+    @overload
+    def get(self, kind: Literal["model"], name: str) -> ModelEntry: ...
+    @overload
+    def get(self, kind: str, name: str) -> Spec: ...
 
     def get(self, kind: str, name: str) -> Spec:
         """The spec of ``kind`` (``agent``, ``algorithm`` or ``model``) called ``name``;

@@ -23,17 +23,23 @@ import dataclasses
 import importlib
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, overload
 
 from llamagym.errors import PluginError, UnknownNameError
+
+if TYPE_CHECKING:
+    from llamagym.agent import Agent
+    from llamagym.training.algorithm import Algorithm
 
 logger = logging.getLogger(__name__)
 
 #: The distribution whose plugins are LlamaGym's own.
 BUILTIN_DISTRIBUTION = "llamagym"
+
+_Class = TypeVar("_Class", bound=type)
 
 
 def _text(owner: str, name: str, value: Any, required: bool) -> None:
@@ -96,7 +102,7 @@ class AgentSpec:
         for name in ("description", "env_id", "plugin", "distribution"):
             _text("agent", name, getattr(self, name), required=False)
 
-    def load(self) -> type:
+    def load(self) -> type[Agent]:
         """Import the agent class and :meth:`bind` it to this spec."""
         agent_class = _import(self.kind, self)
         if not isinstance(agent_class, type):
@@ -106,7 +112,7 @@ class AgentSpec:
             )
         return self.bind(agent_class)
 
-    def bind(self, agent_class: type) -> type:
+    def bind(self, agent_class: _Class) -> _Class:
         """Give ``agent_class`` this spec's name, description and env id where the class
         itself leaves them unset; a class that sets a different one is refused."""
         own = vars(agent_class)
@@ -146,7 +152,7 @@ class AlgorithmSpec:
         for name in ("description", "plugin", "distribution"):
             _text("algorithm", name, getattr(self, name), required=False)
 
-    def load(self) -> type:
+    def load(self) -> type[Algorithm]:
         """Import the algorithm class."""
         return _import(self.kind, self)
 
@@ -284,6 +290,15 @@ class Registry:
                 return entry
         return None
 
+    @overload
+    def get(self, kind: Literal["agent"], name: str) -> AgentSpec: ...
+    @overload
+    def get(self, kind: Literal["algorithm"], name: str) -> AlgorithmSpec: ...
+    @overload
+    def get(self, kind: Literal["model"], name: str) -> ModelEntry: ...
+    @overload
+    def get(self, kind: str, name: str) -> Spec: ...
+
     def get(self, kind: str, name: str) -> Spec:
         """The spec of ``kind`` (``agent``, ``algorithm`` or ``model``) called ``name``."""
         if kind == "model":
@@ -291,7 +306,10 @@ class Registry:
             if entry is None:
                 raise UnknownNameError(kind, name, list(self._models))
             return entry
-        section = {"agent": self._agents, "algorithm": self._algorithms}.get(kind)
+        sections: dict[str, Mapping[str, AgentSpec | AlgorithmSpec]] = {
+            "agent": self._agents, "algorithm": self._algorithms
+        }
+        section = sections.get(kind)
         if section is None:
             raise ValueError(f"no registry of {kind!r}; kinds: agent, algorithm, model")
         if name not in section:

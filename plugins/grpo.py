@@ -21,6 +21,7 @@ those are on, see ``update``).
 from __future__ import annotations
 
 import logging
+from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 from pydantic import Field, field_validator
@@ -96,14 +97,33 @@ class GRPOConfig(CriticFreeConfig):
     _whole_groups = field_validator("group_size")(check_group_divides_batch)
 
 
+@runtime_checkable
+class SeedGroupSettings(Protocol):
+    """Settings that put episodes in seed groups (GRPO's, RLOO's)."""
+
+    group_size: int
+
+
+@runtime_checkable
+class StdScaleSettings(Protocol):
+    """Settings that say whether a group's advantages are divided by its std (GRPO's)."""
+
+    scale_by_std: bool
+
+
 class GRPO(Algorithm):
-    Config = GRPOConfig
+    """GRPO, and the update RLOO and REINFORCE share: a subclass with another
+    :class:`CriticFreeConfig` overrides what reads GRPO's own settings
+    (:attr:`group_size`, :meth:`advantages`) or has them in its config too."""
+
+    Config: ClassVar[type[CriticFreeConfig]] = GRPOConfig
     credit_rules = GRPOConfig.credit_rules
+    config: CriticFreeConfig
 
     def __init__(
         self,
         policy: Policy,
-        config: GRPOConfig,
+        config: CriticFreeConfig,
         rollout: RolloutSettings,
         *,
         schedule: Schedule | None = None,
@@ -117,7 +137,13 @@ class GRPO(Algorithm):
 
     @property
     def group_size(self) -> int:
-        return self.config.group_size
+        config = self.config
+        if not isinstance(config, SeedGroupSettings):
+            raise TypeError(
+                f"{type(self).__name__}: {type(config).__name__} has no group_size; "
+                "override group_size"
+            )
+        return config.group_size
 
     def group_returns(self, group: list[Episode]) -> list[list[float]]:
         """Each episode's per-turn returns under the credit rule."""
@@ -129,7 +155,13 @@ class GRPO(Algorithm):
 
     def advantages(self, group: list[Episode]) -> list[list[float]] | None:
         """Per-turn advantages of one seed group, or None if it carries no signal."""
-        return group_normalized(self.group_returns(group), STD_EPS, self.config.scale_by_std)
+        config = self.config
+        if not isinstance(config, StdScaleSettings):
+            raise TypeError(
+                f"{type(self).__name__}: {type(config).__name__} has no scale_by_std; "
+                "override advantages()"
+            )
+        return group_normalized(self.group_returns(group), STD_EPS, config.scale_by_std)
 
     def groups(self, episodes: list[Episode]) -> list[list[Episode]]:
         groups = seed_groups(episodes)

@@ -65,6 +65,7 @@ class PPOConfig(AlgorithmConfig):
 class PPO(Algorithm):
     Config = PPOConfig
     credit_rules = PPOConfig.credit_rules
+    config: PPOConfig
 
     def __init__(
         self,

@@ -36,6 +36,7 @@ class RLOOConfig(CriticFreeConfig):
 class RLOO(GRPO):
     Config = RLOOConfig
     credit_rules = RLOOConfig.credit_rules
+    config: RLOOConfig
 
     def advantages(self, group: list[Episode]) -> list[list[float]] | None:
         return leave_one_out(self.group_returns(group))
@@ -51,6 +52,7 @@ class REINFORCEConfig(CriticFreeConfig):
 class REINFORCE(GRPO):
     Config = REINFORCEConfig
     credit_rules = REINFORCEConfig.credit_rules
+    config: REINFORCEConfig
 
     @property
     def group_size(self) -> int:

@@ -207,9 +207,10 @@ def test_fake_llm_script_running_out_is_an_error(fake_llm) -> None:
         fake_llm(["forward"]).play(CorridorAgent(), episodes=1)
 
 
-def test_fake_llm_drives_the_classic_act_loop(fake_llm) -> None:
+@pytest.mark.parametrize("algorithm", ["ppo", "grpo", "reinforce"])
+def test_fake_llm_drives_the_classic_act_loop(fake_llm, algorithm) -> None:
     agent = fake_llm(lambda prompt: "left" if "0 steps" in prompt else "right").attach(
-        BanditAgent(config={"agent": {"name": "bandit"}})
+        BanditAgent(config={"agent": {"name": "bandit"}, "algorithm": {"name": algorithm}})
     )
     assert isinstance(agent.policy, FakePolicy)  # no model was loaded
     assert agent.act(0) == 1  # "Which lever?" has no "0 steps": right

@@ -82,7 +82,7 @@ def test_run_directory_names_the_plugins_that_answered(tmp_path) -> None:
     agent = tiny_agent(
         BanditAgent,
         training={"episodes": 16, "eval_episodes": 0},
-        output={"dir": str(run_dir), "report": False},
+        output={"dir": str(run_dir)},
     )
     with temporary_plugin(Narrator(), "narrator"):
         Trainer(agent).run()
@@ -93,6 +93,8 @@ def test_run_directory_names_the_plugins_that_answered(tmp_path) -> None:
     assert "llamagym_system_prompt" in answered["agent"]["hooks"]
     meta = checkpoints.read_meta(checkpoints.find_checkpoint(run_dir))
     assert {p["name"] for p in meta["plugins"]} == set(answered)
+    report = (run_dir / "report.md").read_text()
+    assert "| narrator |" in report and "format_observation" in report
 
 
 def test_resume_with_other_plugins_says_so(tmp_path, caplog) -> None:

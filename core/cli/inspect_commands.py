@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 import typer
 
@@ -16,11 +17,16 @@ def list_command() -> None:
     from rich.table import Table
 
     from llamagym.plugin_manager import get_plugins
+    from llamagym.specs import AgentSpec, AlgorithmSpec
 
     plugins = get_plugins()
     report_plugin_problems()
     console = Console()
-    for kind, registry in (("agents", plugins.agents()), ("algorithms", plugins.algorithms())):
+    registries: tuple[tuple[str, Mapping[str, AgentSpec | AlgorithmSpec]], ...] = (
+        ("agents", plugins.agents()),
+        ("algorithms", plugins.algorithms()),
+    )
+    for kind, registry in registries:
         table = Table(title=kind.capitalize(), title_justify="left")
         table.add_column("name", style="bold")
         table.add_column("description")
@@ -28,7 +34,7 @@ def list_command() -> None:
             table.add_column("environment")
         table.add_column("distribution")
         for name, spec in sorted(registry.items()):
-            env = [spec.env_id] if kind == "agents" else []
+            env = [spec.env_id] if isinstance(spec, AgentSpec) else []
             table.add_row(name, spec.description, *env, spec.distribution)
         console.print(table)
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import click
 import typer
 
 from llamagym.cli.app import app, report_plugin_problems
@@ -99,7 +100,7 @@ def command_words(context: typer.Context, leave_out: set[str]) -> list[str]:
             continue
         if parameter.param_type_name == "argument":
             words.append(str(value))
-        elif parameter.is_flag:
+        elif isinstance(parameter, click.Option) and parameter.is_flag:
             words.append(parameter.opts[0])
         elif parameter.multiple:
             for item in value:
@@ -320,6 +321,7 @@ def eval_command(
         overrides["rollout"] = {"num_envs": num_envs}
     agent_object = load_agent(checkpoint, overrides=overrides, agent=agent)
     directory, meta = agent_object.checkpoint, agent_object.checkpoint_meta
+    assert directory is not None and meta is not None, "load_agent() records its checkpoint"
     configure_logging(Console(stderr=True), quiet=as_json, verbose=False)
 
     from llamagym.training.progress import evaluation_table

@@ -132,12 +132,13 @@ class FakePolicy:
         self.training = False
         self.max_turns = max_turns
         self.turns = 0
-        # A run is built around a policy's weights (an algorithm makes its optimizer);
-        # a fake has this one, which nothing trains: updates need a real model.
-        self._weight = torch.nn.Parameter(torch.zeros(1))
+        # A run is built around a policy's weights (an algorithm makes its optimizer
+        # over them); a fake has one, which nothing trains: updates need a real model.
+        self.model = torch.nn.Module()
+        self.model.register_parameter("weight", torch.nn.Parameter(torch.zeros(1)))
 
     def trainable_parameters(self) -> list[Any]:
-        return [self._weight]
+        return list(self.model.parameters())
 
     def train(self, mode: bool = True) -> FakePolicy:
         self.training = mode

@@ -68,7 +68,9 @@ def llamagym_requirement(version: str | None = None) -> str:
     """The ``llamagym`` range a new plugin depends on: this release series only, because
     before 1.0 a minor release may change the hooks (after it, only a major one)."""
     if version is None:
-        from llamagym import __version__ as version
+        from llamagym import __version__
+
+        version = __version__
     major, minor = (int(part) for part in version.split(".")[:2])
     upper = f"{major}.{minor + 1}" if major == 0 else f"{major + 1}"
     return f"llamagym>={major}.{minor},<{upper}"

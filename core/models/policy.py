@@ -13,11 +13,15 @@ import copy
 import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from llamagym.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    from transformers.modeling_layers import GradientCheckpointingLayer
 
 
 @dataclass
@@ -73,7 +77,8 @@ class Policy(nn.Module):
             if enable is not None:
                 enable(activation_checkpointing_kwargs={"use_reentrant": False})
             else:
-                model.gradient_checkpointing_enable(
+                # transformers' method: torch's stubs type module attributes Tensor | Module.
+                model.gradient_checkpointing_enable(  # type: ignore[operator]
                     gradient_checkpointing_kwargs={"use_reentrant": False}
                 )
         self.model.eval()
@@ -106,7 +111,8 @@ class Policy(nn.Module):
         elif self.uses_adapter:
             # The reference policy is the same weights with the adapter switched off:
             # no second copy of the model in memory.
-            with self.model.disable_adapter():
+            # PEFT's method: torch's stubs type module attributes Tensor | Module.
+            with self.model.disable_adapter():  # type: ignore[operator]
                 yield self.model
         else:
             if self._reference is None:
@@ -222,7 +228,7 @@ class Policy(nn.Module):
         )
         token_logprobs = torch.zeros(shape, device=self.device).index_put(at, chosen)
         token_entropy = None
-        if entropy:
+        if chosen_entropy is not None:  # asked for (entropy)
             token_entropy = torch.zeros(shape, device=self.device).index_put(at, chosen_entropy)
         state_hidden = None if reference else hidden[rows_t, width - 1]
         return token_logprobs, mask, token_entropy, state_hidden
@@ -261,7 +267,8 @@ class Policy(nn.Module):
         bias (0, or the dtype's minimum where a key is hidden) for eager attention."""
         if not self.additive_mask:
             return allowed
-        dtype = self.model.get_input_embeddings().weight.dtype
+        # transformers' method: torch's stubs type module attributes Tensor | Module.
+        dtype = self.model.get_input_embeddings().weight.dtype  # type: ignore[operator]
         dtype = dtype if dtype.is_floating_point else torch.float32
         bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
         return bias.masked_fill(~allowed, torch.finfo(dtype).min)
@@ -309,6 +316,7 @@ class Policy(nn.Module):
         if reference:
             return scores, torch.zeros(len(prompts), device=self.device)
         first_option = torch.tensor([k for k, (_, j) in enumerate(owners) if j == 0])
+        assert state_hidden is not None, "_continuations gives hidden states off reference"
         return scores, self._values(state_hidden[first_option.to(self.device)])
 
     @staticmethod
@@ -353,6 +361,7 @@ class Policy(nn.Module):
         if reference:
             zeros = torch.zeros(len(replies), device=self.device)
             return Evaluation(logprobs, torch.zeros_like(logprobs), mask, zeros)
+        assert entropy is not None and state_hidden is not None, "asked for, off reference"
         return Evaluation(logprobs, entropy, mask, self._values(state_hidden))
 
     @torch.no_grad()
@@ -382,7 +391,8 @@ class Policy(nn.Module):
         processors = LogitsProcessorList()
         if not greedy:
             processors.extend(sampling_processors(temperature, top_p, top_k, generator))
-        output = self.model.generate(
+        # transformers' method: torch's stubs type module attributes Tensor | Module.
+        output = self.model.generate(  # type: ignore[operator]
             input_ids=input_ids.to(self.device),
             attention_mask=attention_mask.to(self.device),
             max_new_tokens=max_new_tokens,
@@ -504,11 +514,12 @@ def _decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     """The causal LM's decoder stack (hidden states out) and its LM head, so the head
     runs only where log-probabilities are needed. A LoRA model's adapters live inside
     these modules, so calling them directly keeps (or, disabled, skips) the adapter."""
-    base = model.get_base_model() if _is_peft(model) else model
-    return base.get_decoder(), base.get_output_embeddings()
+    # PEFT's and transformers' methods: torch's stubs type module attributes Tensor | Module.
+    base = model.get_base_model() if _is_peft(model) else model  # type: ignore[operator]
+    return base.get_decoder(), base.get_output_embeddings()  # type: ignore[operator]
 
 
-def _checkpointable_layers(model: nn.Module) -> list[nn.Module]:
+def _checkpointable_layers(model: nn.Module) -> list[GradientCheckpointingLayer]:
     """The decoder layers transformers can checkpoint (none for other models)."""
     try:
         from transformers.modeling_layers import GradientCheckpointingLayer
@@ -614,7 +625,8 @@ def _hidden_size(model: nn.Module) -> int:
     for attribute in ("hidden_size", "n_embd", "d_model"):
         if getattr(config, attribute, None):
             return int(getattr(config, attribute))
-    return int(model.get_input_embeddings().embedding_dim)
+    # transformers' method: torch's stubs type module attributes Tensor | Module.
+    return int(model.get_input_embeddings().embedding_dim)  # type: ignore[operator]
 
 
 def _max_context(model: nn.Module, tokenizer) -> int:

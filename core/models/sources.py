@@ -266,8 +266,9 @@ def _quiet_gguf_progress() -> Iterator[None]:
     try:
         from transformers import modeling_gguf_pytorch_utils as gguf_utils
     except ImportError:
-        gguf_utils = None
-    bar = getattr(gguf_utils, "tqdm", None)
+        bar = None
+    else:
+        bar = getattr(gguf_utils, "tqdm", None)
     if bar is None:
         yield
         return

@@ -178,7 +178,8 @@ def _build_into(directory: Path, seed: int) -> None:
     with _build_lock, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
-    model = model.to(torch.float32)
+    # transformers wraps PreTrainedModel.to in a decorator whose stub hides its signature.
+    model = model.to(torch.float32)  # type: ignore[arg-type]
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,

@@ -16,11 +16,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llamagym.errors import ConfigError
 from llamagym.rollout.evaluation import play_baseline
 from llamagym.training.report import rewrite_records
+
+if TYPE_CHECKING:
+    from llamagym.agent import Agent
+    from llamagym.rollout.engine import Slot
 
 RECORD_SEED_OFFSET = 2_000_003  # recorded episodes never reuse training or evaluation seeds
 
@@ -34,7 +38,7 @@ class Recording:
 
 
 def record_demonstrations(
-    agent: Any, baseline: str, episodes: int, output: Path, seed: int = 0
+    agent: Agent, baseline: str, episodes: int, output: Path, seed: int = 0
 ) -> Recording:
     """Play ``baseline`` for ``episodes`` episodes and write its decisions to ``output``."""
     if baseline not in agent.baselines:
@@ -46,9 +50,10 @@ def record_demonstrations(
     seeds = [RECORD_SEED_OFFSET + seed * 100_003 + k for k in range(episodes)]
     records: list[dict[str, Any]] = []
     returns = [0.0] * episodes
-    slot, current = None, -1
+    slot: Slot | None = None
+    current = -1
     for step in play_baseline(agent, baseline, seeds, rng_seed=seed):
-        if step.episode != current:  # a new episode: a fresh conversation
+        if slot is None or step.episode != current:  # a new episode: a fresh conversation
             current = step.episode
             slot = engine.new_slot(step.observation, step.info, seeds[current], None)
         slot.observation, slot.info = step.observation, step.info

@@ -14,14 +14,14 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 
 from llamagym.config import RolloutSettings
 from llamagym.errors import EnvFailureError
-from llamagym.models.policy import Policy
+from llamagym.models.policy import Evaluation, Policy
 from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.training.schedule import Schedule
 
@@ -31,6 +31,48 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 PROMPT_CACHE_TOKENS = 1_000_000  # about 8 MB of cached prompt ids at most
+
+
+class RolloutPolicy(Protocol):
+    """What the engine asks of a policy: a tokenizer, the context length, and the
+    batched passes that score candidates, generate replies and score the replies.
+    :class:`~llamagym.models.policy.Policy` is one; a stand-in such as
+    :class:`~llamagym.devtools.fake_model.FakePolicy` plays without a model."""
+
+    @property
+    def tokenizer(self) -> Any: ...
+
+    @property
+    def eos_id(self) -> int: ...
+
+    @property
+    def max_context(self) -> int: ...
+
+    def score(
+        self,
+        prompts: Sequence[Sequence[int]],
+        candidates: Sequence[Sequence[Sequence[int]]],
+        reference: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        greedy: bool = False,
+        generator: torch.Generator | None = None,
+        reply_prefix: str = "",
+    ) -> list[list[int]]: ...
+
+    def evaluate_replies(
+        self,
+        prompts: Sequence[Sequence[int]],
+        replies: Sequence[Sequence[int]],
+        reference: bool = False,
+    ) -> Evaluation: ...
 
 
 @dataclass
@@ -65,7 +107,7 @@ class RolloutEngine:
     def __init__(
         self,
         agent: Agent,
-        policy: Policy,
+        policy: RolloutPolicy,
         settings: RolloutSettings,
         seed: int = 0,
         *,
@@ -156,6 +198,7 @@ class RolloutEngine:
         keys = [tuple((m["role"], m["content"]) for m in c) for c in conversations]
         ids = [self._prompt_cache.get(key) for key in keys]
         missing = [row for row, found in enumerate(ids) if found is None]
+        encoded_rows: dict[int, list[int]] = {}
         if missing:
             tokenizer = self.policy.tokenizer
             texts = tokenizer.apply_chat_template(
@@ -163,11 +206,14 @@ class RolloutEngine:
             )
             encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
             for row, prompt in zip(missing, encoded, strict=True):
-                ids[row] = prompt
+                encoded_rows[row] = prompt
                 if self._prompt_cache_tokens + len(prompt) <= PROMPT_CACHE_TOKENS:
                     self._prompt_cache[keys[row]] = prompt
                     self._prompt_cache_tokens += len(prompt)
-        return [list(prompt) for prompt in ids]
+        return [
+            list(encoded_rows[row] if prompt is None else prompt)
+            for row, prompt in enumerate(ids)
+        ]
 
     @property
     def progress(self) -> float:
@@ -235,6 +281,8 @@ class RolloutEngine:
             if memo is not None:
                 memo[keys[row]] = replace(turn)
         made = dict(zip(new, fresh, strict=True))
+        if memo is None:  # every row was new
+            return [made[row] for row in range(len(keys))]
         return [made[row] if row in made else replace(memo[keys[row]]) for row in range(len(keys))]
 
     @contextlib.contextmanager
@@ -420,8 +468,7 @@ class RolloutEngine:
                 return
             slots[position] = None
 
-        def finish(position: int, summary: dict) -> None:
-            episode = slots[position].episode
+        def finish(position: int, episode: Episode, summary: dict) -> None:
             episode.info = summary
             finished.append(episode)
             if self.observe:
@@ -434,21 +481,24 @@ class RolloutEngine:
             start(position)
 
         while any(slot is not None for slot in slots):
-            active = [p for p, slot in enumerate(slots) if slot is not None]
-            turns = self.decide([slots[p] for p in active], greedy=greedy)
+            active = [(p, slot) for p, slot in enumerate(slots) if slot is not None]
+            turns = self.decide([slot for _, slot in active], greedy=greedy)
             include_retries = self.settings.invalid_action.train_on_reprompts
-            for position, turn in zip(active, turns, strict=True):
-                slot = slots[position]
+            for (position, slot), turn in zip(active, turns, strict=True):
                 episode = slot.episode
                 if turn.ends_episode:
                     # The end-episode policy: the env is not stepped; the penalty is the
                     # turn's only reward and the env is reset for the next episode.
                     episode.turns += turn.training_turns(include_retries)
                     episode.length += 1
-                    finish(position, {"terminated": False, "ended_by_invalid_reply": True})
+                    finish(
+                        position, episode, {"terminated": False, "ended_by_invalid_reply": True}
+                    )
                     continue
-                action_name = turn.legal_actions[turn.action_index]
-                env_action = self.agent.env_action(turn.action_index, turn.legal_actions)
+                index = turn.action_index
+                assert index is not None, "decide() gives every turn a legal action"
+                action_name = turn.legal_actions[index]
+                env_action = self.agent.env_action(index, turn.legal_actions)
                 try:
                     observation, reward, terminated, truncated, info = envs[position].step(
                         env_action
@@ -472,7 +522,7 @@ class RolloutEngine:
                 slot.history += turn.context_messages()
                 slot.observation, slot.info = observation, dict(info)
                 if terminated or truncated:
-                    finish(position, {**_summary(info), "terminated": bool(terminated)})
+                    finish(position, episode, {**_summary(info), "terminated": bool(terminated)})
             if should_stop is not None and should_stop():
                 break
         self.stats.seconds_total += time.perf_counter() - started_at

@@ -46,6 +46,8 @@ from llamagym.training.credit import unsupported_credit_message
 from llamagym.training.schedule import Control, Schedule
 
 if TYPE_CHECKING:
+    from typing import Self
+
     from llamagym.plugins.sft import WarmStart
 
 #: An update's remaining epochs stop once KL(rollout || current) passes this x target_kl.
@@ -242,7 +244,7 @@ class Algorithm:
         schedule: Schedule | None = None,
         group: distributed.Collectives | None = None,
         control: Control | None = None,
-    ) -> Algorithm:
+    ) -> Self:
         """Build this algorithm for a run. A constructor that takes only ``(policy,
         config, rollout)`` is called with those, and the algorithm is then given the
         run's ``schedule``, ``group`` and ``control`` (what the keywords would set)."""
@@ -379,7 +381,7 @@ class Algorithm:
             return self.policy.evaluate_choices(
                 prompts,
                 [turn.candidates for turn in turns],
-                [turn.action_index for turn in turns],
+                chosen_actions(turns),
                 temperature=temperature,
             )
         return self.policy.evaluate_replies(prompts, [turn.action_tokens for turn in turns])
@@ -404,7 +406,7 @@ class Algorithm:
             return self.policy.evaluate_choices(
                 prompts,
                 [turn.candidates for turn in turns],
-                [turn.action_index for turn in turns],
+                chosen_actions(turns),
                 temperature=self.sampling_temperature(turns),
                 reference=True,
             ).logprobs
@@ -682,6 +684,18 @@ def seed_groups(episodes: Sequence[Episode]) -> list[list[Episode]]:
     for episode in episodes:
         groups.setdefault(episode.group, []).append(episode)
     return list(groups.values())
+
+
+def chosen_actions(turns: Sequence[Turn]) -> list[int]:
+    """The index of the legal action each turn took (score mode's chosen candidate)."""
+    chosen = []
+    for turn in turns:
+        if turn.action_index is None:
+            raise ValueError(
+                "a turn with no chosen action (action_index None) cannot be trained on"
+            )
+        chosen.append(turn.action_index)
+    return chosen
 
 
 def rng_state(rng: random.Random) -> list:

@@ -101,10 +101,12 @@ class RunProgress:
             console=self.console,
         )
         total = minutes * 60 if self._by_minutes and minutes else episodes
+        completed = done_seconds if self._by_minutes else done_episodes
         self._task = self._progress.add_task(
             "train",
             total=total,
-            completed=done_seconds if self._by_minutes else done_episodes,
+            # rich annotates add_task's completed as int; a task's progress is a float.
+            completed=completed,  # type: ignore[arg-type]
             amount=self._amount(done_episodes, done_seconds, episodes),
             phase="training",
         )

@@ -331,8 +331,28 @@ def render_markdown(
     if curve is not None:
         lines += [f"![Return during training]({curve.name})", ""]
     lines += _training_section(updates, records)
+    lines += _plugins_section(run_dir)
     lines += _config_section(config, run_dir)
     return "\n".join(lines)
+
+
+def _plugins_section(run_dir: Path) -> list[str]:
+    """Who answered the per-step hooks (prompt, observation text, parsing, reward
+    shaping): the parser chain and any installed plugin that changed the run."""
+    path = run_dir / "plugins.json"
+    if not path.is_file():
+        return []
+    try:
+        plugins = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    lines = ["## Plugins that answered per-step hooks", "",
+             "| plugin | distribution | hooks |", "|---|---|---|"]
+    for plugin in plugins:
+        hooks = ", ".join(h.removeprefix("llamagym_") for h in plugin.get("hooks", []))
+        where = f"{plugin.get('distribution', '')} {plugin.get('version', '')}".strip()
+        lines.append(f"| {plugin.get('name', '?')} | {where} | {hooks} |")
+    return [*lines, ""]
 
 
 def plot_learning_curve(
@@ -419,9 +439,10 @@ def write_report(
     run_dir = Path(run_dir)
     records = read_records(run_dir / METRICS) if records is None else records
     config = load_config(run_dir) if config is None else config
-    curve: Path | None = run_dir / CURVE
+    picture = run_dir / CURVE
+    curve: Path | None = picture
     try:
-        plot_learning_curve(records, config, curve)
+        plot_learning_curve(records, config, picture)
     except ImportError:
         logger.warning("matplotlib is not installed, so no %s: pip install matplotlib", CURVE)
         curve = None
