@@ -36,6 +36,7 @@ SCRIPTS = (
     "reference_memory.py",
     "soak.py",
     "distributed.py",
+    "parsers.py",
 )
 
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from llamagym.config import Layer, ResolvedConfig, RunConfig
 from llamagym.errors import ConfigError, LlamaGymError
-from llamagym.plugin_manager import Plugins, get_plugins
+from llamagym.plugin_manager import Plugins, RefusedAnswer, action_index_of, get_plugins
 
 if TYPE_CHECKING:
     from llamagym.rollout.engine import RolloutEngine, Slot
@@ -115,9 +115,17 @@ class Agent:
         """Return the action in ``response`` (an action index, or an action name), or None."""
         return None
 
-    def legal_actions(self, observation: Any, info: dict) -> Sequence[str]:
+    def legal_actions(self, observation: Any, info: Mapping[str, Any]) -> Sequence[str] | None:
         """Names of the actions allowed now. Default: ``action_names``, else the env's
-        ``admissible_commands``, else the indices of a ``Discrete`` action space."""
+        ``admissible_commands``, else the indices of a ``Discrete`` action space (of the
+        ``env=`` given), else None: the actions are not known.
+
+        Not knowing them is how the original LlamaGym worked, and still works in
+        generate mode: the model replies, ``extract_action`` turns the reply into the
+        value given to ``env.step`` as it is, and that must be an action for every
+        reply (an agent that cannot name its actions has no invalid-action fallback;
+        ``None`` stops with an error that says so). Score mode ranks the legal actions,
+        so it needs them named."""
         if self.action_names is not None:
             return self.action_names
         if "admissible_commands" in info:
@@ -125,10 +133,18 @@ class Agent:
         space = getattr(self.env, "action_space", None)
         if space is not None and hasattr(space, "n"):
             return [str(i) for i in range(int(space.n))]
-        raise LlamaGymError(
-            f"{type(self).__name__} does not know its legal actions: set "
-            "action_names = [...] on the class, pass env=..., or override legal_actions()"
-        )
+        return None
+
+    def named_actions(self, observation: Any, info: Mapping[str, Any]) -> Sequence[str]:
+        """:meth:`legal_actions`, for what needs the actions named (score mode,
+        baselines, checks): an agent that names none is told how to."""
+        names = self.legal_actions(observation, info)
+        if names is None:
+            raise LlamaGymError(
+                f"{type(self).__name__} does not know its legal actions: set "
+                "action_names = [...] on the class, pass env=..., or override legal_actions()"
+            )
+        return names
 
     def env_action(self, index: int, legal_actions: Sequence[str]) -> Any:
         """The value passed to ``env.step`` for the chosen legal action."""
@@ -154,22 +170,14 @@ class Agent:
         return self.format_observation(observation)
 
     def action_index(self, value: Any, legal_actions: Sequence[str]) -> int | None:
-        """Map what ``extract_action`` returned to an index into ``legal_actions``."""
-        if value is None or isinstance(value, bool):
-            return None
-        if isinstance(value, str):
-            wanted = value.strip().lower()
-            for index, name in enumerate(legal_actions):
-                if name.lower() == wanted:
-                    return index
-            return None
+        """Map what ``extract_action`` returned to an index into ``legal_actions``: an
+        integer (Python or numpy) in range, an integral float, or an action name
+        (case-insensitive); anything else is ``None``. ``legal_actions`` is the tuple
+        every parser is handed: read it, never change it."""
         try:
-            index = int(value)
-        except (TypeError, ValueError, OverflowError):
+            return action_index_of(value, legal_actions)
+        except RefusedAnswer:
             return None
-        if index != value:
-            return None
-        return index if 0 <= index < len(legal_actions) else None
 
     # -- the run's machinery, built on first use ---------------------------------------
     @property
@@ -217,7 +225,8 @@ class Agent:
         slot.observation, slot.info = observation, dict(info or {})
         turn = self.engine.decide([slot])[0]
         self._pending_turn = turn
-        assert turn.action_index is not None, "decide() gives every turn a legal action"
+        if turn.action_index is None:  # actions not named: extract_action's value as it is
+            return turn.env_action
         return self.env_action(turn.action_index, turn.legal_actions)
 
     def assign_reward(self, reward: float) -> None:

@@ -212,29 +212,88 @@ def load_agent(
     overrides: Mapping[str, Any] | None = None,
     agent: str | None = None,
     plugins: Plugins | None = None,
+    trust_remote_code: bool = False,
 ) -> Agent:
-    """A trained agent, ready to ``act``: ``path`` is a run directory (its newest
-    checkpoint) or one checkpoint. The agent class comes from the registry (the plugin
-    that trained it must be installed), the config from the checkpoint with
-    ``overrides`` over it, and the weights from the checkpoint. ``agent`` checks the
-    checkpoint's agent name."""
+    """A trained agent, ready to ``act``: ``path`` is a run directory (its newest intact
+    checkpoint; a damaged newer one is skipped with a warning) or one checkpoint. The
+    agent class comes from the registry (the plugin that trained it must be installed),
+    the config from the checkpoint with ``overrides`` over it, and the weights from the
+    checkpoint. ``agent`` checks the checkpoint's agent name.
+
+    A checkpoint is data: its ``model.trust_remote_code`` is never used. Only
+    ``trust_remote_code=True`` (or an override setting it) lets the model run code of
+    its own, with a warning naming the model; without it, a checkpoint naming a local
+    model directory that maps classes to its own Python code is refused."""
+    from llamagym.config import deep_merge
+    from llamagym.models.export import read_export_meta
     from llamagym.plugin_manager import get_plugins
     from llamagym.training import checkpoint as checkpoints
 
     plugins = plugins or get_plugins()
-    directory = checkpoints.find_checkpoint(Path(path))
-    meta = checkpoints.read_meta(directory)
+    exported = read_export_meta(Path(path)) if Path(path).is_dir() else None
+    if exported is not None:
+        # An exported directory (`llamagym export`): its config, and its model files.
+        directory, meta = Path(path), {"agent": exported["agent"], "config": exported["config"]}
+    else:
+        directory = checkpoints.find_checkpoint(Path(path))
+        meta = checkpoints.read_meta(directory)
     trained = meta.get("agent")
     if agent is not None and trained != agent:
         raise LlamaGymError(
             f"checkpoint {str(directory)!r} was trained with agent.name = {trained!r}, "
             f"not {agent!r}"
         )
+    if checkpoints.is_newer_format(meta):
+        logger.warning(
+            "checkpoint %s was written in checkpoint format %s (llamagym %s); this llamagym "
+            "reads format %d: only its config and weights are used",
+            directory,
+            meta["format"],
+            meta.get("llamagym_version", "?"),
+            checkpoints.FORMAT_VERSION,
+        )
     agent_class = plugins.get("agent", str(trained)).load()
-    layers = [("overrides", {"output": {"dir": None}, **dict(overrides or {})})]
-    resolved = resolve_agent_config(agent_class, layers, base=meta["config"], plugins=plugins)
+    layer: dict[str, Any] = {"output": {"dir": None}}
+    if exported is not None and exported["weights"] != "adapter":
+        # The whole model is in the directory: load it as it is, without a new adapter.
+        layer["model"] = {"name": str(directory), "lora": False}
+    layer = deep_merge(layer, dict(overrides or {}))
+    if trust_remote_code:
+        layer = deep_merge(layer, {"model": {"trust_remote_code": True}})
+    base = checkpoints.untrusted_config(meta)
+    resolved = resolve_agent_config(
+        agent_class, [("overrides", layer)], base=base, plugins=plugins
+    )
+    model = resolved.config.model
+    checkpoints.check_model_source(meta, model.name, model.trust_remote_code, directory)
     loaded = agent_class(config=resolved, plugins=plugins)
+    if exported is not None:
+        _load_exported_weights(loaded.policy, directory, exported["weights"])
+        loaded.checkpoint = directory
+        loaded.checkpoint_meta = meta
+        return loaded
     checkpoints.load_checkpoint(loaded.policy, directory)
     loaded.checkpoint = directory
     loaded.checkpoint_meta = meta
     return loaded
+
+
+def _load_exported_weights(policy: Policy, directory: Path, weights: str) -> None:
+    """The value head of an export, and its LoRA adapter when the export holds one (the
+    whole model was already loaded from the directory otherwise)."""
+    from safetensors.torch import load_file
+
+    from llamagym.models.export import VALUE_HEAD
+
+    if weights == "adapter":
+        from peft import set_peft_model_state_dict
+
+        adapter = load_file(str(directory / "adapter_model.safetensors"))
+        result = set_peft_model_state_dict(policy.model, adapter)
+        unexpected = list(getattr(result, "unexpected_keys", []) or [])
+        if unexpected:
+            raise LlamaGymError(
+                f"the adapter in {str(directory)!r} does not fit this model (e.g. "
+                f"{unexpected[0]!r}); it was exported from another model or LoRA setting"
+            )
+    policy.value_head.load_state_dict(load_file(str(directory / VALUE_HEAD)))

@@ -191,7 +191,7 @@ def action_probabilities(agent: Agent, observation: Any, info: dict | None = Non
     engine = agent.engine
     slot = engine.new_slot(observation, dict(info or {}), None, None)
     prompts = engine.render_prompts([slot])[1]  # (user texts, prompt ids, ...)
-    legal = list(agent.legal_actions(observation, slot.info))
+    legal = list(agent.named_actions(observation, slot.info))
     candidates = [[engine.candidate_tokens(name) for name in legal]]
     with torch.no_grad():
         scores, _ = agent.policy.score(prompts, candidates)

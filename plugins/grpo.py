@@ -57,7 +57,7 @@ class CriticFreeConfig(AlgorithmConfig):
 
     credit_rules = RULES_WITHOUT_VALUES
 
-    lr: float = Field(1e-3, gt=0, description="Adam learning rate.")
+    lr: float = Field(1e-3, gt=0, le=10, description="Adam learning rate.")
     anneal_lr: bool = Field(True, description="Decay the learning rate linearly over the run.")
     episodes_per_update: int = Field(
         64, ge=2, description="Episodes collected per update (whole seed groups)."

@@ -30,7 +30,7 @@ from llamagym.training.schedule import Control, Schedule
 class PPOConfig(AlgorithmConfig):
     credit_rules = CREDIT_RULES
 
-    lr: float = Field(1e-3, gt=0, description="Adam learning rate.")
+    lr: float = Field(1e-3, gt=0, le=10, description="Adam learning rate.")
     anneal_lr: bool = Field(True, description="Decay the learning rate linearly over the run.")
     episodes_per_update: int = Field(64, ge=1, description="Episodes collected per update.")
     epochs: int = Field(4, ge=1, description="Passes over each batch.")

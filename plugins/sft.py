@@ -60,7 +60,7 @@ logger = logging.getLogger(__name__)
 class WarmStartConfig(BaseModel):
     """The ``algorithm.warm_start`` section: supervised steps with their own Adam."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     replay: bool = Field(
         False, description="After each RL update, supervised steps on the best episodes so far."
@@ -72,7 +72,7 @@ class WarmStartConfig(BaseModel):
     )
     steps: int = Field(1, ge=0, description="Supervised steps after each RL update.")
     batch_size: int = Field(32, ge=1, description="Turns per supervised step.")
-    lr: float = Field(1e-4, gt=0, description="Learning rate of the supervised Adam.")
+    lr: float = Field(1e-4, gt=0, le=10, description="Learning rate of the supervised Adam.")
     demonstrations: Path | None = Field(
         None, description="JSONL of demonstrations to train on before RL starts."
     )

@@ -152,10 +152,13 @@ def interrupted_write_keeps_previous_checkpoint(run_dir: Path, monkeypatch) -> N
 
     monkeypatch.setattr(safetensors.torch, "save_file", failing_save)
     counters = dict(meta["counters"], updates=meta["update"] + 1)
-    with pytest.raises(OSError, match="simulated"):
+    with pytest.raises(checkpoints.CheckpointWriteError, match="simulated") as failed:
         checkpoints.save_training_checkpoint(
             run_dir, agent.run, counters, meta["config"], keep=1
         )
+    message = str(failed.value)
+    assert "\n" not in message and str(run_dir) in message
+    assert f"the previous checkpoint is intact at {str(previous)!r}" in message
     monkeypatch.setattr(safetensors.torch, "save_file", real_save)
 
     assert len(calls) == 2 and Path(calls[0]).parent.name.startswith(".update-")
@@ -190,11 +193,20 @@ def test_sigterm_stops_cleanly_with_a_checkpoint(tmp_path) -> None:
     assert signal.getsignal(signal.SIGTERM) is previous_handler  # handlers put back
 
 
+def write_minimal_checkpoint(directory: Path) -> None:
+    """A complete checkpoint with no tensors: a record and empty tensor files."""
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True)
+    (directory / checkpoints.META).write_text(json.dumps({"format": 1, "config": {}}))
+    for name in (checkpoints.WEIGHTS, checkpoints.VALUE_HEAD):
+        save_file({}, str(directory / name))
+
+
 def test_checkpoint_discovery_and_pruning(tmp_path) -> None:
     run_dir = tmp_path / "run"
     for update in (1, 2, 3):
-        (run_dir / "checkpoints" / f"update-{update:06d}").mkdir(parents=True)
-        (run_dir / "checkpoints" / f"update-{update:06d}" / checkpoints.META).write_text("{}")
+        write_minimal_checkpoint(run_dir / "checkpoints" / f"update-{update:06d}")
     # What a process killed mid-write leaves: a hidden staging directory.
     staging = run_dir / "checkpoints" / ".update-000004-abc123"
     staging.mkdir()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 from collections.abc import Mapping
 
 import typer
@@ -20,12 +22,12 @@ def list_command() -> None:
     from llamagym.specs import AgentSpec, AlgorithmSpec
 
     plugins = get_plugins()
-    report_plugin_problems()
     console = Console()
     registries: tuple[tuple[str, Mapping[str, AgentSpec | AlgorithmSpec]], ...] = (
         ("agents", plugins.agents()),
         ("algorithms", plugins.algorithms()),
     )
+    report_plugin_problems()  # after the registration hooks ran: their problems too
     for kind, registry in registries:
         table = Table(title=kind.capitalize(), title_justify="left")
         table.add_column("name", style="bold")
@@ -46,6 +48,11 @@ def plugins_command() -> None:
 
     from llamagym.plugin_manager import get_plugins
 
-    plugins = get_plugins()
-    report_plugin_problems()
-    typer.echo(json.dumps([asdict(info) for info in plugins.plugin_infos()], indent=2))
+    # The JSON is the only thing on stdout: what plugin code prints meanwhile (even a
+    # registration hook still running after its time limit) goes to stderr.
+    stdout = sys.stdout
+    with contextlib.redirect_stdout(sys.stderr):
+        plugins = get_plugins()
+        report_plugin_problems()
+        listing = json.dumps([asdict(info) for info in plugins.plugin_infos()], indent=2)
+        typer.echo(listing, file=stdout)

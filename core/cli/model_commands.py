@@ -27,8 +27,8 @@ def _print_models(as_json: bool) -> None:
     from llamagym.models.registry import list_model_entries
     from llamagym.models.sources import offline_status
 
-    report_plugin_problems()
     entries = list_model_entries()
+    report_plugin_problems()  # after the registration hooks ran: their problems too
     if as_json:
         rows = [{**asdict(entry), "offline": offline_status(entry)} for entry in entries]
         typer.echo(json.dumps(rows, indent=2))

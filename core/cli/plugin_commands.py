@@ -54,17 +54,19 @@ def check_command(
     and fit the tiny model's context, every action name parses back, score mode has a
     candidate per action, baselines run, and episodes play with a scripted model.
     Exit code 1 when a check fails."""
-    from llamagym.config import deep_merge, parse_assignment
+    from llamagym.config import check_seed, deep_merge, parse_assignment
     from llamagym.devtools.conformance import CHECK_NAMES, check_agent
     from llamagym.errors import LlamaGymError
     from llamagym.plugin_manager import get_plugins
 
+    check_seed(seed, "--seed")
     unknown = sorted(set(skip) - set(CHECK_NAMES))
     if unknown:
         raise LlamaGymError(
             f"--skip {', '.join(unknown)}: no such check; checks: {', '.join(CHECK_NAMES)}"
         )
     plugins = get_plugins()
+    plugins.agents()  # the registration hooks run first, so their problems are shown too
     report_plugin_problems()
     registration = plugins.get("agent", agent)
     agent_class = registration.load()

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import click
 import typer
 
 from llamagym.cli.app import app, report_plugin_problems
@@ -100,7 +99,7 @@ def command_words(context: typer.Context, leave_out: set[str]) -> list[str]:
             continue
         if parameter.param_type_name == "argument":
             words.append(str(value))
-        elif isinstance(parameter, click.Option) and parameter.is_flag:
+        elif getattr(parameter, "is_flag", False):  # an option (typer's or click's class)
             words.append(parameter.opts[0])
         elif parameter.multiple:
             for item in value:
@@ -226,15 +225,25 @@ def run_command(
     if minutes is not None and episodes is None:
         # A time budget given on the command line replaces an episode budget from below.
         assignments = [*assignments, "training.episodes=null"]
-    base = resume_checkpoint = None
+    base = resume_checkpoint = resume_meta = None
     if resume is not None:
+        # The newest intact checkpoint of a run directory (a damaged one is skipped with a
+        # warning); one given by name must be intact.
         resume_checkpoint = checkpoints.find_checkpoint(resume)
-        base = checkpoints.read_meta(resume_checkpoint)["config"]
+        resume_meta = checkpoints.read_meta(resume_checkpoint)
+        checkpoints.check_format(resume_meta, resume_checkpoint)
+        # The checkpoint's config, but never its model.trust_remote_code: only --set can.
+        base = checkpoints.untrusted_config(resume_meta)
         if output is None:
             # Continue in the directory the checkpoint belongs to, wherever it now is.
             flags["output.dir"] = checkpoints.run_dir_of(resume_checkpoint)
     agent_class, resolved = resolve_run_config(agent, config_file, assignments, flags, base)
     config = resolved.config
+    if resume_meta is not None and config.model.name == (base or {}).get("model", {}).get("name"):
+        # The model the checkpoint names (another one is refused when the run starts).
+        checkpoints.check_model_source(
+            resume_meta, config.model.name, config.model.trust_remote_code, resume_checkpoint
+        )
     if num_processes is not None and num_processes > 1:
         # Everything above is checked once, here; each process then runs the command
         # again without --num-processes.
@@ -309,17 +318,32 @@ def eval_command(
     seed: int = typer.Option(0, "--seed", help="Seed of the evaluation episodes."),
     num_envs: int = typer.Option(None, "--num-envs", min=1, help="Environments in lockstep."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+    assignments: list[str] = typer.Option(
+        [], "--set", help="KEY=VALUE over the checkpoint's config, e.g. model.dtype=bfloat16"
+    ),
+    trust_remote_code: bool = typer.Option(
+        False,
+        "--trust-remote-code",
+        help="Let the checkpoint's model run Python code of its own (never taken from the "
+        "checkpoint; only for a model whose code you trust).",
+    ),
 ) -> None:
     """Evaluate a checkpoint: mean return with a 95% CI, beside the baselines."""
     from rich.console import Console
 
+    from llamagym.config import deep_merge, parse_assignment
     from llamagym.run import load_agent
 
     report_plugin_problems()
-    overrides: dict[str, Any] = {"training": {"seed": seed}}
+    overrides: dict[str, Any] = {}
+    for assignment in assignments:
+        overrides = deep_merge(overrides, parse_assignment(assignment))
+    overrides = deep_merge(overrides, {"training": {"seed": seed}})
     if num_envs is not None:
-        overrides["rollout"] = {"num_envs": num_envs}
-    agent_object = load_agent(checkpoint, overrides=overrides, agent=agent)
+        overrides = deep_merge(overrides, {"rollout": {"num_envs": num_envs}})
+    agent_object = load_agent(
+        checkpoint, overrides=overrides, agent=agent, trust_remote_code=trust_remote_code
+    )
     directory, meta = agent_object.checkpoint, agent_object.checkpoint_meta
     assert directory is not None and meta is not None, "load_agent() records its checkpoint"
     configure_logging(Console(stderr=True), quiet=as_json, verbose=False)

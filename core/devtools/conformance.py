@@ -226,7 +226,7 @@ def check_seeded_reset(ctx: CheckContext) -> str:
 def _check_legal(ctx: CheckContext, observation: Any, info: dict) -> list[str]:
     agent = ctx.agent
     try:
-        legal = agent.legal_actions(observation, info)
+        legal = agent.named_actions(observation, info)
     except Exception as error:
         raise CheckFailure(
             f"legal_actions() raised {type(error).__name__}: {error}",
@@ -441,7 +441,7 @@ def check_baselines(ctx: CheckContext) -> str:
                         "make episodes end: register the env with max_episode_steps or "
                         "wrap it in gymnasium.wrappers.TimeLimit",
                     )
-                legal = list(agent.legal_actions(observation, info))
+                legal = list(agent.named_actions(observation, info))
                 try:
                     choice = baseline(observation, info, legal, rng)
                 except Exception as error:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from llamagym.config import RolloutSettings
-from llamagym.errors import EnvFailureError
+from llamagym.errors import EnvFailureError, LlamaGymError
 from llamagym.models.policy import Evaluation, Policy
 from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.training.schedule import Schedule
@@ -254,12 +254,22 @@ class RolloutEngine:
     @torch.no_grad()
     def decide(self, slots: Sequence[Slot], greedy: bool = False) -> list[Turn]:
         user_texts, prompts, conversations = self.render_prompts(slots)
-        legal = [list(self.agent.legal_actions(s.observation, s.info)) for s in slots]
-        for row, actions in enumerate(legal):
-            if not actions:
+        named = [self.agent.legal_actions(s.observation, s.info) for s in slots]
+        # An empty list below stands for actions the agent does not name (None):
+        # extract_action's value then goes to the env as it is (generate mode only).
+        legal = [[] if actions is None else list(actions) for actions in named]
+        for row, actions in enumerate(named):
+            if actions is not None and not actions:
                 raise EnvFailureError(
                     f"agent {self.agent.name!r} returned no legal actions for observation "
                     f"{slots[row].observation!r}"
+                )
+            if actions is None and self.settings.mode == "score":
+                raise LlamaGymError(
+                    f"{type(self.agent).__name__} names no actions, and score mode ranks "
+                    "the legal actions: set action_names = [...] on the class (in the "
+                    "env's action order), pass env=..., override legal_actions(), or use "
+                    "rollout.mode=generate"
                 )
         started = time.perf_counter()
         # A random fallback for an unparsable reply must stay random: no memo then.
@@ -362,7 +372,11 @@ class RolloutEngine:
         turns = []
         for row, reply_tokens in enumerate(replies):
             text = settings.reply_prefix + tokenizer.decode(reply_tokens, skip_special_tokens=True)
-            index = self.plugins.extract_action(self.agent, text, legal[row])
+            env_action = None
+            if legal[row]:
+                index = self.plugins.extract_action(self.agent, text, legal[row])
+            else:
+                index, env_action = None, self._unnamed_action(text)
             count = len(reply_tokens)
             turns.append(
                 Turn(
@@ -373,11 +387,26 @@ class RolloutEngine:
                     logprobs=evaluation.logprobs[row, :count].tolist(),
                     value=float(evaluation.values[row]),
                     action_tokens=reply_tokens,
-                    valid=index is not None,
+                    valid=index is not None or env_action is not None,
                     temperature=temperature,
+                    env_action=env_action,
                 )
             )
         return turns
+
+    def _unnamed_action(self, reply: str) -> Any:
+        """The env action of an agent that names no actions: what its own
+        ``extract_action`` makes of the reply. There is no legal action to fall back on,
+        so a reply it cannot read stops the run with what to do."""
+        value = self.agent.extract_action(reply)
+        if value is None:
+            raise LlamaGymError(
+                f"{type(self.agent).__name__}.extract_action returned None for the reply "
+                f"{reply[:120]!r}, and the agent names no actions to fall back on: return "
+                "an action for every reply (a default one), or set action_names = [...] "
+                "(in the env's action order) so the invalid-action policy can choose one"
+            )
+        return value
 
     def _reprompt(
         self, turns: list[Turn], conversations: list[list[dict[str, str]]], greedy: bool
@@ -496,9 +525,11 @@ class RolloutEngine:
                     )
                     continue
                 index = turn.action_index
-                assert index is not None, "decide() gives every turn a legal action"
-                action_name = turn.legal_actions[index]
-                env_action = self.agent.env_action(index, turn.legal_actions)
+                if index is None:  # the agent names no actions: extract_action's value
+                    action_name, env_action = str(turn.env_action), turn.env_action
+                else:
+                    action_name = turn.legal_actions[index]
+                    env_action = self.agent.env_action(index, turn.legal_actions)
                 try:
                     observation, reward, terminated, truncated, info = envs[position].step(
                         env_action

@@ -98,7 +98,7 @@ def play_baseline(
                 baseline.reset()  # stateful baselines (e.g. a walkthrough) start over
             done = False
             while not done:
-                legal = list(agent.legal_actions(observation, info))
+                legal = list(agent.named_actions(observation, info))
                 action_name = baseline(observation, info, legal, rng)
                 action = agent.env_action(legal.index(action_name), legal)
                 next_observation, reward, terminated, truncated, next_info = env.step(action)

@@ -37,6 +37,9 @@ class Turn:
     retries: list[Turn] = field(default_factory=list)
     feedback: str = ""
     temperature: float = 1.0
+    #: What ``extract_action`` returned, given to ``env.step`` as it is, for an agent
+    #: that names no actions (``legal_actions`` empty, ``action_index`` None).
+    env_action: Any = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Turn:

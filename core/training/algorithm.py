@@ -83,7 +83,7 @@ def nest_warm_start_keys(section: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class AlgorithmConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     #: Credit rules the algorithm accepts; a config with a ``credit`` field is checked
     #: against them, so ``--set algorithm.credit=gae`` on GRPO fails before any loading.

@@ -8,7 +8,7 @@ a second signal aborts at once. A signal (or the time budget running out) during
 collection drops that unfinished batch: its finished episodes are not trained on, and
 the engine's and the global random states go back to where the last update left them,
 so the checkpoint is exactly the last completed update's. A signal during an update
-ends it at the next minibatch boundary (``Algorithm.should_stop``); the weights after
+ends it at the next minibatch boundary (the run's ``Control.should_stop``); the weights after
 the steps taken are kept, and the update's metrics say ``update_interrupted: 1``.
 
 With several processes (:mod:`llamagym.training.distributed`) every process runs this loop on its
@@ -32,7 +32,9 @@ import contextlib
 import copy
 import json
 import logging
+import os
 import random
+import re
 import shutil
 import signal
 import threading
@@ -133,8 +135,70 @@ def reseed_process(agent: Any, seed: int) -> None:
 
 
 def default_output_dir(agent_name: str) -> Path:
+    """``runs/<agent>-<time>``. The agent's name is cut down to letters, digits, '_' and
+    '-' (anything else becomes '-'), so it is always one plain folder in ``runs/``."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{agent_name or 'agent'}-{stamp}"
+    safe = re.sub(r"[^A-Za-z0-9_-]+", "-", agent_name).strip("-") or "agent"
+    return Path("runs") / f"{safe}-{stamp}"
+
+
+def make_first_env(agent: Any) -> None:
+    """Make one of the agent's environments and close it again, before anything is
+    written: an env id that no installed package registers (or an env missing a
+    dependency) is one line naming the agent and the fix, and no run directory is left
+    behind. The training random streams do not move."""
+    import gymnasium
+
+    name = agent.config.agent.name or type(agent).__name__
+    env_id = getattr(agent, "env_id", None)
+    what = f"environment {env_id!r}" if env_id else "its environment"
+    try:
+        with isolated_rng():
+            agent.make_env().close()
+    except (gymnasium.error.UnregisteredEnv, gymnasium.error.DeprecatedEnv) as error:
+        raise LlamaGymError(
+            f"agent {name!r}: {what} is not registered with gymnasium "
+            f"({_one_line(error)}); install the package that registers it, or check "
+            "`llamagym list` for the agents installed"
+        ) from error
+    except gymnasium.error.DependencyNotInstalled as error:
+        raise LlamaGymError(
+            f"agent {name!r}: {what} needs a package that is not installed: {_one_line(error)}"
+        ) from error
+    except gymnasium.error.Error as error:
+        raise LlamaGymError(
+            f"agent {name!r} cannot make {what}: {_one_line(error)}; check the env id it "
+            f"uses with `llamagym check {name}`"
+        ) from error
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def check_writable(directory: Path, resuming: bool) -> None:
+    """Create ``directory`` if need be and write (then remove) a file in it: a directory
+    that cannot be written is one line naming it, before anything in it is touched."""
+    if directory.exists() and not directory.is_dir():
+        raise LlamaGymError(
+            f"run directory {str(directory)!r} is a file, not a directory; choose another "
+            "--output"
+        )
+    fix = (
+        "make it writable, or continue the run elsewhere with --output NEW_DIR"
+        if resuming
+        else "make it writable, or choose another --output"
+    )
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".llamagym-write-test-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as error:
+        raise LlamaGymError(
+            f"run directory {str(directory)!r} cannot be written ({error.strerror or error}); "
+            + fix
+        ) from error
 
 
 def holds_a_run(directory: Path) -> bool:
@@ -261,21 +325,23 @@ class Trainer:
         resuming_in_place = resume_checkpoint is not None and (
             checkpoints.run_dir_of(resume_checkpoint) == directory.resolve()
         )
-        if holds_a_run(directory) and not resuming_in_place:
-            if not self.config.output.overwrite:
-                raise LlamaGymError(
-                    f"output directory {str(directory)!r} already holds a run; continue it "
-                    f"with --resume {directory}, choose another --output, or set "
-                    "output.overwrite=true to replace it"
-                )
-            for name in _RUN_FILES if distributed.is_main() else ():
-                path = directory / name
-                if path.is_dir():
-                    shutil.rmtree(path)
-                elif path.exists():
-                    path.unlink()
-        if distributed.is_main():
-            directory.mkdir(parents=True, exist_ok=True)
+        replacing = holds_a_run(directory) and not resuming_in_place
+        if replacing and not self.config.output.overwrite:
+            raise LlamaGymError(
+                f"output directory {str(directory)!r} already holds a run; continue it "
+                f"with --resume {directory}, choose another --output, or set "
+                "output.overwrite=true to replace it"
+            )
+        if not distributed.is_main():
+            return
+        # Created if need be, and known to be writable before anything in it is deleted.
+        check_writable(directory, resuming=resume_checkpoint is not None)
+        for name in _RUN_FILES if replacing else ():
+            path = directory / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
 
     def _write_config(self) -> None:
         agent_name = self.config.agent.name
@@ -403,6 +469,7 @@ class Trainer:
             checkpoints.check_compatible(
                 meta, config.model_dump(mode="json"), resume_checkpoint
             )
+        make_first_env(agent)  # a missing env fails here, before the run directory exists
         self._prepare_output_dir(resume_checkpoint)
         self._write_config()
 

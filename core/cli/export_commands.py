@@ -1,0 +1,60 @@
+"""``llamagym export``: a trained agent as a standard transformers/peft directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from llamagym.cli.app import app, report_plugin_problems
+from llamagym.errors import LlamaGymError
+
+
+@app.command("export")
+def export_command(
+    run: Path = typer.Argument(..., help="A run directory, or one of its checkpoints."),
+    to: Path = typer.Option(..., "--to", help="The directory to write (new or empty)."),
+    checkpoint: int = typer.Option(
+        None, "--checkpoint", min=0, help="The update whose checkpoint to export (default: newest)."
+    ),
+    merge: bool = typer.Option(
+        False, "--merge", help="Merge a LoRA adapter into the base model (one standalone model)."
+    ),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace what DIR holds."),
+) -> None:
+    """Write a trained agent as a directory plain transformers (and peft) load: the LoRA
+    adapter or the whole model, the tokenizer with its chat template, the run's sampling
+    settings, the value head, and a model card with its evaluation beside the baselines."""
+    from llamagym.models.export import export_agent
+    from llamagym.run import load_agent
+    from llamagym.training import checkpoint as checkpoints
+    from llamagym.training.report import METRICS, read_records
+
+    report_plugin_problems()
+    source = run
+    if checkpoint is not None:
+        source = checkpoints.run_dir_of(checkpoints.find_checkpoint(run)) / (
+            f"{checkpoints.CHECKPOINTS}/{checkpoints.checkpoint_name(checkpoint)}"
+        )
+        if not source.is_dir():
+            raise LlamaGymError(
+                f"{str(run)!r} has no checkpoint of update {checkpoint}; its checkpoints: "
+                + ", ".join(p.name for p in checkpoints.list_checkpoints(source.parents[1]))
+            )
+    agent = load_agent(source)
+    meta = agent.checkpoint_meta or {}
+    update = meta.get("update")
+    metrics = checkpoints.run_dir_of(agent.checkpoint or source) / METRICS
+    evaluations = [
+        record for record in (read_records(metrics) if metrics.is_file() else [])
+        if record.get("kind") == "evaluation" and record.get("update") == update
+    ]
+    directory = export_agent(
+        agent,
+        to,
+        merge=merge,
+        evaluation=evaluations[-1] if evaluations else None,
+        training=meta.get("counters"),
+        overwrite=overwrite,
+    )
+    typer.echo(f"exported {agent.config.agent.name} (update {update}) to {directory}")

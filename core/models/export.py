@@ -1,0 +1,229 @@
+"""A trained agent as a standard model directory that plain transformers (and peft)
+load without LlamaGym: ``llamagym export RUN --to DIR [--merge]``.
+
+The directory holds
+
+* the weights: a LoRA run's adapter in PEFT's format (``adapter_config.json`` +
+  ``adapter_model.safetensors``), or with ``merge`` the adapter merged into the base
+  model; a fully fine-tuned model as a whole (``config.json`` + ``model.safetensors``);
+* the tokenizer, with its chat template;
+* ``generation_config.json`` with the run's sampling settings;
+* ``value_head.safetensors``, the policy's value head (PPO's critic), beside the model;
+* ``llamagym.json``: the agent and the run's config, so ``llamagym.load_agent(DIR)``
+  acts exactly as the checkpoint did;
+* ``README.md``, a model card: what was trained on which environment, with which
+  algorithm, for how long, and its final evaluation beside the baselines.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from llamagym.errors import LlamaGymError
+
+if TYPE_CHECKING:
+    from llamagym.agent import Agent
+
+logger = logging.getLogger(__name__)
+
+#: The file that marks an exported directory and carries the agent and its config.
+EXPORT_META = "llamagym.json"
+EXPORT_FORMAT = 1
+VALUE_HEAD = "value_head.safetensors"
+
+
+def export_agent(
+    agent: Agent,
+    directory: Path,
+    *,
+    merge: bool = False,
+    evaluation: Mapping[str, Any] | None = None,
+    training: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write ``agent``'s trained model into ``directory`` (see the module docstring).
+    ``evaluation`` is the run's last evaluation record (with its baselines) and
+    ``training`` its counters (updates, episodes, seconds), for the model card."""
+    from safetensors.torch import save_file
+    from transformers import GenerationConfig
+
+    directory = Path(directory)
+    if directory.exists() and any(directory.iterdir()) and not overwrite:
+        raise LlamaGymError(
+            f"{str(directory)!r} is not empty; export into a new directory (or pass "
+            "--overwrite to replace what is there)"
+        )
+    directory.mkdir(parents=True, exist_ok=True)
+    policy = agent.policy
+    model = policy.model
+    adapter = hasattr(model, "peft_config")
+    if adapter and merge:
+        model = model.merge_and_unload()
+    if adapter and not merge:
+        base = _base_model_id(agent)
+        for settings in model.peft_config.values():
+            settings.base_model_name_or_path = base
+    model.save_pretrained(directory)
+    policy.tokenizer.save_pretrained(directory)
+    rollout = agent.config.rollout
+    generation = GenerationConfig(
+        do_sample=True,
+        temperature=rollout.final_temperature or rollout.temperature,
+        top_p=rollout.top_p,
+        top_k=rollout.top_k or None,
+        max_new_tokens=rollout.max_new_tokens,
+        eos_token_id=policy.eos_id,
+        pad_token_id=policy.pad_id,
+    )
+    generation.save_pretrained(directory)
+    head = {k: v.detach().cpu().contiguous() for k, v in policy.value_head.state_dict().items()}
+    save_file(head, str(directory / VALUE_HEAD))
+    weights = "merged" if adapter and merge else "adapter" if adapter else "full"
+    meta = {
+        "format": EXPORT_FORMAT,
+        "agent": agent.config.agent.name,
+        "weights": weights,
+        "config": agent.config.model_dump(mode="json"),
+    }
+    (directory / EXPORT_META).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+    card = model_card(agent, weights, evaluation, training)
+    (directory / "README.md").write_text(card, encoding="utf-8")
+    logger.info("exported %s (%s weights) to %s", meta["agent"], weights, directory)
+    return directory
+
+
+def _base_model_id(agent: Agent) -> str:
+    """What an adapter's config names as its base: the registry's Hub id for a
+    registry name, else the directory the base model was loaded from."""
+    from llamagym.models.registry import get_model_entry
+
+    name = agent.config.model.name
+    entry = get_model_entry(name)
+    if entry is not None and entry.hub_id:
+        return entry.hub_id
+    loaded_from = getattr(getattr(agent.policy.model, "config", None), "_name_or_path", "")
+    return str(loaded_from or name)
+
+
+def read_export_meta(directory: Path) -> dict[str, Any] | None:
+    """The ``llamagym.json`` of an exported directory, or None when it is not one."""
+    path = Path(directory) / EXPORT_META
+    if not path.is_file():
+        return None
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise LlamaGymError(f"{str(path)!r} is damaged: {error}") from None
+    if not isinstance(meta, dict) or meta.get("format") != EXPORT_FORMAT:
+        raise LlamaGymError(
+            f"{str(path)!r} is not an export this LlamaGym reads (format "
+            f"{meta.get('format') if isinstance(meta, dict) else '?'}, expected {EXPORT_FORMAT})"
+        )
+    return meta
+
+
+def model_card(
+    agent: Agent,
+    weights: str,
+    evaluation: Mapping[str, Any] | None,
+    training: Mapping[str, Any] | None,
+) -> str:
+    config = agent.config
+    name = config.agent.name
+    env = agent.env_id or type(agent).__name__
+    base = _base_model_id(agent)
+    library = "peft" if weights == "adapter" else "transformers"
+    lines = [
+        "---",
+        f"library_name: {library}",
+        f"base_model: {base}",
+        "tags: [llamagym, reinforcement-learning, " + json.dumps(name) + "]",
+        "---",
+        "",
+        f"# {name}: {config.algorithm.name} on {base}",
+        "",
+        f"An LLM agent for `{env}` trained online with reinforcement learning by LlamaGym "
+        f"(`{config.algorithm.name}`, {config.rollout.mode} mode).",
+        "",
+    ]
+    if training:
+        lines += [
+            f"Training: {training.get('updates', 0):,} updates, "
+            f"{training.get('episodes', 0):,} episodes, {training.get('env_steps', 0):,} "
+            f"env steps, {float(training.get('seconds', 0.0)) / 60:.1f} minutes; seed "
+            f"{config.training.seed}.",
+            "",
+        ]
+    how = {"adapter": "a LoRA adapter (PEFT)", "merged": "the base model with the LoRA "
+           "adapter merged in", "full": "the whole fine-tuned model"}[weights]
+    lines += [f"Weights: {how}.", ""]
+    if evaluation:
+        lines += _evaluation_table(evaluation)
+    mode = config.rollout.mode
+    lines += [
+        "## How it acts",
+        "",
+        f"System prompt: {agent.get_system_prompt()!r}. Each observation is one user turn "
+        "in the model's chat template.",
+        "",
+        (
+            "Score mode: each legal action's name is scored as the assistant's reply "
+            "(mean log-probability of its tokens) and the highest is taken."
+            if mode == "score"
+            else "Generate mode: the reply is sampled (settings in generation_config.json)"
+            + (f" after the prefix {config.rollout.reply_prefix!r}"
+               if config.rollout.reply_prefix else "")
+            + " and parsed for an action (JSON first, then the action names)."
+        ),
+        "",
+        "## Loading",
+        "",
+        "```python",
+    ]
+    if weights == "adapter":
+        lines += [
+            "from peft import AutoPeftModelForCausalLM",
+            "from transformers import AutoTokenizer",
+            "",
+            'model = AutoPeftModelForCausalLM.from_pretrained("THIS_DIR")',
+            'tokenizer = AutoTokenizer.from_pretrained("THIS_DIR")',
+        ]
+    else:
+        lines += [
+            "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            "",
+            'model = AutoModelForCausalLM.from_pretrained("THIS_DIR")',
+            'tokenizer = AutoTokenizer.from_pretrained("THIS_DIR")',
+        ]
+    lines += [
+        "```",
+        "",
+        "With LlamaGym: `llamagym.load_agent(\"THIS_DIR\")` returns the agent, ready to "
+        "`act`.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _evaluation_table(evaluation: Mapping[str, Any]) -> list[str]:
+    how = "greedy" if evaluation.get("greedy", True) else "sampled"
+    rows: Sequence[Mapping[str, Any]] = [
+        {**evaluation, "name": "this model"}, *evaluation.get("baselines", [])
+    ]
+    lines = [
+        f"## Evaluation ({evaluation.get('episodes', 0):,} episodes, {how}, baselines on "
+        "the same seeds)",
+        "",
+        "| policy | mean return | 95% CI |",
+        "|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row.get('name', '?')} | {float(row.get('mean', float('nan'))):+.3f} | "
+            f"±{float(row.get('ci95', float('nan'))):.3f} |"
+        )
+    return [*lines, ""]

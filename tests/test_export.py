@@ -1,0 +1,115 @@
+"""`llamagym export`: a trained agent leaves as a directory that plain transformers and
+peft load, in a process that never imports llamagym, and choose the same greedy
+actions."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from llamagym import load_agent
+
+FAST = [
+    "-n", "32", "--num-envs", "8", "--eval-episodes", "100", "--quiet",
+    "--set", "algorithm.episodes_per_update=16", "--set", "algorithm.minibatch_size=16",
+]
+
+# Loads the export with transformers (and peft) alone and scores every candidate action
+# the way score mode does: the mean log-probability of its tokens after the prompt.
+PLAIN_TRANSFORMERS = r"""
+import json, sys
+import torch
+from transformers import AutoModelForCausalLM
+
+directory, cases_file, adapter = sys.argv[1], sys.argv[2], sys.argv[3] == "adapter"
+if adapter:
+    from peft import AutoPeftModelForCausalLM
+    model = AutoPeftModelForCausalLM.from_pretrained(directory)
+else:
+    model = AutoModelForCausalLM.from_pretrained(directory)
+model.eval()
+rows = []
+with torch.no_grad():
+    for case in json.load(open(cases_file)):
+        scores = []
+        for candidate in case["candidates"]:
+            ids = torch.tensor([case["prompt"] + candidate])
+            logprobs = model(ids).logits[0, :-1].log_softmax(-1)
+            start = len(case["prompt"]) - 1
+            picked = logprobs[start:start + len(candidate)].gather(
+                -1, torch.tensor(candidate)[:, None])
+            scores.append(picked.mean().item())
+        rows.append(scores)
+assert not any(name.split(".")[0] == "llamagym" for name in sys.modules)
+print(json.dumps(rows))
+"""
+
+
+def blackjack_states(count: int) -> list[tuple[int, int, bool]]:
+    states = [(total, dealer, ace) for ace in (False, True) for total in range(4, 22)
+              for dealer in range(1, 11) if not (ace and total < 12)]
+    return states[:count]
+
+
+@pytest.mark.parametrize("weights", ["merged", "adapter"])
+def test_an_export_loads_without_llamagym_and_acts_the_same(weights, tmp_path, cli) -> None:
+    run_dir, export = tmp_path / "run", tmp_path / "export"
+    lora = ["--set", "model.lora=true"] if weights == "adapter" else []
+    assert cli("run", "blackjack", *FAST, *lora, "-o", run_dir)[0] == 0
+    merge = ["--merge"] if weights == "merged" else []
+    code, out, err = cli("export", run_dir, "--to", export, *merge)
+    assert code == 0, err
+    files = {p.name for p in export.iterdir()}
+    assert {"tokenizer.json", "generation_config.json", "value_head.safetensors",
+            "README.md", "llamagym.json"} <= files
+    assert ("adapter_config.json" in files) == (weights == "adapter")
+    card = (export / "README.md").read_text()
+    assert "| this model |" in card and "| basic-strategy |" in card
+
+    agent = load_agent(run_dir)
+    engine = agent.engine
+    slots = [engine.new_slot(state, {}, None, None) for state in blackjack_states(200)]
+    expected = [turn.action_index for turn in engine.decide(slots, greedy=True)]
+    prompts = engine.render_prompts(slots)[1]
+    cases = [
+        {"prompt": list(prompt), "candidates": [engine.candidate_tokens(a) for a in
+                                                 agent.legal_actions(slot.observation, {})]}
+        for prompt, slot in zip(prompts, slots, strict=True)
+    ]
+    cases_file = tmp_path / "cases.json"
+    cases_file.write_text(json.dumps(cases))
+    completed = subprocess.run(
+        [sys.executable, "-c", PLAIN_TRANSFORMERS, str(export), str(cases_file),
+         "adapter" if weights == "adapter" else "full"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    plain = torch.tensor(json.loads(completed.stdout))
+    with torch.no_grad():
+        ours, _ = agent.policy.score(prompts, [c["candidates"] for c in cases])
+    # The same numbers, not only the same choices (a policy that always sticks would
+    # match any model that prefers "stick").
+    assert torch.allclose(plain, ours.cpu(), atol=1e-4), (plain - ours).abs().max()
+    assert plain.argmax(-1).tolist() == expected
+    # The one loader reads the export too, and acts as the run directory's agent does.
+    exported = load_agent(export)
+    with torch.no_grad():
+        again, _ = exported.policy.score(prompts, [c["candidates"] for c in cases])
+    assert torch.allclose(again, ours, atol=1e-5)
+    assert torch.equal(
+        exported.policy.value_head.weight, agent.policy.value_head.weight
+    )
+
+
+def test_export_refuses_a_directory_that_holds_something(tmp_path, cli) -> None:
+    run_dir, export = tmp_path / "run", tmp_path / "export"
+    assert cli("run", "blackjack", *FAST, "-o", run_dir)[0] == 0
+    export.mkdir()
+    (export / "keep.txt").write_text("mine")
+    code, _, err = cli("export", run_dir, "--to", export)
+    assert code == 2 and "is not empty" in err and "--overwrite" in err
+    assert [p.name for p in export.iterdir()] == ["keep.txt"]
