@@ -25,6 +25,14 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
+# Property tests draw the same examples on every run (derandomize), so CI never fails on
+# a draw that a local run did not make. To explore other draws while working on a
+# parser, load hypothesis's "default" profile instead.
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("repeatable", derandomize=True)
+settings.load_profile("repeatable")
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory):

@@ -849,6 +849,16 @@ class Plugins:
         for term in terms if isinstance(terms, list) else ():
             with contextlib.suppress(RefusedAnswer):
                 total += reward_term(term) or 0.0
+        if not math.isfinite(total):
+            # Finite terms can still overflow together; a run must never see inf.
+            if "shape_reward:overflow" not in self._failed_hooks:
+                self._failed_hooks.add("shape_reward:overflow")
+                self._problem(
+                    "the llamagym_shape_reward terms of the installed plugins add up to "
+                    f"{total}; such a step gets no shaping (reported once); keep shaping "
+                    "terms to the scale of the env's rewards"
+                )
+            return 0.0
         return total
 
     def episode_end(self, agent: Any, episode: Any, run: RunContext | None = None) -> None:

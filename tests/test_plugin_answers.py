@@ -692,3 +692,25 @@ def test_the_plugins_json_parses_with_a_plugin_printing_in_process(monkeypatch) 
     finally:
         monkeypatch.undo()
         plugin_manager.reset_plugins()
+
+
+class HugeShaping:
+    @hookimpl
+    def llamagym_shape_reward(self, agent, observation, action, reward, info):
+        return 8.98846567431158e307  # finite alone; two of them overflow
+
+
+def test_shaping_terms_that_overflow_together_give_no_shaping() -> None:
+    from llamagym.plugin_manager import get_plugins
+
+    plugins = get_plugins()
+    assert plugins.register(HugeShaping(), name="huge-a", distribution="(test)")
+    assert plugins.register(HugeShaping(), name="huge-b", distribution="(test)")
+    try:
+        assert plugins.shape_reward(None, 0, "hit", 1.0, {}) == 0.0
+        assert plugins.shape_reward(None, 0, "hit", 1.0, {}) == 0.0
+        reported = [p for p in plugins.problems if "add up to inf" in p]
+        assert len(reported) == 1 and "scale of the env's rewards" in reported[0]
+    finally:
+        plugins.unregister("huge-a")
+        plugins.unregister("huge-b")
