@@ -295,6 +295,8 @@ class Plugins:
         self.manager.add_hookspecs(hookspecs)
         self.problems: list[str] = []
         self._failed_hooks: set[str] = set()
+        #: hook name -> the plugin whose answer was taken last (per-step hooks)
+        self._last_answer: dict[str, str] = {}
         self._refused_answers: set[str] = set()
         self._not_answering: set[str] = set()
         self.registration_timeout, timeout_problem = _timeout_from_env()
@@ -640,6 +642,7 @@ class Plugins:
 
     # -- who took part --------------------------------------------------------------
     def _answered(self, plugin_name: str, hook_name: str) -> None:
+        self._last_answer[hook_name] = plugin_name
         record = self._participants.get(plugin_name)
         if record is None:
             distribution, version = self._distributions.get(plugin_name, ("", ""))
@@ -821,8 +824,16 @@ class Plugins:
         """The index of the legal action a reply names, or ``None``: what the first
         parser with a usable answer said (see :func:`action_index_of`). Every parser
         sees the same tuple of names, which none can change."""
+        return self.parse_reply(agent, reply, legal_actions)[0]
+
+    def parse_reply(
+        self, agent: Any, reply: str, legal_actions: Sequence[str]
+    ) -> tuple[int | None, str | None]:
+        """:meth:`extract_action`, and the name of the plugin whose answer it is (None
+        when no parser found a legal action)."""
         names = tuple(legal_actions)
         token = _legal_actions.set(names)
+        self._last_answer.pop("llamagym_extract_action", None)
         try:
             answer = self.manager.hook.llamagym_extract_action(
                 agent=agent, reply=reply, legal_actions=names
@@ -831,9 +842,12 @@ class Plugins:
             _legal_actions.reset(token)
         # Whatever answered, env.step never sees an illegal action.
         try:
-            return action_index_of(answer, names)
+            index = action_index_of(answer, names)
         except RefusedAnswer:
-            return None
+            return None, None
+        if index is None:
+            return None, None
+        return index, self._last_answer.get("llamagym_extract_action")
 
     def shape_reward(
         self, agent: Any, observation: Any, action: str, reward: float, info: Mapping[str, Any]

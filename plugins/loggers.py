@@ -84,12 +84,27 @@ class TensorBoardLogger:
         returns = returns[np.isfinite(returns)]  # a NaN reward must not break the logger
         if returns.size:
             writer.add_histogram("train/episode_return", returns, step)
+        from llamagym.rollout.transcripts import render
+
+        texts = [render(record) for record in update_transcripts(run_dir, update)]
+        if texts:  # markdown: each transcript as a code block
+            writer.add_text("transcripts", "\n\n".join(f"```\n{t}\n```" for t in texts), step)
         writer.flush()
 
     def close(self) -> None:
         for writer in self._writers.values():
             writer.close()
         self._writers.clear()
+
+
+def update_transcripts(run_dir: Path, update: int) -> list[dict[str, Any]]:
+    """The transcripts the trainer kept for ``update`` (written before the loggers run)."""
+    from llamagym.rollout.transcripts import TRANSCRIPTS, read_transcripts
+
+    return [
+        record for record in read_transcripts(run_dir / TRANSCRIPTS)
+        if record.get("update") == update and record.get("kind") == "training"
+    ]
 
 
 class WandbLogger:
@@ -127,7 +142,19 @@ class WandbLogger:
                 config=agent.config.model_dump(mode="json"),
             )
             self._runs[run_dir] = wandb_run
-        wandb_run.log(dict(metrics), step=update)
+        logged: dict[str, Any] = dict(metrics)
+        records = update_transcripts(run_dir, update)
+        if records:
+            import wandb
+
+            from llamagym.rollout.transcripts import render
+
+            logged["transcripts"] = wandb.Table(
+                columns=["update", "kind", "seed", "return", "transcript"],
+                data=[[r.get("update"), r.get("kind"), r.get("seed"), r.get("return"),
+                       render(r)] for r in records],
+            )
+        wandb_run.log(logged, step=update)
 
     def close(self) -> None:
         for run in self._runs.values():

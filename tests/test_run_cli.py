@@ -159,9 +159,19 @@ def test_wandb_logs_only_when_its_project_is_set(tmp_path, monkeypatch) -> None:
 
     monkeypatch.setenv("WANDB_PROJECT", "blackjack-runs")
     logger.llamagym_update_end(agent=agent, update=2, metrics={"return_mean": 0.25}, run=run)
+    # An update with transcripts also logs them as a table.
+    fake.Table = lambda columns, data: ("table", tuple(columns), data)
+    record = {"kind": "training", "update": 3, "seed": 7, "return": 1.0, "system": "s",
+              "turns": [{"observation": "o", "action": "hit", "reward": 1.0}]}
+    (tmp_path / "transcripts.jsonl").write_text(json.dumps(record) + "\n")
+    logger.llamagym_update_end(agent=agent, update=3, metrics={"return_mean": 1.0}, run=run)
     logger.close()
     assert calls[0][0] == "init" and calls[0][1]["project"] == "blackjack-runs"
-    assert calls[1] == ("log", 2, {"return_mean": 0.25}) and calls[2] == ("finish",)
+    assert calls[1] == ("log", 2, {"return_mean": 0.25}) and calls[3] == ("finish",)
+    name, step, logged = calls[2]
+    assert (name, step, logged["return_mean"]) == ("log", 3, 1.0)
+    kind, columns, data = logged["transcripts"]
+    assert columns[-1] == "transcript" and data[0][2] == 7 and "action: hit" in data[0][-1]
 
 
 def test_wandb_is_never_imported_without_wandb_project(tmp_path) -> None:

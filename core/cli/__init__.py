@@ -11,13 +11,13 @@ import typer
 
 from llamagym.cli import (  # noqa: F401  (importing a module attaches its commands)
     config_commands,
-    export_commands,
     inspect_commands,
     model_commands,
     plugin_commands,
     record_commands,
     report_commands,
     run_commands,
+    trained_commands,
 )
 from llamagym.cli.app import app
 from llamagym.errors import LlamaGymError

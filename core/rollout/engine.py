@@ -372,9 +372,9 @@ class RolloutEngine:
         turns = []
         for row, reply_tokens in enumerate(replies):
             text = settings.reply_prefix + tokenizer.decode(reply_tokens, skip_special_tokens=True)
-            env_action = None
+            env_action, parser = None, None
             if legal[row]:
-                index = self.plugins.extract_action(self.agent, text, legal[row])
+                index, parser = self.plugins.parse_reply(self.agent, text, legal[row])
             else:
                 index, env_action = None, self._unnamed_action(text)
             count = len(reply_tokens)
@@ -390,6 +390,7 @@ class RolloutEngine:
                     valid=index is not None or env_action is not None,
                     temperature=temperature,
                     env_action=env_action,
+                    parser=parser or "",
                 )
             )
         return turns

@@ -46,10 +46,17 @@ def evaluation_seeds(seed: int, episodes: int) -> list[int]:
     return [EVAL_SEED_OFFSET + seed * 100_003 + k for k in range(episodes)]
 
 
-def evaluate_agent(agent: Any, episodes: int, seed: int = 0, greedy: bool = True) -> EvalResult:
+def evaluate_agent(
+    agent: Any,
+    episodes: int,
+    seed: int = 0,
+    greedy: bool = True,
+    examples: list[Episode] | None = None,
+) -> EvalResult:
     """Run the agent's policy (greedy by default) on ``episodes`` seeded episodes, with
     an engine of its own: these episodes reach no training observer (``episode_end``)
-    and leave the training engine's random streams where they were."""
+    and leave the training engine's random streams where they were. ``examples``, when
+    given, receives the episodes played (in seed order), e.g. for transcripts."""
     import torch
 
     engine = agent.run.evaluation_engine()
@@ -68,6 +75,8 @@ def evaluate_agent(agent: Any, episodes: int, seed: int = 0, greedy: bool = True
             env.close()
     turns = sum(len(e.turns) for e in finished)
     invalid = sum(e.invalid_replies for e in finished) / max(1, turns)
+    if examples is not None:
+        examples += finished
     return summarise("agent", [e.env_return for e in finished], invalid)
 
 

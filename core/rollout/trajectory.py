@@ -40,6 +40,9 @@ class Turn:
     #: What ``extract_action`` returned, given to ``env.step`` as it is, for an agent
     #: that names no actions (``legal_actions`` empty, ``action_index`` None).
     env_action: Any = None
+    #: The plugin whose parser found the action in the reply ("json-action", "agent",
+    #: "regex-action", ...); empty in score mode and for an unreadable reply.
+    parser: str = ""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Turn:

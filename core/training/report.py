@@ -331,9 +331,26 @@ def render_markdown(
     if curve is not None:
         lines += [f"![Return during training]({curve.name})", ""]
     lines += _training_section(updates, records)
+    lines += _transcripts_section(run_dir)
     lines += _plugins_section(run_dir)
     lines += _config_section(config, run_dir)
     return "\n".join(lines)
+
+
+def _transcripts_section(run_dir: Path) -> list[str]:
+    """Two whole episodes from transcripts.jsonl: the earliest kept and the last (the
+    final evaluation's, when there is one)."""
+    from llamagym.rollout.transcripts import TRANSCRIPTS, read_transcripts, render
+
+    records = read_transcripts(run_dir / TRANSCRIPTS)
+    if not records:
+        return []
+    chosen = [records[0]] if len(records) == 1 else [records[0], records[-1]]
+    lines = ["## Transcripts", "",
+             f"Two of the episodes kept in `{TRANSCRIPTS}` (`llamagym play RUN` plays more).", ""]
+    for record in chosen:
+        lines += ["```text", render(record), "```", ""]
+    return lines
 
 
 def _plugins_section(run_dir: Path) -> list[str]:

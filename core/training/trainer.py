@@ -51,6 +51,12 @@ import torch
 
 from llamagym.errors import EnvFailureError, LlamaGymError, TrainingDivergedError
 from llamagym.rollout.evaluation import EvalResult, evaluate_agent, evaluate_baseline
+from llamagym.rollout.transcripts import (
+    PER_UPDATE,
+    TRANSCRIPTS,
+    TranscriptLog,
+    transcript,
+)
 from llamagym.specs import RunContext
 from llamagym.training import checkpoint as checkpoints
 from llamagym.training import distributed
@@ -74,6 +80,7 @@ PLUGINS = "plugins.json"
 _RUN_FILES = (
     METRICS,
     PLUGINS,
+    TRANSCRIPTS,
     "report.md",
     "learning_curve.png",
     "tensorboard",
@@ -316,6 +323,7 @@ class Trainer:
         self._config_dict: dict[str, Any] = {}
         self._config_yaml = ""
         self._time_used: Callable[[], float] = lambda: 0.0  # the run's clock, once it runs
+        self._transcripts = TranscriptLog(None)  # the run directory's, once it is ready
         #: the plugins a resumed checkpoint recorded; compared after the first update
         self._resumed_plugins: list[dict[str, Any]] | None = None
 
@@ -471,6 +479,10 @@ class Trainer:
             )
         make_first_env(agent)  # a missing env fails here, before the run directory exists
         self._prepare_output_dir(resume_checkpoint)
+        # Rank 0 keeps the transcripts; the others keep theirs in memory only.
+        self._transcripts = TranscriptLog(
+            self.output_dir / TRANSCRIPTS if distributed.is_main() else None
+        )
         self._write_config()
 
         # Loads the model. Every process starts from rank 0's weights; then the run's
@@ -657,6 +669,10 @@ class Trainer:
                         self._record_rank(counters.updates, batch)
                     if distributed.is_main():
                         append_record(self.output_dir / METRICS, {"kind": "update", **metrics})
+                        self._transcripts.add(
+                            transcript(agent, episode, "training", counters.updates)
+                            for episode in batch[:PER_UPDATE]
+                        )
                         with isolated_rng():
                             agent.plugins.update_end(
                                 agent, counters.updates, metrics, run=self.context
@@ -714,11 +730,17 @@ class Trainer:
     def _evaluate(self, counters: Counters) -> tuple[EvalResult, list[EvalResult], dict]:
         config = self.config
         started = time.perf_counter()
+        played: list[Any] = []
         result, baselines = evaluate_with_baselines(
             self.agent,
             config.training.eval_episodes,
             config.training.seed,
             greedy=config.training.eval_greedy,
+            examples=played,
+        )
+        self._transcripts.add(
+            transcript(self.agent, episode, "evaluation", counters.updates)
+            for episode in played[:PER_UPDATE]
         )
         record = {
             "kind": "evaluation",
@@ -792,9 +814,10 @@ def budget_fraction(
 
 
 def evaluate_with_baselines(
-    agent: Any, episodes: int, seed: int, greedy: bool = True
+    agent: Any, episodes: int, seed: int, greedy: bool = True, examples: list | None = None
 ) -> tuple[EvalResult, list[EvalResult]]:
-    """The agent and each of its baselines on the same ``episodes`` seeded episodes."""
-    result = evaluate_agent(agent, episodes, seed=seed, greedy=greedy)
+    """The agent and each of its baselines on the same ``episodes`` seeded episodes
+    (``examples`` receives the agent's episodes)."""
+    result = evaluate_agent(agent, episodes, seed=seed, greedy=greedy, examples=examples)
     baselines = [evaluate_baseline(agent, name, episodes, seed=seed) for name in agent.baselines]
     return result, baselines

@@ -1,4 +1,5 @@
-"""``llamagym export``: a trained agent as a standard transformers/peft directory."""
+"""``llamagym export`` (a trained agent as a standard transformers/peft directory) and
+``llamagym play`` (watch it act, as transcripts)."""
 
 from __future__ import annotations
 
@@ -58,3 +59,39 @@ def export_command(
         overwrite=overwrite,
     )
     typer.echo(f"exported {agent.config.agent.name} (update {update}) to {directory}")
+
+
+@app.command("play")
+def play_command(
+    run: Path = typer.Argument(..., help="A run directory, a checkpoint or an export."),
+    episodes: int = typer.Option(3, "--episodes", "-n", min=1, help="Episodes to play."),
+    greedy: bool = typer.Option(True, "--greedy/--sample", help="Argmax or sampled actions."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the episodes."),
+) -> None:
+    """Play a trained agent and print each episode as a transcript: the system prompt,
+    every observation, the model's reply (or the chosen action's probability), the
+    action, the reward, and the return."""
+    import torch
+    from rich.console import Console
+
+    from llamagym.rollout.evaluation import evaluation_seeds
+    from llamagym.rollout.transcripts import render, transcript
+    from llamagym.run import load_agent
+
+    report_plugin_problems()
+    agent = load_agent(run, overrides={"rollout": {"num_envs": 1}})
+    engine = agent.run.evaluation_engine()
+    env = agent.make_env()
+    agent.policy.eval()
+    try:
+        with torch.no_grad():
+            played = engine.collect(
+                [env], episodes, greedy=greedy, seeds=evaluation_seeds(seed, episodes)
+            )
+    finally:
+        env.close()
+    update = (agent.checkpoint_meta or {}).get("update", 0)
+    console = Console()
+    for episode in played:
+        console.print(render(transcript(agent, episode, "played", update)), markup=False)
+        console.print()
