@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from llamagym import load_agent
+from llamagym import load_agent, load_model_and_tokenizer
 
 FAST = [
     "-n", "32", "--num-envs", "8", "--eval-episodes", "100", "--quiet",
@@ -55,11 +56,36 @@ def blackjack_states(count: int) -> list[tuple[int, int, bool]]:
     return states[:count]
 
 
+def model_above_the_lora_threshold(directory: Path) -> Path:
+    """A locally built Llama of 51M parameters (random weights, the tiny tokenizer):
+    large enough that the loader gives it a LoRA adapter by itself."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from llamagym.models.loading import LORA_AUTO_THRESHOLD
+
+    _, tokenizer = load_model_and_tokenizer("tiny")
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=768, intermediate_size=2048,
+        num_hidden_layers=8, num_attention_heads=12, num_key_value_heads=4,
+        max_position_embeddings=1024, tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    assert sum(p.numel() for p in model.parameters()) > LORA_AUTO_THRESHOLD
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
 @pytest.mark.parametrize("weights", ["merged", "adapter"])
 def test_an_export_loads_without_llamagym_and_acts_the_same(weights, tmp_path, cli) -> None:
     run_dir, export = tmp_path / "run", tmp_path / "export"
-    lora = ["--set", "model.lora=true"] if weights == "adapter" else []
-    assert cli("run", "blackjack", *FAST, *lora, "-o", run_dir)[0] == 0
+    model = ["--threads", "2"]
+    if weights == "adapter":  # the loader's own rule puts LoRA on it: nothing forced
+        model += ["--model", str(model_above_the_lora_threshold(tmp_path / "model51m"))]
+    assert cli("run", "blackjack", *FAST, *model, "-o", run_dir)[0] == 0
     merge = ["--merge"] if weights == "merged" else []
     code, out, err = cli("export", run_dir, "--to", export, *merge)
     assert code == 0, err

@@ -88,6 +88,9 @@ def test_play_prints_whole_episodes(tmp_path, cli, register_plugin) -> None:
     assert code == 0, err
     assert out.count("system: Play blackjack: stick or hit.") == 2
     assert out.count("return:") == 2 and "user: Sum" in out
+    code, out, err = cli("play", run_dir, "--kept", "-n", "3")
+    assert code == 0, err
+    assert out.count("[training episode, update") == 3  # the newest kept, from the file
 
 
 def test_each_turn_names_the_parser_that_found_its_action(fake_llm) -> None:

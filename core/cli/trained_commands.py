@@ -67,6 +67,9 @@ def play_command(
     episodes: int = typer.Option(3, "--episodes", "-n", min=1, help="Episodes to play."),
     greedy: bool = typer.Option(True, "--greedy/--sample", help="Argmax or sampled actions."),
     seed: int = typer.Option(0, "--seed", min=0, help="Seed of the episodes."),
+    kept: bool = typer.Option(
+        False, "--kept", help="Print the last N transcripts the run kept instead of playing."
+    ),
 ) -> None:
     """Play a trained agent and print each episode as a transcript: the system prompt,
     every observation, the model's reply (or the chosen action's probability), the
@@ -75,9 +78,18 @@ def play_command(
     from rich.console import Console
 
     from llamagym.rollout.evaluation import evaluation_seeds
-    from llamagym.rollout.transcripts import render, transcript
+    from llamagym.rollout.transcripts import TRANSCRIPTS, read_transcripts, render, transcript
     from llamagym.run import load_agent
 
+    console = Console()
+    if kept:
+        records = read_transcripts(run / TRANSCRIPTS)
+        if not records:
+            raise LlamaGymError(f"{str(run)!r} holds no {TRANSCRIPTS}; pass a run directory")
+        for record in records[-episodes:]:
+            console.print(render(record), markup=False)
+            console.print()
+        return
     report_plugin_problems()
     agent = load_agent(run, overrides={"rollout": {"num_envs": 1}})
     engine = agent.run.evaluation_engine()
@@ -91,7 +103,6 @@ def play_command(
     finally:
         env.close()
     update = (agent.checkpoint_meta or {}).get("update", 0)
-    console = Console()
     for episode in played:
         console.print(render(transcript(agent, episode, "played", update)), markup=False)
         console.print()
