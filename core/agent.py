@@ -206,6 +206,19 @@ class Agent:
         self._run = build_run(self, self.policy, control)
         return self._run
 
+    def evaluation_engine(self, num_envs: int | None = None) -> RolloutEngine:
+        """An engine of its own for evaluation: its episodes reach no training observer
+        and draw nothing from the training engine's random streams. It needs no run, so
+        evaluating never builds an algorithm (no warm start: evaluating never trains);
+        it samples at the run's current temperature when there is a run."""
+        from llamagym.run import make_engine
+        from llamagym.training.schedule import Schedule
+
+        schedule = self._run.schedule if self._run is not None else Schedule(self.config.rollout)
+        return make_engine(
+            self, self.policy, self.config, schedule, num_envs=num_envs, observe=False
+        )
+
     @property
     def engine(self) -> RolloutEngine:
         return self.run.engine

@@ -142,12 +142,6 @@ class Run:
         self.algorithm.load_state_dict(state["algorithm"])
         self.engine.load_state_dict(state["engine"])
 
-    def evaluation_engine(self, num_envs: int | None = None) -> RolloutEngine:
-        """An engine of its own for evaluation: its episodes reach no training observer
-        and draw nothing from the training engine's random streams."""
-        return make_engine(self.agent, self.policy, self.config, self.schedule,
-                           num_envs=num_envs, observe=False)
-
 
 def make_engine(
     agent: Agent,

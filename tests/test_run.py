@@ -136,3 +136,29 @@ def test_load_agent_acts_with_the_trained_weights(tmp_path) -> None:
     assert loaded.act(observation, info) in range(len(loaded.legal_actions(observation, info)))
     with pytest.raises(LlamaGymError, match="trained with agent.name = 'bandit', not 'blackjack'"):
         load_agent(run_dir, agent="blackjack")
+
+
+def test_evaluating_a_loaded_agent_never_trains_it(tmp_path) -> None:
+    """A run configured with a demonstrations warm start: evaluating its trained agent
+    builds no algorithm, so the demonstrations are not trained on again."""
+    from llamagym.rollout.evaluation import evaluate_agent
+
+    demos = tmp_path / "demos.jsonl"
+    demo = {"system": BanditAgent().get_system_prompt(), "prompt": "Which lever?",
+            "response": "right"}
+    demos.write_text((json.dumps(demo) + "\n") * 8)
+    run_dir = tmp_path / "run"
+    agent = tiny_agent(
+        BanditAgent,
+        algorithm={"warm_start": {"demonstrations": str(demos), "lr": 1e-2}},
+        training={"episodes": 16, "eval_episodes": 0},
+        output={"dir": str(run_dir), "report": False},
+    )
+    Trainer(agent).run()
+    with temporary_plugin(BanditRegistration(), "bandit-plugin"):
+        loaded = load_agent(run_dir)
+    before = {n: p.detach().clone() for n, p in loaded.policy.model.named_parameters()}
+    evaluate_agent(loaded, 4)
+    changed = [n for n, p in loaded.policy.model.named_parameters()
+               if not torch.equal(p, before[n])]
+    assert changed == []

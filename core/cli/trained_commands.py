@@ -92,7 +92,7 @@ def play_command(
         return
     report_plugin_problems()
     agent = load_agent(run, overrides={"rollout": {"num_envs": 1}})
-    engine = agent.run.evaluation_engine()
+    engine = agent.evaluation_engine()
     env = agent.make_env()
     agent.policy.eval()
     try:

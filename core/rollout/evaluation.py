@@ -59,7 +59,7 @@ def evaluate_agent(
     given, receives the episodes played (in seed order), e.g. for transcripts."""
     import torch
 
-    engine = agent.run.evaluation_engine()
+    engine = agent.evaluation_engine()
     envs = [agent.make_env() for _ in range(agent.config.rollout.num_envs)]
     policy = agent.policy
     was_training = policy.training
