@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml llamagym_blackjack/pyproject.toml llamagym_cartpole/pyp
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(BIN)/python -m pip install --quiet -e ".[dev,quantize,report]" $(PLUGINS)
+	$(BIN)/python -m pip install --quiet -e ".[dev,quantize,trl]" $(PLUGINS)
 	touch $@
 
 install: $(STAMP)

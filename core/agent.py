@@ -64,7 +64,11 @@ _LEGACY_GENERATE_KEYS = {
 
 
 class Agent:
-    """An LLM agent for one kind of environment. Subclasses say how to talk to it."""
+    """An LLM agent for one kind of environment. Subclasses say how to talk to it.
+
+    To have evaluations count named outcomes (win / draw / loss), list them in
+    ``outcome_names`` and override :meth:`outcome`; an agent that does neither is
+    evaluated by its return alone, with no outcome column."""
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
@@ -73,6 +77,9 @@ class Agent:
     action_names: ClassVar[Sequence[str] | None] = None
     defaults: ClassVar[Mapping[str, Any]] = {}
     baselines: ClassVar[Mapping[str, Baseline]] = {}
+    #: The outcomes :meth:`outcome` names, in the order evaluations show them (e.g.
+    #: ``("win", "draw", "loss")``); empty: the agent names none.
+    outcome_names: ClassVar[Sequence[str]] = ()
     #: The checkpoint directory a trained agent was loaded from, and that checkpoint's
     #: metadata (:func:`llamagym.run.load_agent`); None for an agent built otherwise.
     checkpoint: Path | None = None
@@ -113,6 +120,20 @@ class Agent:
 
     def extract_action(self, response: str) -> Any:
         """Return the action in ``response`` (an action index, or an action name), or None."""
+        return None
+
+    def outcome(self, episode_return: float) -> str | None:
+        """The named outcome of an episode that returned ``episode_return``: one of
+        ``outcome_names``, or None for an episode that fits none of them.
+
+        Evaluations (the trained agent's and every baseline's, at the end of a run and
+        in ``llamagym eval``) show the share of episodes with each outcome beside the
+        mean return, in ``outcome_names`` order; ``metrics.jsonl`` keeps the shares in
+        each evaluation's ``outcomes``. Blackjack says ``win`` / ``draw`` / ``loss`` by
+        the sign of the return; a maze might say ``goal`` for a return of 1 and
+        ``no goal`` otherwise. The default names no outcome, and an agent that names
+        none gets no outcome column: a return's sign means different things in
+        different envs (a return of 0 is a draw in Blackjack, a hole in FrozenLake)."""
         return None
 
     def legal_actions(self, observation: Any, info: Mapping[str, Any]) -> Sequence[str] | None:

@@ -172,6 +172,11 @@ class TrainingSettings(Settings):
         description="torch CPU threads; null = 1 for models under 50M parameters (small "
         "matrices gain nothing from more), else torch's default.",
     )
+    backend: Literal["native", "trl"] = Field(
+        "native",
+        description="native: LlamaGym's own algorithms; trl: TRL's GRPOTrainer does the "
+        "optimisation (vLLM, DeepSpeed, FSDP through accelerate; generate mode, GRPO).",
+    )
 
     @field_validator("seed")
     @classmethod
@@ -202,6 +207,23 @@ class OutputSettings(Settings):
     )
 
 
+class TRLSettings(Settings):
+    """What only the TRL backend has; the algorithm section maps onto GRPOConfig's GRPO
+    fields (lr, group_size, epochs, clip_range, kl_coef, entropy_coef, ...)."""
+
+    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"] = Field(
+        "dapo", description="TRL's loss normalisation (GRPOConfig.loss_type)."
+    )
+    use_vllm: bool = Field(False, description="Generate with vLLM (GPU; pip install vllm).")
+    vllm_mode: Literal["colocate", "server"] = Field(
+        "colocate", description="vLLM in the training processes, or a `trl vllm-serve` server."
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in backward (less memory, more time)."
+    )
+    bf16: bool = Field(False, description="bfloat16 mixed precision (GPUs that have it).")
+
+
 class RunConfig(Settings):
     agent: AgentSection = Field(
         default_factory=AgentSection, description="Which agent; its plugin owns other keys."
@@ -221,6 +243,9 @@ class RunConfig(Settings):
     )
     output: OutputSettings = Field(
         default_factory=OutputSettings, description="Where results go, checkpoints, loggers."
+    )
+    trl: TRLSettings = Field(
+        default_factory=TRLSettings, description="TRL backend only (training.backend=trl)."
     )
 
 
@@ -266,6 +291,15 @@ PRETRAINED_MODEL_DEFAULTS: dict[str, Any] = {
         "epochs": 2,
         "target_kl": 0.02,
     },
+}
+
+
+# What the TRL backend changes in any agent's defaults: TRL's GRPO, on generated
+# replies, with the whole episode in the prompt (it trains one append-only sequence per
+# episode) and no target-KL stop (TRL has none). Set explicitly, each is refused.
+TRL_BACKEND_DEFAULTS: dict[str, Any] = {
+    "algorithm": {"name": "grpo", "target_kl": None},
+    "rollout": {"mode": "generate", "history_turns": None},
 }
 
 
@@ -606,11 +640,16 @@ def run_layers(
         layers.append(("checkpoint", base))
     else:
         chosen = [layer for _, layer in later]
+        backend = chosen_value(chosen, "training", "backend")
+        backend_defaults = TRL_BACKEND_DEFAULTS if backend == "trl" else {}
+        chosen = [backend_defaults, *chosen]
         defaults = getattr(agent_class, "defaults", {})
         layers.append(("agent defaults", defaults_for_algorithm(defaults, chosen)))
         model_defaults = defaults_for_model(agent_class, chosen, model)
         if model_defaults:
             layers.append(("pretrained-model defaults", model_defaults))
+        if backend_defaults:
+            layers.append(("TRL backend defaults", backend_defaults))
     return layers + [(source, layer) for source, layer in later if layer]
 
 
@@ -733,6 +772,14 @@ def resolve_config(
                     f"{getattr(agent_class, 'name', '')!r} takes no options (an agent "
                     "declares its options as a pydantic model: class Config(BaseModel))"
                 )
+    backend = merged.get("training", {}).get("backend", TrainingSettings().backend)
+    if backend != "trl":
+        for key, source in sources.items():
+            if key.startswith("trl.") and source != "checkpoint":
+                problems.append(
+                    f"{key}: applies only to the TRL backend; add --backend trl "
+                    "(training.backend=trl) or drop it"
+                )
     if problems:
         raise ConfigError("\n".join(problems))
 
@@ -808,5 +855,8 @@ def render_config_yaml(
                 source = f"  # from {sources[dotted]}" if dotted in sources else ""
                 lines.append(f"{indent}{key}: {_yaml_scalar(value)}{source}")
 
-    emit(config.model_dump(mode="json"), "", "")
+    data = config.model_dump(mode="json")
+    if config.training.backend != "trl":
+        del data["trl"]  # settings only the TRL backend reads
+    emit(data, "", "")
     return "\n".join(lines) + "\n"

@@ -327,7 +327,9 @@ class Plugins:
         for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
             dist = entry_point.dist
             dist_name = dist.metadata["Name"] if dist is not None else "unknown"
-            version = dist.version if dist is not None else "unknown"
+            version = (dist.version if dist is not None else "") or (
+                __version__ if dist_name == BUILTIN_DISTRIBUTION else "unknown"
+            )
             found.append((entry_point, dist_name, version))
         # Built-ins first: they hold their names against any third party.
         found.sort(key=lambda item: item[1] != BUILTIN_DISTRIBUTION)
@@ -369,7 +371,10 @@ class Plugins:
     def register(
         self, plugin: Any, name: str, distribution: str = "", version: str = ""
     ) -> bool:
-        """Register a plugin object; a misspelt hook is reported and the plugin skipped."""
+        """Register a plugin object; a misspelt hook is reported and the plugin skipped.
+        A built-in (distribution ``llamagym``) given no version gets LlamaGym's."""
+        if distribution == BUILTIN_DISTRIBUTION and not version:
+            version = __version__
         unknown = [
             attr
             for attr in dir(plugin)

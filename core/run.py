@@ -219,12 +219,15 @@ def load_agent(
     its own, with a warning naming the model; without it, a checkpoint naming a local
     model directory that maps classes to its own Python code is refused."""
     from llamagym.config import deep_merge
-    from llamagym.models.export import read_export_meta
+    from llamagym.models.export import RUN_EXPORT, read_export_meta
     from llamagym.plugin_manager import get_plugins
     from llamagym.training import checkpoint as checkpoints
 
     plugins = plugins or get_plugins()
-    exported = read_export_meta(Path(path)) if Path(path).is_dir() else None
+    path = Path(path)
+    if read_export_meta(path) is None and read_export_meta(path / RUN_EXPORT) is not None:
+        path = path / RUN_EXPORT  # a TRL-backend run: its trained model
+    exported = read_export_meta(path) if path.is_dir() else None
     if exported is not None:
         # An exported directory (`llamagym export`): its config, and its model files.
         directory, meta = Path(path), {"agent": exported["agent"], "config": exported["config"]}

@@ -275,5 +275,5 @@ def test_accelerates_single_cpu_process_launch_is_refused(monkeypatch) -> None:
 def test_deepspeed_and_fsdp_launches_are_refused(monkeypatch) -> None:
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
-    with pytest.raises(ConfigError, match="DeepSpeed is not supported"):
+    with pytest.raises(ConfigError, match="DeepSpeed runs with --backend trl"):
         distributed.start("auto")

@@ -139,7 +139,7 @@ def test_a_new_plugin_installs_lists_checks_and_trains(tmp_path: Path) -> None:
 
     check = llamagym("check", "lake", "--episodes", "2")
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "8 checks: 8 passed, 0 failed, 0 skipped" in check.stdout
+    assert "9 checks: 9 passed, 0 failed, 0 skipped" in check.stdout
 
     output = tmp_path / "run"
     trained = llamagym("run", "lake", "--episodes", "8", "--eval-episodes", "4", "--quiet",

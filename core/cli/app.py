@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+#: Columns of a rich console whose output is not a terminal (piped or redirected):
+#: wide enough that no table cell is wrapped or cut.
+UNBOUNDED_WIDTH = 10_000
 
 app = typer.Typer(
     name="llamagym",
@@ -19,3 +28,17 @@ def report_plugin_problems() -> None:
 
     for problem in get_plugins().problems:
         typer.secho(f"warning: {problem}", fg="yellow", err=True)
+
+
+def output_console() -> Console:
+    """A rich console on stdout: as wide as the terminal, or, when stdout is not a
+    terminal (``llamagym list | grep ...``, a file), wide enough that tables keep every
+    name and description whole instead of fitting them into 80 columns."""
+    import sys
+
+    from rich.console import Console
+
+    stdout = sys.stdout
+    if stdout is not None and stdout.isatty():
+        return Console()
+    return Console(width=UNBOUNDED_WIDTH)

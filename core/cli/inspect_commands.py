@@ -9,20 +9,19 @@ from collections.abc import Mapping
 
 import typer
 
-from llamagym.cli.app import app, report_plugin_problems
+from llamagym.cli.app import app, output_console, report_plugin_problems
 
 
 @app.command("list")
 def list_command() -> None:
     """List the agents and algorithms every installed plugin registered."""
-    from rich.console import Console
     from rich.table import Table
 
     from llamagym.plugin_manager import get_plugins
     from llamagym.specs import AgentSpec, AlgorithmSpec
 
     plugins = get_plugins()
-    console = Console()
+    console = output_console()
     registries: tuple[tuple[str, Mapping[str, AgentSpec | AlgorithmSpec]], ...] = (
         ("agents", plugins.agents()),
         ("algorithms", plugins.algorithms()),

@@ -16,7 +16,10 @@ def new_plugin_command(
     ),
     kind: str = typer.Option("env", "--kind", help="env (an agent) or algorithm."),
     directory: Path = typer.Option(
-        Path("."), "--dir", help="Where to create the package folder llamagym-NAME."
+        Path("."),
+        "--dir",
+        help="The folder that receives the package: it is written to DIR/llamagym-NAME "
+        "(DIR is created if missing; an existing llamagym-NAME is never overwritten).",
     ),
     env_id: str = typer.Option(
         None, "--env-id", help="Gymnasium env id for --kind env (default FrozenLake-v1)."

@@ -160,14 +160,55 @@ def launch_processes(count: int, run_arguments: list[str]) -> int:
     return 0
 
 
-def _budget(config: Any) -> str:
-    training = config.training
+def _budget_source(source: str | None, flag: str) -> str:
+    """Where a budget value came from, in words (``source``: its config layer)."""
+    if source is None:
+        return "the built-in default"
+    named = {
+        "flag": flag,
+        "agent defaults": "the agent's defaults",
+        "checkpoint": "the resumed run",
+    }
+    return named.get(source, source)  # --set, file PATH, pretrained-model defaults, ...
+
+
+def _budget(resolved: Any, replaced: tuple[int, str | None] | None = None) -> str:
+    """The line that says which training budget applies and where it came from.
+
+    Both ``training.episodes`` and ``training.minutes`` set: the run ends at whichever
+    is reached first. ``--minutes`` without ``--episodes`` replaces an episode budget
+    from any layer below the flags; ``replaced`` is that budget and its layer. Neither
+    set: the built-in 1,000 episodes."""
+    from llamagym.training.trainer import DEFAULT_EPISODES
+
+    training, sources = resolved.config.training, resolved.sources
+    episodes_from = _budget_source(sources.get("training.episodes"), "--episodes")
+    minutes_from = _budget_source(sources.get("training.minutes"), "--minutes")
+    if training.episodes is not None and training.minutes is not None:
+        origin = (
+            f"both from {episodes_from}"
+            if episodes_from == minutes_from
+            else f"episodes from {episodes_from}, minutes from {minutes_from}"
+        )
+        return (
+            f"budget: {training.episodes:,} episodes or {training.minutes:g} min, "
+            f"whichever ends first ({origin})"
+        )
     if training.episodes is not None:
-        text = f"{training.episodes:,} episodes"
-        return text + (f" or {training.minutes:g} min" if training.minutes else "")
+        return f"budget: {training.episodes:,} episodes ({episodes_from})"
     if training.minutes is not None:
-        return f"{training.minutes:g} min"
-    return "1,000 episodes"
+        if replaced is None:
+            return f"budget: {training.minutes:g} min ({minutes_from})"
+        count, source = replaced
+        return (
+            f"budget: {training.minutes:g} min ({minutes_from}; replaces the "
+            f"{count:,} episodes of {_budget_source(source, '--episodes')}: add --episodes "
+            "to keep both, whichever ends first)"
+        )
+    return (
+        f"budget: {DEFAULT_EPISODES:,} episodes (the built-in default: neither "
+        "training.episodes nor training.minutes is set)"
+    )
 
 
 @app.command("run")
@@ -177,8 +218,18 @@ def run_command(
     algorithm: str = typer.Option(None, "--algorithm", "-a", help="Algorithm name."),
     model: str = typer.Option(None, "--model", "-m", help="'tiny', a Hub id or a local dir."),
     mode: str = typer.Option(None, "--mode", help="score or generate."),
-    episodes: int = typer.Option(None, "--episodes", "-n", help="Training episodes."),
-    minutes: float = typer.Option(None, "--minutes", help="Wall-clock training budget."),
+    episodes: int = typer.Option(
+        None,
+        "--episodes",
+        "-n",
+        help="Training episodes; with a time budget, whichever ends first.",
+    ),
+    minutes: float = typer.Option(
+        None,
+        "--minutes",
+        help="Wall-clock training budget. Without --episodes it replaces the episode "
+        "budget of the agent's defaults, a --config file or --set.",
+    ),
     num_envs: int = typer.Option(None, "--num-envs", help="Environments in lockstep."),
     seed: int = typer.Option(None, "--seed", help="Random seed."),
     threads: int = typer.Option(None, "--threads", help="torch threads."),
@@ -200,6 +251,12 @@ def run_command(
         help="Train data-parallel in N processes, started through accelerate's launcher "
         "(each steps its own envs; gradients are averaged).",
     ),
+    backend: str = typer.Option(
+        None,
+        "--backend",
+        help="native (default): LlamaGym's algorithms; trl: TRL's GRPOTrainer optimises "
+        "(vLLM, DeepSpeed, FSDP through accelerate; pip install \"llamagym[trl]\").",
+    ),
 ) -> None:
     """Train AGENT online, then evaluate it beside its baselines and write a report."""
     from llamagym.training import checkpoint as checkpoints
@@ -220,13 +277,29 @@ def run_command(
         "training.episodes": episodes, "training.minutes": minutes,
         "rollout.num_envs": num_envs, "training.seed": seed, "training.threads": threads,
         "training.eval_episodes": eval_episodes, "output.checkpoint_every": checkpoint_every,
-        "output.dir": output, "output.quiet": quiet or None,
+        "output.dir": output, "output.quiet": quiet or None, "training.backend": backend,
     }
+    given = list(assignments)
     if minutes is not None and episodes is None:
         # A time budget given on the command line replaces an episode budget from below.
         assignments = [*assignments, "training.episodes=null"]
     base = resume_checkpoint = resume_meta = None
+    trl_resume = None
     if resume is not None:
+        from llamagym.config import read_config_file
+        from llamagym.training.trl_backend import trl_checkpoint, trl_run_dir
+
+        trl_resume = trl_checkpoint(resume)
+    if trl_resume is not None:
+        # A TRL-backend run: TRL's checkpoint, and the run's config.yaml.
+        resume_checkpoint = trl_resume
+        run_dir = trl_run_dir(trl_resume)
+        base = checkpoints.untrusted_config(
+            {"config": read_config_file(run_dir / "config.yaml")}
+        )
+        if output is None:
+            flags["output.dir"] = run_dir
+    elif resume is not None:
         # The newest intact checkpoint of a run directory (a damaged one is skipped with a
         # warning); one given by name must be intact.
         resume_checkpoint = checkpoints.find_checkpoint(resume)
@@ -239,26 +312,52 @@ def run_command(
             flags["output.dir"] = checkpoints.run_dir_of(resume_checkpoint)
     agent_class, resolved = resolve_run_config(agent, config_file, assignments, flags, base)
     config = resolved.config
+    replaced = None
+    if assignments != given:
+        # The episode budget --minutes replaced, for the budget line to name.
+        from llamagym.run import resolve_agent_config
+
+        below = resolve_agent_config(
+            agent_class,
+            [
+                ("argument", {"agent": {"name": agent}}),
+                *command_line_layers(config_file, given, flags),
+            ],
+            base=base,
+        )
+        if below.config.training.episodes is not None:
+            replaced = (below.config.training.episodes, below.sources.get("training.episodes"))
     if resume_meta is not None and config.model.name == (base or {}).get("model", {}).get("name"):
         # The model the checkpoint names (another one is refused when the run starts).
         checkpoints.check_model_source(
             resume_meta, config.model.name, config.model.trust_remote_code, resume_checkpoint
         )
+    trl = config.training.backend == "trl"
+    if trl:
+        from llamagym.training.trl_backend import check_supported, require_trl
+
+        require_trl()
+        check_supported(resolved)
     if num_processes is not None and num_processes > 1:
         # Everything above is checked once, here; each process then runs the command
         # again without --num-processes.
         raise typer.Exit(launch_processes(num_processes, run_arguments))
     # Several processes: each its own device (cuda:RANK); the config keeps what was asked.
-    device = distributed.start(config.model.device)
+    device = distributed.start(config.model.device, sharding=trl)
     agent_object = agent_class(config=resolved, device=device)
     try:
-        _train(agent, agent_object, config, resume_checkpoint, verbose)
+        _train(agent, agent_object, config, resume_checkpoint, verbose, _budget(resolved, replaced))
     finally:
         distributed.finish()
 
 
 def _train(
-    agent: str, agent_object: Any, config: Any, resume_checkpoint: Path | None, verbose: bool
+    agent: str,
+    agent_object: Any,
+    config: Any,
+    resume_checkpoint: Path | None,
+    verbose: bool,
+    budget: str,
 ) -> None:
     from rich.console import Console
 
@@ -273,15 +372,22 @@ def _train(
     if not main_process:
         logging.getLogger("llamagym").setLevel(logging.ERROR)
     progress = None if config.output.quiet or not main_process else RunProgress(status)
-    trainer = Trainer(agent_object, progress=progress, resume_from=resume_checkpoint)
+    trainer_class: type[Trainer] = Trainer
+    if config.training.backend == "trl":
+        from llamagym.training.trl_backend import TRLTrainer
+
+        trainer_class = TRLTrainer
+    trainer = trainer_class(agent_object, progress=progress, resume_from=resume_checkpoint)
     processes = distributed.world_size()
     console.print(
         f"[bold]llamagym run {agent}[/]: {config.algorithm.name} on {config.model.name} "
         f"({config.rollout.mode} mode, {config.rollout.num_envs} envs"
         + (f" in each of {processes} processes" if processes > 1 else "")
-        + f"), {_budget(config)}, seed {config.training.seed}"
+        + f"), seed {config.training.seed}"
         + (f", resuming {resume_checkpoint}" if resume_checkpoint else "")
     )
+    # Printed with --quiet too: it is one line, and says when the run will end.
+    console.print(budget, markup=False, highlight=False, soft_wrap=True)
     console.print(f"run directory: {trainer.output_dir}")
     summary = trainer.run()
     if summary.interrupted and not main_process:
@@ -303,8 +409,9 @@ def _train(
         console.print(summary_table(summary))
     console.print(f"checkpoint: {summary.checkpoint}")
     if summary.report is not None:
-        curve = summary.output_dir / "learning_curve.png"
-        console.print(f"report: {summary.report}  (learning curve: {curve})")
+        # Only a picture that was drawn is named.
+        curve = f"  (learning curve: {summary.curve})" if summary.curve is not None else ""
+        console.print(f"report: {summary.report}{curve}", soft_wrap=True)
 
 
 @app.command("eval")
@@ -318,6 +425,9 @@ def eval_command(
     seed: int = typer.Option(0, "--seed", help="Seed of the evaluation episodes."),
     num_envs: int = typer.Option(None, "--num-envs", min=1, help="Environments in lockstep."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+    quiet: bool = typer.Option(
+        False, "--quiet", "-q", help="No progress bar; warnings only (also output.quiet)."
+    ),
     assignments: list[str] = typer.Option(
         [], "--set", help="KEY=VALUE over the checkpoint's config, e.g. model.dtype=bfloat16"
     ),
@@ -328,7 +438,13 @@ def eval_command(
         "checkpoint; only for a model whose code you trust).",
     ),
 ) -> None:
-    """Evaluate a checkpoint: mean return with a 95% CI, beside the baselines."""
+    """Evaluate a checkpoint: mean return with a 95% CI, beside the baselines.
+
+    A progress bar on stderr shows the episodes played, when stderr is a terminal and
+    neither --quiet nor --set output.quiet=true is given; --json output on stdout is
+    the JSON alone."""
+    import contextlib
+
     from rich.console import Console
 
     from llamagym.config import deep_merge, parse_assignment
@@ -346,12 +462,20 @@ def eval_command(
     )
     directory, meta = agent_object.checkpoint, agent_object.checkpoint_meta
     assert directory is not None and meta is not None, "load_agent() records its checkpoint"
-    configure_logging(Console(stderr=True), quiet=as_json, verbose=False)
+    # Only this command's own --quiet or --set: a checkpoint trained with --quiet (CI)
+    # does not silence a later evaluation.
+    quiet = quiet or bool(overrides.get("output", {}).get("quiet"))
+    status = Console(stderr=True)
+    configure_logging(status, quiet=as_json or quiet, verbose=False)
 
-    from llamagym.training.progress import evaluation_table
+    from llamagym.training.progress import EvaluationProgress, evaluation_table
     from llamagym.training.trainer import evaluate_with_baselines
 
-    result, baselines = evaluate_with_baselines(agent_object, episodes, seed, greedy=greedy)
+    display = contextlib.nullcontext() if quiet else EvaluationProgress(status)
+    with display as progress:
+        result, baselines = evaluate_with_baselines(
+            agent_object, episodes, seed, greedy=greedy, on_progress=progress
+        )
     if as_json:
         typer.echo(json.dumps({
             "checkpoint": str(directory), "greedy": greedy, "seed": seed,
@@ -364,7 +488,12 @@ def eval_command(
         f"{meta.get('episodes', 0):,} training episodes; evaluation seed {seed}"
     )
     console.print(evaluation_table(result, baselines, greedy=greedy))
+    interval = (
+        f"all {result.episodes:,} episodes identical (no CI)"
+        if result.identical
+        else f"95% CI [{result.mean - result.ci95:+.3f}, {result.mean + result.ci95:+.3f}]"
+    )
     console.print(
-        f"agent: mean return {result.mean:+.3f}, 95% CI [{result.mean - result.ci95:+.3f}, "
-        f"{result.mean + result.ci95:+.3f}], invalid replies {result.invalid_rate:.2%}"
+        f"agent: mean return {result.mean:+.3f}, {interval}, "
+        f"invalid replies {result.invalid_rate:.2%}"
     )

@@ -33,6 +33,8 @@ from llamagym.devtools.fake_model import (
 )
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from llamagym.agent import Agent
 
 #: Decisions one end-to-end episode may take before the check calls it endless.
@@ -184,6 +186,114 @@ def _key(name: str) -> str:
 
 
 # -- the checks -----------------------------------------------------------------------
+#: A key no agent option is called: ``Config`` must refuse it (a typo must not pass).
+_UNKNOWN_OPTION = "llamagym_check_unknown_option"
+
+
+def _options_contract(agent_class: type) -> tuple[type[BaseModel], BaseModel] | None:
+    """The agent's ``Config`` and its defaults, or None when it declares none. Raises
+    :class:`CheckFailure` when the options cannot serve as a run's ``agent`` section:
+    ``Config`` is not a pydantic model, an option has no default or no description, is
+    called ``name``, unknown keys pass, or the defaults do not survive ``config.yaml``."""
+    from pydantic import BaseModel, ValidationError
+
+    from llamagym.config import format_validation_error
+
+    declared = getattr(agent_class, "Config", None)
+    if declared is None:
+        return None
+    owner = f"{agent_class.__name__}.Config"
+    if not (isinstance(declared, type) and issubclass(declared, BaseModel)):
+        raise CheckFailure(
+            f"{owner} is {_describe(declared, 60)}, not a pydantic model, so it is ignored "
+            "and every agent.KEY setting is refused",
+            "declare the options as a pydantic model: class Config(BaseModel), one "
+            "Field(DEFAULT, description=...) per option",
+        )
+    fields = declared.model_fields
+    if "name" in fields:
+        raise CheckFailure(
+            "an option is called 'name', but agent.name is the agent's registered name",
+            "call the option something else",
+        )
+    required = [f"agent.{name}" for name, info in fields.items() if info.is_required()]
+    if required:
+        raise CheckFailure(
+            f"{', '.join(required)} has no default, so a run that does not set it cannot start",
+            "give every option a default: Field(DEFAULT, description=...)",
+        )
+    try:
+        defaults = declared.model_validate({})
+    except ValidationError as error:
+        problems = format_validation_error(error, prefix="agent.", model=declared)
+        raise CheckFailure(
+            f"the defaults of {owner} do not validate: {problems.replace(chr(10), '; ')}",
+            "make each default satisfy its own constraints",
+        ) from error
+    try:
+        declared.model_validate({_UNKNOWN_OPTION: 1})
+    except ValidationError:
+        pass
+    else:
+        raise CheckFailure(
+            f"{owner} accepts unknown keys, so a misspelt --set agent.KEY=VALUE changes "
+            "nothing and says nothing",
+            'refuse them: model_config = ConfigDict(extra="forbid")',
+        )
+    undocumented = [f"agent.{name}" for name, info in fields.items() if not info.description]
+    if undocumented:
+        raise CheckFailure(
+            f"{', '.join(undocumented)} has no description, so `llamagym config show` "
+            "cannot say what it does",
+            'describe each option: Field(DEFAULT, description="...")',
+        )
+    _round_trip(declared, defaults, "defaults")
+    return declared, defaults
+
+
+def _round_trip(declared: type[BaseModel], values: BaseModel, what: str) -> None:
+    """``values`` come back equal from the JSON a run's ``config.yaml`` holds (a resumed
+    or loaded run reads its options from there)."""
+    try:
+        dumped = json.loads(json.dumps(values.model_dump(mode="json")))
+        again = declared.model_validate(dumped)
+    except Exception as error:
+        raise CheckFailure(
+            f"the options' {what} do not survive config.yaml: {type(error).__name__}: {error}",
+            "use option types YAML holds: numbers, strings, booleans, lists and mappings",
+        ) from error
+    if again != values:
+        raise CheckFailure(
+            f"the options' {what} read back from config.yaml differ: {_describe(values)} "
+            f"became {_describe(again)}",
+            "use option types YAML holds: numbers, strings, booleans, lists and mappings",
+        )
+
+
+def check_options(ctx: CheckContext) -> str:
+    """The agent's ``Config`` works as a run's ``agent`` section (see
+    :func:`_options_contract`), and the values this check runs with read back."""
+    contract = _options_contract(type(ctx.agent))
+    if contract is None:
+        return "no options (the agent declares no Config): agent.KEY settings are refused"
+    declared, _ = contract
+    values = ctx.agent.options
+    if values is None:  # the agent replaced the options LlamaGym validated
+        raise CheckFailure(
+            "self.options is None although the agent declares a Config",
+            "leave self.options as Agent.__init__ sets it",
+        )
+    _round_trip(declared, values, "values")
+    listing = ", ".join(f"{name}={getattr(values, name)!r}" for name in declared.model_fields)
+    count = len(declared.model_fields)
+    if len(listing) > 80:
+        listing = listing[:77] + "..."
+    return (
+        f"{count} option{'s' * (count != 1)} with defaults and descriptions, unknown keys "
+        f"refused: {listing}"
+    )
+
+
 def check_make_env(ctx: CheckContext) -> str:
     try:
         env = ctx.make_env()
@@ -519,6 +629,7 @@ def check_episodes(ctx: CheckContext) -> str:
 
 
 CHECKS: tuple[Check, ...] = (
+    Check("options", check_options),
     Check("make-env", check_make_env),
     Check("seeded-reset", check_seeded_reset, ("make-env",)),
     Check("legal-actions", check_legal_actions, ("seeded-reset",)),
@@ -569,12 +680,21 @@ def check_agent(
     try:
         agent = agent_class(config=layers)
     except Exception as error:
+        try:  # options that cannot work say so by name, and the other checks wait
+            _options_contract(agent_class)
+        except CheckFailure as failure:
+            first = CheckResult("options", "fail", failure.problem, failure.fix)
+            return [first] + [
+                CheckResult(check.name, "skip", "needs options to pass")
+                for check in CHECKS
+                if check.name != "options"
+            ]
         return [
             CheckResult(
                 "construct",
                 "fail",
                 f"{agent_class.__name__}(config=...) raised {type(error).__name__}: {error}",
-                "check the agent's defaults and any options its __init__ validates",
+                "check the agent's defaults and its options (agent.KEY values)",
             )
         ]
     ctx = CheckContext(agent, seed=seed, episodes=episodes)

@@ -32,6 +32,9 @@ logger = logging.getLogger(__name__)
 
 #: The file that marks an exported directory and carries the agent and its config.
 EXPORT_META = "llamagym.json"
+#: Where a run that keeps no checkpoints of LlamaGym's own (the TRL backend) exports its
+#: trained model; `load_agent(RUN)` loads it from there.
+RUN_EXPORT = "model"
 EXPORT_FORMAT = 1
 VALUE_HEAD = "value_head.safetensors"
 

@@ -29,7 +29,7 @@ from llamagym.models.registry import (
 
 if TYPE_CHECKING:
     import torch
-    from peft import PeftModel
+    from peft import LoraConfig, PeftModel
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
@@ -369,6 +369,34 @@ def trains_through_lora(model: Any, lora: bool | None = None) -> bool:
     return lora if lora is not None else uses_lora_by_default(model)
 
 
+def lora_config(
+    model: Any,
+    name: str,
+    rank: int | None = None,
+    layers: int | None = None,
+    entry: ModelEntry | None = None,
+) -> LoraConfig:
+    """The LoRA adapter a model trains through: the registry's targets and rank for
+    ``name`` (``entry``, else looked up), else the linear layers found in ``model`` and
+    ``DEFAULT_LORA_RANK``; ``layers``: on the last that many decoder layers only."""
+    from peft import LoraConfig
+
+    entry = entry if entry is not None else get_model_entry(name)
+    rank = rank or (entry.lora_rank if entry is not None else DEFAULT_LORA_RANK)
+    return LoraConfig(
+        r=rank,
+        lora_alpha=2 * rank,
+        # No dropout: RL compares log-probs taken at rollout time (eval mode) with ones
+        # recomputed for the update; adapter dropout would make them differ even before
+        # any step and skew PPO ratios.
+        lora_dropout=0.0,
+        bias="none",
+        target_modules=_choose_lora_targets(model, entry, name),
+        task_type="CAUSAL_LM",
+        layers_to_transform=_last_layers(model, layers) if layers else None,
+    )
+
+
 def add_lora_adapter(
     model: Any,
     name: str,
@@ -377,28 +405,14 @@ def add_lora_adapter(
     seed: int = 0,
     layers: int | None = None,
 ) -> Any:
-    """``model`` wrapped with a LoRA adapter (the registry's targets and rank, else the
-    linear layers found in it and ``DEFAULT_LORA_RANK``), initialised from ``seed``;
-    ``layers``: on the last that many decoder layers only."""
+    """``model`` wrapped with its LoRA adapter (:func:`lora_config`), initialised from
+    ``seed``."""
     import warnings
 
     import torch
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
 
-    rank = rank or (entry.lora_rank if entry is not None else DEFAULT_LORA_RANK)
-    targets = _choose_lora_targets(model, entry, name)
-    lora_config = LoraConfig(
-        r=rank,
-        lora_alpha=2 * rank,
-        # No dropout: RL compares log-probs taken at rollout time (eval mode) with ones
-        # recomputed for the update; adapter dropout would make them differ even before
-        # any step and skew PPO ratios.
-        lora_dropout=0.0,
-        bias="none",
-        target_modules=targets,
-        task_type="CAUSAL_LM",
-        layers_to_transform=_last_layers(model, layers) if layers else None,
-    )
+    settings = lora_config(model, name, rank, layers, entry)
     # Seed the adapter init without disturbing the caller's RNG stream (on CUDA the
     # adapter weights are initialised with the GPU's RNG).
     device = next(model.parameters()).device
@@ -407,8 +421,8 @@ def add_lora_adapter(
         torch.manual_seed(seed)
         # peft asks transformers 5 for an attribute it renamed: noise for the user.
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
-        model = get_peft_model(model, lora_config)
-    logger.info("LoRA r=%d on %s", rank, ", ".join(targets))
+        model = get_peft_model(model, settings)
+    logger.info("LoRA r=%d on %s", settings.r, ", ".join(sorted(settings.target_modules or [])))
     return model
 
 

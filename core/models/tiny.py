@@ -39,6 +39,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +162,32 @@ def build_tokenizer() -> Any:
     return fast
 
 
+@contextlib.contextmanager
+def _no_transformers_progress_bars() -> Iterator[None]:
+    """transformers draws no progress bar inside the block (``save_pretrained`` shows
+    "Writing model shards" even for a one-file model that takes milliseconds to write).
+    Where transformers has ``set_tqdm_hook``, only its own bars are replaced, and the
+    previous hook comes back afterwards; elsewhere its switch is turned off and back."""
+    from transformers.utils import logging as hf_logging
+
+    set_hook = getattr(hf_logging, "set_tqdm_hook", None)
+    empty = getattr(hf_logging, "EmptyTqdm", None)
+    if set_hook is not None and empty is not None:
+        previous = set_hook(lambda factory, args, kwargs: empty(*args, **kwargs))
+        try:
+            yield
+        finally:
+            set_hook(previous)
+        return
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
 def _build_into(directory: Path, seed: int) -> None:
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
@@ -185,8 +212,9 @@ def _build_into(directory: Path, seed: int) -> None:
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
+    with _no_transformers_progress_bars():
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
     # transformers 5 records its internal class name (TokenizersBackend);
     # PreTrainedTokenizerFast names the same thing and older releases know it.
     tokenizer_config_path = directory / "tokenizer_config.json"

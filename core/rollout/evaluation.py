@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
+from llamagym.errors import LlamaGymError
 from llamagym.rollout.trajectory import Episode
 
+logger = logging.getLogger(__name__)
+
 EVAL_SEED_OFFSET = 1_000_003  # evaluation episodes never reuse training seeds
+
+Progress = Callable[[int, int], None]
+"""Told ``(episodes finished, episodes in all)`` as an evaluation goes on."""
 
 
 @dataclass
@@ -21,25 +28,104 @@ class EvalResult:
     mean: float
     ci95: float
     invalid_rate: float = 0.0
+    #: Share of the episodes with each of the agent's named outcomes, in the agent's
+    #: ``outcome_names`` order; empty for an agent that names none.
     outcomes: dict[str, float] = field(default_factory=dict)
+    #: How many different episodes were played (same observations, actions and
+    #: rewards count as one); None when not counted.
+    distinct_episodes: int | None = None
+
+    @property
+    def identical(self) -> bool:
+        """Every one of several episodes was the same episode: the 95% CI is then no
+        estimate of anything (a deterministic env that ignores the seed, played greedily)."""
+        return episodes_identical(self.episodes, self.distinct_episodes)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def summarise(name: str, returns: Sequence[float], invalid_rate: float = 0.0) -> EvalResult:
+def episodes_identical(episodes: int, distinct_episodes: int | None) -> bool:
+    """More than one episode, and all of them the same one."""
+    return episodes > 1 and distinct_episodes == 1
+
+
+def outcome_shares(agent: Any, returns: Sequence[float]) -> dict[str, float]:
+    """The share of ``returns`` with each outcome the agent names
+    (:meth:`llamagym.Agent.outcome`), in its ``outcome_names`` order: ``{}`` for an agent
+    that names none. An outcome missing from ``outcome_names`` is an error that says so."""
+    if agent is None:
+        return {}
+    names = list(getattr(agent, "outcome_names", ()) or ())
+    values, counts = np.unique(np.asarray(returns, dtype=float), return_counts=True)
+    found: dict[str, int] = {}
+    for value, count in zip(values, counts, strict=True):
+        label = agent.outcome(float(value))  # a function of the return: once per value
+        if label is None:
+            continue
+        if label not in names:
+            raise LlamaGymError(
+                f"{type(agent).__name__}.outcome({float(value)!r}) returned {label!r}, "
+                f"which is not in its outcome_names ({', '.join(map(repr, names)) or 'empty'}): "
+                "list every outcome there, in the order evaluations should show them"
+            )
+        found[label] = found.get(label, 0) + int(count)
+    if not names:
+        return {}
+    total = int(counts.sum()) or 1
+    return {name: found.get(name, 0) / total for name in names}
+
+
+def summarise(
+    name: str,
+    returns: Sequence[float],
+    invalid_rate: float = 0.0,
+    *,
+    agent: Any = None,
+    distinct_episodes: int | None = None,
+) -> EvalResult:
+    """Mean return with its 95% CI, and the share of each outcome ``agent`` names."""
     values = np.asarray(returns, dtype=float)
     n = len(values)
     mean = float(values.mean()) if n else float("nan")
     ci95 = float(1.96 * values.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
-    outcomes = {}
-    if n and set(np.unique(values)).issubset({-1.0, 0.0, 1.0, 1.5}):
-        outcomes = {
-            "win": float((values > 0).mean()),
-            "draw": float((values == 0).mean()),
-            "loss": float((values < 0).mean()),
-        }
-    return EvalResult(name, n, mean, ci95, invalid_rate, outcomes)
+    outcomes = outcome_shares(agent, returns) if n else {}
+    return EvalResult(name, n, mean, ci95, invalid_rate, outcomes, distinct_episodes)
+
+
+def _episode_key(episode: Episode) -> int:
+    """What makes two played episodes the same: what the model read, what it did, and
+    what came of it, turn by turn."""
+    turns = tuple((t.user_text, t.action_index, t.reply, t.reward) for t in episode.turns)
+    return hash((episode.env_return, episode.length, turns))
+
+
+def _observation_key(observation: Any) -> Any:
+    """An observation as something hashable that tells different ones apart (a large
+    array's repr elides its middle; its bytes do not)."""
+    if isinstance(observation, np.ndarray):
+        return (observation.shape, observation.dtype.str, observation.tobytes())
+    return repr(observation)
+
+
+def warn_if_identical(result: EvalResult, greedy: bool) -> None:
+    """One warning when every evaluation episode was the same one."""
+    if not result.identical:
+        return
+    how = (
+        "greedy actions in deterministic dynamics then repeat one episode"
+        if greedy
+        else "the sampled actions did not differ either"
+    )
+    logger.warning(
+        "all %d evaluation episodes were the same episode (same observations, actions "
+        "and rewards), so their 95%% CI is not an estimate: the environment starts from "
+        "the same state whatever the seed, and %s. Evaluate one episode "
+        "(training.eval_episodes=1, llamagym eval -n 1), or make the environment's "
+        "reset(seed=...) choose its start state from the seed",
+        result.episodes,
+        how,
+    )
 
 
 def evaluation_seeds(seed: int, episodes: int) -> list[int]:
@@ -52,11 +138,17 @@ def evaluate_agent(
     seed: int = 0,
     greedy: bool = True,
     examples: list[Episode] | None = None,
+    on_progress: Progress | None = None,
 ) -> EvalResult:
     """Run the agent's policy (greedy by default) on ``episodes`` seeded episodes, with
     an engine of its own: these episodes reach no training observer (``episode_end``)
     and leave the training engine's random streams where they were. ``examples``, when
-    given, receives the episodes played (in seed order), e.g. for transcripts."""
+    given, receives the episodes played (in seed order), e.g. for transcripts;
+    ``on_progress`` is told ``(finished, episodes)`` at the start and after each episode.
+
+    Outcomes are the agent's own (:meth:`llamagym.Agent.outcome`). When every episode
+    turns out the same, one warning says why and how to fix it, and the result's
+    ``identical`` is true."""
     import torch
 
     engine = agent.evaluation_engine()
@@ -65,9 +157,23 @@ def evaluate_agent(
     was_training = policy.training
     policy.eval()
     try:
+        on_episode = None
+        if on_progress is not None:
+            on_progress(0, episodes)
+            done = 0
+
+            def on_episode(_: Episode) -> None:
+                nonlocal done
+                done += 1
+                on_progress(done, episodes)
+
         with torch.no_grad(), engine.greedy_memo():
             finished: list[Episode] = engine.collect(
-                envs, episodes, greedy=greedy, seeds=evaluation_seeds(seed, episodes)
+                envs,
+                episodes,
+                greedy=greedy,
+                seeds=evaluation_seeds(seed, episodes),
+                on_episode=on_episode,
             )
     finally:
         policy.train(was_training)
@@ -77,7 +183,15 @@ def evaluate_agent(
     invalid = sum(e.invalid_replies for e in finished) / max(1, turns)
     if examples is not None:
         examples += finished
-    return summarise("agent", [e.env_return for e in finished], invalid)
+    result = summarise(
+        "agent",
+        [e.env_return for e in finished],
+        invalid,
+        agent=agent,
+        distinct_episodes=len({_episode_key(e) for e in finished}),
+    )
+    warn_if_identical(result, greedy)
+    return result
 
 
 @dataclass
@@ -118,9 +232,23 @@ def play_baseline(
         env.close()
 
 
-def evaluate_baseline(agent: Any, name: str, episodes: int, seed: int = 0) -> EvalResult:
-    """Play one of the agent's baseline policies on the evaluation seeds."""
+def evaluate_baseline(
+    agent: Any, name: str, episodes: int, seed: int = 0, on_progress: Progress | None = None
+) -> EvalResult:
+    """Play one of the agent's baseline policies on the evaluation seeds, its outcomes
+    named by the agent (``on_progress`` as for :func:`evaluate_agent`)."""
     returns = [0.0] * episodes
+    keys = [0] * episodes  # a running hash of each episode's steps
+    done = 0
+    if on_progress is not None:
+        on_progress(0, episodes)
     for step in play_baseline(agent, name, evaluation_seeds(seed, episodes), rng_seed=seed):
         returns[step.episode] += step.reward
-    return summarise(name, returns)
+        keys[step.episode] = hash(
+            (keys[step.episode], _observation_key(step.observation), step.action, step.reward)
+        )
+        if step.done:
+            done += 1
+            if on_progress is not None:
+                on_progress(done, episodes)
+    return summarise(name, returns, agent=agent, distinct_episodes=len(set(keys)))

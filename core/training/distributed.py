@@ -70,10 +70,11 @@ def process_seed(seed: int, rank: int, update: int = 0) -> int:
     return (seed + RANK_SEED_STRIDE * rank + UPDATE_SEED_STRIDE * update) % 2**32
 
 
-def start(device: str) -> str:
+def start(device: str, sharding: bool = False) -> str:
     """Join the process group of a launched multi-process run through accelerate's
     ``PartialState`` (gloo on CPU, NCCL on GPUs); return the device this process trains
-    on. Does nothing for a single process."""
+    on. Does nothing for a single process. ``sharding``: the run's backend shards the
+    model itself (the TRL backend, under DeepSpeed or FSDP)."""
     if launched_processes() <= 1:
         if os.environ.get("ACCELERATE_USE_CPU", "").lower() == "true" and os.environ.get(
             "MASTER_ADDR"
@@ -88,11 +89,11 @@ def start(device: str) -> str:
         return device
     unsupported = {"ACCELERATE_USE_DEEPSPEED": "DeepSpeed", "ACCELERATE_USE_FSDP": "FSDP"}
     for variable, what in unsupported.items():
-        if os.environ.get(variable, "").lower() == "true":
+        if not sharding and os.environ.get(variable, "").lower() == "true":
             raise ConfigError(
-                f"llamagym run trains data-parallel (each process holds the whole model and "
-                f"gradients are averaged); accelerate's {what} is not supported: launch with "
-                "`accelerate launch --multi_gpu --num_processes N` or use --num-processes N"
+                f"the native backend trains data-parallel (each process holds the whole "
+                f"model); accelerate's {what} runs with --backend trl, or launch with "
+                "`accelerate launch --multi_gpu --num_processes N` / use --num-processes N"
             )
     if device not in ("auto", "cpu", "cuda"):
         raise ConfigError(

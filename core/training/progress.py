@@ -10,12 +10,14 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.progress import (
     BarColumn,
+    MofNCompleteColumn,
     Progress,
     ProgressColumn,
     SpinnerColumn,
     Task,
     TaskID,
     TextColumn,
+    TimeElapsedColumn,
     TimeRemainingColumn,
 )
 from rich.table import Table
@@ -146,6 +148,10 @@ class RunProgress:
         self._stats.plain = f"update {int(metrics.get('update', 0))}: {format_stats(metrics)}"
         self._stats.style = ""
 
+    def evaluation(self) -> EvaluationProgress:
+        """A bar for the evaluation after training, on the same console."""
+        return EvaluationProgress(self.console)
+
     def stop(self) -> None:
         if self._live is not None:
             self._live.stop()
@@ -155,34 +161,108 @@ class RunProgress:
         self._progress = None
 
 
+class EvaluationProgress:
+    """A bar over an evaluation's episodes: the agent's, then each baseline's on the
+    same seeds. Use it as a context manager and call it with ``(policy, episodes
+    finished, episodes in all)``, as
+    :func:`llamagym.training.trainer.evaluate_with_baselines` does.
+
+    It draws on a terminal only, and is gone once the evaluation ends (the table comes
+    next): a log file or a pipe gets no bar lines, and output on stdout (``llamagym eval
+    --json``) is never touched. ``calls`` counts the reports received, shown or not."""
+
+    def __init__(self, console: Console | None = None):
+        self.console = console or Console(stderr=True)
+        self.calls = 0
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
+        self._policy: str | None = None
+
+    def __enter__(self) -> EvaluationProgress:
+        if self.console.is_terminal:
+            self._progress = Progress(
+                SpinnerColumn(),
+                TextColumn("[bold]{task.description}"),
+                BarColumn(bar_width=24),
+                MofNCompleteColumn(),
+                TextColumn("episodes"),
+                TimeElapsedColumn(),
+                TextColumn("eta"),
+                TimeRemainingColumn(),
+                console=self.console,
+                transient=True,
+            )
+            self._progress.start()
+        return self
+
+    def __call__(self, policy: str, finished: int, total: int) -> None:
+        self.calls += 1
+        if self._progress is None:
+            return
+        if self._task is None or policy != self._policy:
+            # A new policy: a new bar, so its clock and eta start from zero.
+            if self._task is not None:
+                self._progress.remove_task(self._task)
+            label = "evaluating the agent" if policy == "agent" else f"baseline {policy}"
+            self._task = self._progress.add_task(label, total=total)
+            self._policy = policy
+        self._progress.update(self._task, completed=finished, total=total)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress, self._task, self._policy = None, None, None
+
+
+def outcome_names(results: Sequence[Any]) -> list[str]:
+    """The outcomes named in ``results`` (evaluation results), in the agent's order."""
+    names: list[str] = []
+    for result in results:
+        names += [name for name in result.outcomes if name not in names]
+    return names
+
+
 def evaluation_table(
     agent_result: Any, baselines: Sequence[Any], title: str = "Evaluation", greedy: bool = True
 ) -> Table:
-    """The agent's result and every baseline's, on the same episode seeds."""
+    """The agent's result and every baseline's, on the same episode seeds, with the
+    share of each outcome the agent names (no outcome column when it names none). A
+    policy whose episodes were all the same one shows "identical episodes" instead of
+    a 95% CI."""
     how = "greedy" if greedy else "sampled"
     table = Table(
         title=f"{title}: {agent_result.episodes:,} episodes ({how}), baselines on the same seeds",
         title_justify="left",
     )
+    rows = [agent_result, *sorted(baselines, key=lambda b: -b.mean)]
+    names = outcome_names(rows)
     table.add_column("policy", style="bold")
     table.add_column("mean return", justify="right")
     table.add_column("95% CI", justify="right")
-    table.add_column("win / draw / loss", justify="right")
+    if names:
+        table.add_column(" / ".join(names), justify="right")
     table.add_column("invalid", justify="right")
-    for result in [agent_result, *sorted(baselines, key=lambda b: -b.mean)]:
-        outcomes = result.outcomes
-        wdl = (
-            f"{outcomes['win']:.0%} / {outcomes['draw']:.0%} / {outcomes['loss']:.0%}"
-            if outcomes
-            else "n/a"
-        )
-        table.add_row(
+    for result in rows:
+        cells = [
             "trained agent" if result is agent_result else result.name,
             f"{result.mean:+.3f}",
-            f"± {result.ci95:.3f}",
-            wdl,
-            f"{result.invalid_rate:.1%}" if result is agent_result else "",
+            "identical episodes" if result.identical else f"± {result.ci95:.3f}",
+        ]
+        if names:
+            outcomes = result.outcomes
+            cells.append(
+                " / ".join(f"{outcomes.get(name, 0.0):.0%}" for name in names)
+                if outcomes
+                else "n/a"
+            )
+        cells.append(f"{result.invalid_rate:.1%}" if result is agent_result else "")
+        table.add_row(*cells)
+    if agent_result.identical:
+        table.caption = (
+            f"The agent's {agent_result.episodes:,} episodes were all the same episode: "
+            "no confidence interval (see the warning above)."
         )
+        table.caption_justify = "left"
     return table
 
 

@@ -55,7 +55,10 @@ EVALUATION_FIELDS: Mapping[str, str] = {
     "mean": "mean environment return",
     "ci95": "half-width of the 95% confidence interval of the mean (1.96 standard errors)",
     "invalid_rate": "share of turns whose reply no parser understood",
-    "outcomes": "win/draw/loss shares when every return is a win, draw or loss; else {}",
+    "outcomes": "share of the episodes with each outcome the agent names "
+    "(Agent.outcome_names, in that order, e.g. win/draw/loss); {} when it names none",
+    "distinct_episodes": "different episodes among those played; 1 of several: all "
+    "identical, the CI means nothing",
     "baselines": "the agent's baselines on the same seeds: [{name, episodes, mean, ci95, ...}]",
 }
 
@@ -151,11 +154,24 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def _outcomes(result: Mapping[str, Any]) -> str:
+def _outcome_names(results: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The outcomes the agent names, in its order (the order of the ``outcomes`` dicts)."""
+    names: list[str] = []
+    for result in results:
+        names += [name for name in result.get("outcomes") or {} if name not in names]
+    return names
+
+
+def _outcomes(result: Mapping[str, Any], names: Sequence[str]) -> str:
     outcomes = result.get("outcomes") or {}
     if not outcomes:
         return "n/a"
-    return " / ".join(f"{outcomes.get(k, 0):.1%}" for k in ("win", "draw", "loss"))
+    return " / ".join(f"{outcomes.get(name, 0):.1%}" for name in names)
+
+
+def _identical(result: Mapping[str, Any]) -> bool:
+    """Every one of several episodes was the same episode (``distinct_episodes`` 1)."""
+    return result.get("episodes", 0) > 1 and result.get("distinct_episodes") == 1
 
 
 def _evaluation_section(evaluation: Mapping[str, Any] | None) -> list[str]:
@@ -174,20 +190,37 @@ def _evaluation_section(evaluation: Mapping[str, Any] | None) -> list[str]:
         f"{evaluation['episodes']:,} episodes, {how} actions; every policy plays the same "
         "seeds. 95% CI = mean ± 1.96 standard errors.",
         "",
-        "| policy | mean return | 95% CI | win / draw / loss | invalid replies |",
-        "|---|---:|---:|---:|---:|",
     ]
     rows = [("**trained agent**", evaluation)] + [
         (b["name"], b) for b in sorted(evaluation.get("baselines", []), key=lambda b: -b["mean"])
     ]
+    # The outcomes the agent names (Agent.outcome_names); none, no column.
+    names = _outcome_names([result for _, result in rows])
+    outcome_header = f" {' / '.join(names)} |" if names else ""
+    lines += [
+        f"| policy | mean return | 95% CI |{outcome_header} invalid replies |",
+        "|---|---:|---:|" + ("---:|" if names else "") + "---:|",
+    ]
     for label, result in rows:
         low, high = result["mean"] - result["ci95"], result["mean"] + result["ci95"]
+        interval = (
+            "n/a: identical episodes"
+            if _identical(result)
+            else f"±{result['ci95']:.3f} [{low:+.3f}, {high:+.3f}]"
+        )
+        outcomes = f" {_outcomes(result, names)} |" if names else ""
         # Baselines choose legal actions directly: they have no replies to be invalid.
         invalid = f"{result.get('invalid_rate', 0):.1%}" if result is evaluation else "n/a"
-        lines.append(
-            f"| {label} | {result['mean']:+.3f} | ±{result['ci95']:.3f} "
-            f"[{low:+.3f}, {high:+.3f}] | {_outcomes(result)} | {invalid} |"
-        )
+        lines.append(f"| {label} | {result['mean']:+.3f} | {interval} |{outcomes} {invalid} |")
+    if _identical(evaluation):
+        lines += [
+            "",
+            f"The trained agent's {evaluation['episodes']:,} episodes were all the same "
+            "episode, so its mean is one episode's return and has no confidence interval: "
+            "the environment starts from the same state whatever the seed, and its "
+            "dynamics repeat what the same actions did. Evaluate one episode, or make the "
+            "environment's `reset(seed=...)` choose its start state from the seed.",
+        ]
     baselines = evaluation.get("baselines", [])
     if baselines:
         best = max(baselines, key=lambda b: b["mean"])
@@ -451,7 +484,9 @@ def write_report(
     """Write ``report.md`` and ``learning_curve.png`` into ``run_dir``.
 
     Without ``records``/``config`` they are read from the run's ``metrics.jsonl`` and
-    ``config.yaml``. Without matplotlib the report is written with no picture.
+    ``config.yaml``. When the picture cannot be drawn (matplotlib missing or failing)
+    the report is written without it, and :attr:`ReportFiles.curve` is None: nothing
+    names a picture that was not written.
     """
     run_dir = Path(run_dir)
     records = read_records(run_dir / METRICS) if records is None else records
@@ -460,8 +495,19 @@ def write_report(
     curve: Path | None = picture
     try:
         plot_learning_curve(records, config, picture)
-    except ImportError:
-        logger.warning("matplotlib is not installed, so no %s: pip install matplotlib", CURVE)
+    except ImportError as error:
+        logger.warning(
+            "the report has no learning curve: matplotlib cannot be imported (%s); "
+            "pip install matplotlib, then `llamagym report %s` draws it",
+            error, run_dir,
+        )
+        curve = None
+    except Exception as error:  # a failed picture must not cost the report
+        logger.warning(
+            "the report has no learning curve: drawing it failed: %s: %s",
+            type(error).__name__, error,
+        )
+        picture.unlink(missing_ok=True)  # a half-written file is no picture
         curve = None
     markdown = run_dir / REPORT
     markdown.write_text(render_markdown(records, config, run_dir, curve), encoding="utf-8")

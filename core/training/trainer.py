@@ -107,6 +107,8 @@ class RunSummary:
     #: finished episodes of a collection cut short by a stop, thrown away untrained
     dropped_episodes: int = 0
     report: Path | None = None
+    #: the learning curve, when it was drawn (None: no picture was written)
+    curve: Path | None = None
     resumed_from: Path | None = None
     greedy: bool = True
 
@@ -449,17 +451,18 @@ class Trainer:
         self._last_checkpoint, self._last_checkpoint_update = path, counters.updates
         return path
 
-    def _record_rank(self, update: int, batch: list[Any]) -> None:
-        """``output.rank_records``: this process's episodes and weights after an update."""
+    def _record_rank(self, update: int, batch: list[Any], parameters: Any = None) -> None:
+        """``output.rank_records``: this process's episodes and weights after an update
+        (``parameters``: the trained ones, by default the policy's trainable ones)."""
         rank = distributed.rank()
+        if parameters is None:
+            parameters = self.agent.policy.trainable_parameters()
         record = {
             "update": update,
             "rank": rank,
             "episodes": len(batch),
             "seeds": [episode.seed for episode in batch],
-            "parameters_sha256": distributed.parameters_digest(
-                self.agent.policy.trainable_parameters()
-            ),
+            "parameters_sha256": distributed.parameters_digest(parameters),
         }
         directory = self.output_dir / RANK_RECORDS
         directory.mkdir(parents=True, exist_ok=True)
@@ -722,7 +725,8 @@ class Trainer:
             history.append(record)
         if config.output.report:
             try:
-                summary.report = write_report(self.output_dir, history, self._config_dict).markdown
+                files = write_report(self.output_dir, history, self._config_dict)
+                summary.report, summary.curve = files.markdown, files.curve
             except Exception as error:  # a failed picture must not lose a finished run
                 logger.warning("could not write the report: %s: %s", type(error).__name__, error)
         return summary
@@ -731,13 +735,17 @@ class Trainer:
         config = self.config
         started = time.perf_counter()
         played: list[Any] = []
-        result, baselines = evaluate_with_baselines(
-            self.agent,
-            config.training.eval_episodes,
-            config.training.seed,
-            greedy=config.training.eval_greedy,
-            examples=played,
-        )
+        # A progress display that can show an evaluation (RunProgress) gets a bar for it.
+        display = getattr(self.progress, "evaluation", None)
+        with display() if display is not None else contextlib.nullcontext() as on_progress:
+            result, baselines = evaluate_with_baselines(
+                self.agent,
+                config.training.eval_episodes,
+                config.training.seed,
+                greedy=config.training.eval_greedy,
+                examples=played,
+                on_progress=on_progress,
+            )
         self._transcripts.add(
             transcript(self.agent, episode, "evaluation", counters.updates)
             for episode in played[:PER_UPDATE]
@@ -814,10 +822,34 @@ def budget_fraction(
 
 
 def evaluate_with_baselines(
-    agent: Any, episodes: int, seed: int, greedy: bool = True, examples: list | None = None
+    agent: Any,
+    episodes: int,
+    seed: int,
+    greedy: bool = True,
+    examples: list | None = None,
+    on_progress: Callable[[str, int, int], None] | None = None,
 ) -> tuple[EvalResult, list[EvalResult]]:
     """The agent and each of its baselines on the same ``episodes`` seeded episodes
-    (``examples`` receives the agent's episodes)."""
-    result = evaluate_agent(agent, episodes, seed=seed, greedy=greedy, examples=examples)
-    baselines = [evaluate_baseline(agent, name, episodes, seed=seed) for name in agent.baselines]
+    (``examples`` receives the agent's episodes). ``on_progress`` is told ``(policy,
+    finished, episodes)`` as each one plays, ``policy`` being ``"agent"`` or the
+    baseline's name (e.g. :class:`llamagym.training.progress.EvaluationProgress`)."""
+
+    def progress_of(name: str) -> Callable[[int, int], None] | None:
+        if on_progress is None:
+            return None
+        report = on_progress
+        return lambda finished, total: report(name, finished, total)
+
+    result = evaluate_agent(
+        agent,
+        episodes,
+        seed=seed,
+        greedy=greedy,
+        examples=examples,
+        on_progress=progress_of("agent"),
+    )
+    baselines = [
+        evaluate_baseline(agent, name, episodes, seed=seed, on_progress=progress_of(name))
+        for name in agent.baselines
+    ]
     return result, baselines

@@ -53,6 +53,9 @@ class BlackjackAgent(Agent):
         "hit-below-17": hit_below_17,
         "basic-strategy": basic_strategy,
     }
+    # A hand's return is its payout: above 0 the player won (1.5 for a natural when
+    # Blackjack-v1 pays it), 0 a push, below 0 the dealer won.
+    outcome_names = ("win", "draw", "loss")
     defaults = {
         # Generate mode: the reply starts as JSON, so even an untrained instruct model
         # answers in the format; it stops where the object closes (a few tokens).
@@ -96,6 +99,11 @@ class BlackjackAgent(Agent):
         total, dealer, usable_ace = observation
         ace = "yes" if usable_ace else "no"
         return f"Sum {int(total)}, dealer {int(dealer)}, usable ace {ace}."
+
+    def outcome(self, episode_return: float) -> str:
+        if episode_return > 0:
+            return "win"
+        return "draw" if episode_return == 0 else "loss"
 
     def extract_action(self, response: str) -> str | None:
         words = response.lower().split()

@@ -41,3 +41,12 @@ def test_replies_are_read_through_the_extraction_chain(fake_llm) -> None:
 def test_the_random_baseline_plays() -> None:
     result = evaluate_baseline(__CLASS__(), "random", episodes=3)
     assert result.episodes == 3
+
+
+def test_an_option_reaches_the_agent(fake_llm) -> None:
+    # What `--set agent.max_episode_steps=2` (or a config file's `agent:` section) does.
+    agent = __CLASS__(config={"agent": {"max_episode_steps": 2}})
+    assert agent.options.max_episode_steps == 2
+    llm = fake_llm([__CLASS__.action_names[0]], cycle=True)
+    episodes = llm.play(agent, episodes=2)
+    assert all(len(episode.turns) <= 2 for episode in episodes)

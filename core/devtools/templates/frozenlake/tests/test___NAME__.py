@@ -33,6 +33,14 @@ def test_the_prompt_draws_the_lake() -> None:
     assert text.endswith("(row 2, column 3).")
 
 
+def test_the_slippery_option_reaches_the_env() -> None:
+    # What `--set agent.is_slippery=true` (or a config file's `agent:` section) does.
+    assert __CLASS__().make_env().spec.kwargs["is_slippery"] is False
+    slippery = __CLASS__(config={"agent": {"is_slippery": True}})
+    assert slippery.options.is_slippery is True
+    assert slippery.make_env().spec.kwargs["is_slippery"] is True
+
+
 def test_a_scripted_model_walks_the_route(fake_llm) -> None:
     # Each reply is read by the extraction chain: JSON, a bare word, a sentence, and a
     # compass word that only this agent's extract_action knows.

@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from gymnasium.wrappers import TimeLimit
 from llamagym.agent import Agent
+from pydantic import BaseModel, ConfigDict, Field
 
 from __PACKAGE__.plugin import AGENT
 
@@ -28,8 +30,26 @@ def random_action(observation: Any, info: dict, legal: Sequence[str], rng: Any) 
     return legal[int(rng.integers(len(legal)))]
 
 
+class Options(BaseModel):
+    """The agent's own settings: a run's `agent` section, validated by this model
+    (`--set agent.max_episode_steps=50`, or `max_episode_steps: 50` under `agent:` in a
+    config file). `llamagym config show __NAME__` lists them with their descriptions.
+    Add a field (with a default and a description) for each thing a user may change."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt key is an error, not ignored
+    max_episode_steps: int | None = Field(
+        None,
+        ge=1,
+        description="End an episode after this many steps (null: the env's own time "
+        "limit). Short episodes keep the first updates cheap.",
+    )
+
+
 @AGENT.bind  # name, description and env_id come from the registration (plugin.py)
 class __CLASS__(Agent):
+    # The run's validated `agent` section arrives as self.options, an Options.
+    Config = Options
+    options: Options
     action_names = ACTION_NAMES
     # Each baseline is played on the same seeds as the trained agent at the end of a
     # run. TODO: add a hand-written policy, so the report shows what "good" is.
@@ -41,6 +61,11 @@ class __CLASS__(Agent):
                       "minibatch_size": 64, "epochs": 4, "gamma": 0.95},
         "training": {"episodes": 3000, "eval_episodes": 100},
     }
+
+    def make_env(self) -> Any:
+        env = super().make_env()  # gymnasium.make(env_id, **env_kwargs)
+        limit = self.options.max_episode_steps
+        return env if limit is None else TimeLimit(env, max_episode_steps=limit)
 
     def get_system_prompt(self) -> str:
         # TODO: say what the goal is and how to answer.

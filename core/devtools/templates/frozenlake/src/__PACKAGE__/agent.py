@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import gymnasium
 from llamagym.agent import Agent
+from pydantic import BaseModel, ConfigDict, Field
 
 from __PACKAGE__.plugin import AGENT
 
@@ -34,11 +36,24 @@ def follow_route(observation: Any, info: dict, legal: Sequence[str], rng: Any) -
     return ROUTE.get(int(observation), "down")
 
 
+class Options(BaseModel):
+    """The agent's own settings: a run's `agent` section, validated by this model
+    (`--set agent.is_slippery=true`, or `is_slippery: true` under `agent:` in a config
+    file). `llamagym config show __NAME__` lists them with their descriptions."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt key is an error, not ignored
+    is_slippery: bool = Field(
+        False,
+        description="Slippery ice: a move may slide sideways (Gymnasium's default lake). "
+        "Off, every move goes where it says and a small model learns the route in minutes.",
+    )
+
+
 @AGENT.bind  # name, description and env_id come from the registration (plugin.py)
 class __CLASS__(Agent):
-    # Not slippery: every move goes where it says, so a small model can learn the route
-    # in minutes. Remove this line to play Gymnasium's default, slippery lake.
-    env_kwargs = {"is_slippery": False}
+    # The run's validated `agent` section arrives as self.options, an Options.
+    Config = Options
+    options: Options
     action_names = ACTION_NAMES
     # Each baseline is played on the same seeds as the trained agent at the end of a run.
     baselines = {"random": random_move, "route": follow_route}
@@ -49,6 +64,10 @@ class __CLASS__(Agent):
                       "minibatch_size": 64, "epochs": 4, "gamma": 0.95},
         "training": {"episodes": 3000, "eval_episodes": 100},
     }
+
+    def make_env(self) -> Any:
+        # The options reach the env here (env_kwargs suits arguments that never change).
+        return gymnasium.make(AGENT.env_id, is_slippery=self.options.is_slippery)
 
     def get_system_prompt(self) -> str:
         return (

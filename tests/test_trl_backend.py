@@ -1,0 +1,442 @@
+"""The TRL backend: any env plugin trained by TRL's GRPOTrainer through LlamaGym's own
+rollout engine (tiny model, CPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from llamagym_blackjack.agent import BlackjackAgent
+from safetensors.torch import load_file
+
+from llamagym.errors import ConfigError, LlamaGymError
+from llamagym.models.loading import load_model_and_tokenizer
+from llamagym.models.policy import Evaluation
+from llamagym.run import resolve_agent_config
+from llamagym.training import trl_backend
+from llamagym.training.trl_backend import (
+    EpisodeRollouts,
+    SequenceEngine,
+    TRLTrainer,
+    episode_sequence,
+    grpo_args,
+)
+
+pytest.importorskip("trl")
+
+LLAMAGYM = [sys.executable, "-m", "llamagym.cli"]
+SMALL = {
+    "training": {"backend": "trl", "episodes": 32, "eval_episodes": 20, "threads": 1},
+    "algorithm": {"episodes_per_update": 16, "minibatch_size": 8, "group_size": 4},
+    "rollout": {"num_envs": 8},
+    "output": {"quiet": True},
+}
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*LLAMAGYM, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def small_agent(tmp_path: Path, **sections: dict) -> BlackjackAgent:
+    layer = json.loads(json.dumps(SMALL))
+    layer["output"]["dir"] = str(tmp_path / "run")
+    for name, values in sections.items():
+        layer.setdefault(name, {}).update(values)
+    return BlackjackAgent(config=resolve_agent_config(BlackjackAgent, [("--set", layer)]))
+
+
+# -- episodes as sequences ---------------------------------------------------------------
+class ScriptedReplies:
+    """A rollout policy whose replies are fixed texts, in turn (tokenized as a model
+    would have sampled them); the tiny model's tokenizer and chat template."""
+
+    def __init__(self, tokenizer: Any, replies: list[str]):
+        self.tokenizer = tokenizer
+        self.eos_id = tokenizer.eos_token_id
+        self.max_context = 512
+        self.replies = replies
+        self.turn = 0
+
+    def generate(self, prompts: list[list[int]], **_: Any) -> list[list[int]]:
+        replies = []
+        for _prompt in prompts:
+            text = self.replies[min(self.turn, len(self.replies) - 1)]
+            replies.append(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        self.turn += 1
+        return replies
+
+    def evaluate_replies(self, prompts: Any, replies: list[list[int]]) -> Evaluation:
+        zeros = torch.zeros(len(replies), max(map(len, replies)))
+        return Evaluation(zeros, zeros, zeros, torch.zeros(len(replies)))
+
+
+def test_env_mask_is_one_on_the_models_tokens_and_zero_on_every_other(tmp_path) -> None:
+    agent = small_agent(tmp_path)
+    _, tokenizer = load_model_and_tokenizer("tiny")
+    # hit, hit, then stick: a Blackjack episode of up to three turns (seed 3 deals 5 + 4).
+    policy = ScriptedReplies(tokenizer, ['hit"}', 'hit"}', 'stick"}'])
+    engine = SequenceEngine(agent, policy, agent.config.rollout, seed=0)
+    [episode] = engine.collect([agent.make_env()], 1, seeds=[3])
+    assert len(episode.turns) >= 2, "the scripted episode must have several turns"
+    sequence = episode_sequence(episode, tokenizer.eos_token_id)
+    prefix = agent.config.rollout.reply_prefix
+
+    # By hand: the chat template's text of the whole conversation, split where the
+    # model's replies are; everything else is the environment's or the template's.
+    conversation = [{"role": "system", "content": agent.get_system_prompt()}]
+    expected_ids: list[int] = []
+    expected_mask: list[int] = []
+    rendered = ""
+    for position, turn in enumerate(episode.turns):
+        conversation.append({"role": "user", "content": turn.user_text})
+        text = (
+            tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+            + prefix
+        )
+        context = tokenizer(text[len(rendered) :], add_special_tokens=False)["input_ids"]
+        if position == 0:
+            assert sequence.prompt_ids == context
+        else:
+            expected_ids += context
+            expected_mask += [0] * len(context)
+        reply = tokenizer(turn.reply[len(prefix) :], add_special_tokens=False)["input_ids"]
+        expected_ids += reply
+        expected_mask += [1] * len(reply)
+        conversation.append({"role": "assistant", "content": turn.reply})
+        rendered = text + turn.reply[len(prefix) :]
+    expected_ids.append(tokenizer.eos_token_id)
+    expected_mask.append(0)
+    assert sequence.completion_ids == expected_ids
+    assert sequence.env_mask == expected_mask
+    # Every observation's tokens are masked: none of the model's tokens spell one.
+    trained = tokenizer.decode([t for t, m in zip(expected_ids, expected_mask, strict=True) if m])
+    assert "Sum" not in trained and "dealer" not in trained
+    assert trained.count("hit") + trained.count("stick") == len(episode.turns)
+    # And the model acted on exactly those tokens: each turn's prompt is the sequence so far.
+    full = sequence.prompt_ids + sequence.completion_ids
+    for turn in episode.turns:
+        assert full[: len(turn.prompt_tokens)] == turn.prompt_tokens
+
+
+def test_a_template_that_rewrites_earlier_turns_is_refused(tmp_path) -> None:
+    agent = small_agent(tmp_path)
+    _, tokenizer = load_model_and_tokenizer("tiny")
+    # A template that shows only the newest message: earlier turns vanish from the prompt.
+    tokenizer.chat_template = (
+        "{{ messages[-1]['content'] }}{% if add_generation_prompt %} A:{% endif %}"
+    )
+    policy = ScriptedReplies(tokenizer, ['hit"}'])
+    engine = SequenceEngine(agent, policy, agent.config.rollout, seed=0)
+    with pytest.raises(LlamaGymError, match="cannot be trained as one sequence"):
+        engine.collect([agent.make_env()], 1, seeds=[3])
+
+
+# -- a run -------------------------------------------------------------------------------
+class Recorder:
+    """Wraps the rollout and reward functions of a run: what TRL was given and paid."""
+
+    def __init__(self, monkeypatch):
+        self.batches: list[dict[str, Any]] = []
+        self.rewards: list[tuple[list[list[int]], list[float]]] = []
+        self.played: list[Any] = []
+        call, reward = EpisodeRollouts.__call__, EpisodeRollouts.reward
+        recorder = self
+
+        def recorded_call(rollouts, prompts, trainer):
+            output = call(rollouts, prompts, trainer)
+            pending = dict(rollouts.pending)
+            recorder.batches.append(
+                {
+                    "prompts": list(prompts),
+                    **output,
+                    "episodes": [pending[key][0] for key in output["episode_key"]],
+                }
+            )
+            return output
+
+        def recorded_reward(rollouts, prompts, completions, completion_ids, **kwargs):
+            paid = reward(rollouts, prompts, completions, completion_ids, **kwargs)
+            recorder.rewards.append(([list(ids) for ids in completion_ids], paid))
+            return paid
+
+        monkeypatch.setattr(EpisodeRollouts, "__call__", recorded_call)
+        monkeypatch.setattr(EpisodeRollouts, "reward", recorded_reward)
+
+
+@pytest.fixture(scope="module")
+def recorded_run(tmp_path_factory):
+    """One short Blackjack run under TRL (32 episodes, two updates), recorded."""
+    monkeypatch = pytest.MonkeyPatch()
+    tmp_path = tmp_path_factory.mktemp("trl")
+    recorder = Recorder(monkeypatch)
+    # The untrained tiny model's replies name no action: with random fallbacks a
+    # seed group's returns differ, so GRPO has something to learn from.
+    agent = small_agent(
+        tmp_path, output={"checkpoint_every": 1}, rollout={"invalid_action": {"policy": "random"}}
+    )
+    initial, _ = load_model_and_tokenizer("tiny", lora=False)
+    before = {name: p.detach().clone() for name, p in initial.named_parameters()}
+    try:
+        summary = TRLTrainer(agent).run()
+    finally:
+        monkeypatch.undo()
+    return summary, recorder, before
+
+
+def test_a_run_changes_the_weights_and_writes_a_native_run_directory(recorded_run) -> None:
+    summary, _, before = recorded_run
+    run = summary.output_dir
+    for name in ("config.yaml", "metrics.jsonl", "report.md", "transcripts.jsonl"):
+        assert (run / name).is_file(), name
+    assert summary.episodes == 32 and summary.updates == 2
+    after = load_file(str(run / "model" / "model.safetensors"))
+    changed = [n for n, w in before.items() if n in after and not torch.equal(w, after[n])]
+    assert changed, "no trained weight changed"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    updates = [r for r in records if r["kind"] == "update"]
+    assert [r["update"] for r in updates] == [1, 2]
+    for key in ("return_mean", "invalid_rate", "env_steps_per_second", "entropy", "policy_loss"):
+        assert all(key in r for r in updates), key
+    [evaluation] = [r for r in records if r["kind"] == "evaluation"]
+    assert evaluation["episodes"] == 20 and evaluation["baselines"]
+    assert "backend: trl" in (run / "config.yaml").read_text()
+
+
+def test_each_trl_group_holds_episodes_of_one_seed(recorded_run) -> None:
+    _, recorder, _ = recorded_run
+    group = 4
+    assert recorder.batches
+    for batch in recorder.batches:
+        seeds = [episode.seed for episode in batch["episodes"]]
+        assert seeds == [trl_backend.seed_of(p) for p in batch["prompts"]]
+        groups = [seeds[k : k + group] for k in range(0, len(seeds), group)]
+        assert all(len(set(g)) == 1 for g in groups)
+        assert len({g[0] for g in groups}) == len(groups)  # one seed per group
+
+
+def test_each_reward_is_the_return_of_the_episode_its_tokens_came_from(recorded_run) -> None:
+    _, recorder, _ = recorded_run
+    by_tokens: dict[tuple, list[float]] = {}
+    for batch in recorder.batches:
+        for ids, episode in zip(batch["completion_ids"], batch["episodes"], strict=True):
+            by_tokens.setdefault(tuple(ids), []).append(episode.total_reward)
+    paid = [
+        (ids, r)
+        for tokens, rewards in recorder.rewards
+        for ids, r in zip(tokens, rewards, strict=True)
+    ]
+    assert len(paid) == 32
+    for ids, reward in paid:
+        assert reward in by_tokens[tuple(ids)]
+    # Rewards vary, so the check above could fail: a misalignment would show.
+    assert len({r for _, r in paid}) > 1
+
+
+def test_a_reward_paired_with_another_episodes_tokens_is_refused(tmp_path) -> None:
+    agent = small_agent(tmp_path)
+    rollouts = EpisodeRollouts(agent, None, seed=0)
+    first, second = agent_episode(5, -1.0), agent_episode(6, 1.0)
+    rollouts.pending = {0: (first, [1, 2, 3]), 1: (second, [4, 5, 6])}
+    kwargs = {"episode_key": [0, 1], "seed": [5, 6]}
+    assert rollouts.reward([], [], [[1, 2, 3], [4, 5, 6]], **kwargs) == [-1.0, 1.0]
+    rollouts.pending = {0: (first, [1, 2, 3]), 1: (second, [4, 5, 6])}
+    with pytest.raises(LlamaGymError, match="another episode's tokens"):
+        rollouts.reward([], [], [[4, 5, 6], [1, 2, 3]], **kwargs)
+
+
+def agent_episode(seed: int, reward: float):
+    from llamagym.rollout.trajectory import Episode, Turn
+
+    turn = Turn(
+        prompt_tokens=[9],
+        legal_actions=["stick"],
+        action_index=0,
+        reply="",
+        logprobs=[],
+        value=0.0,
+        reward=reward,
+    )
+    return Episode(turns=[turn], env_return=reward, seed=seed)
+
+
+def test_a_run_resumes_from_its_trl_checkpoint(recorded_run, tmp_path) -> None:
+    summary, _, _ = recorded_run
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(summary.output_dir, run)
+    agent = small_agent(
+        tmp_path,
+        training={"episodes": 48},
+        output={"checkpoint_every": 1, "dir": str(run)},
+        rollout={"invalid_action": {"policy": "random"}},
+    )
+    resumed = TRLTrainer(agent, resume_from=run).run()
+    # 2 updates x 2 minibatches x 2 epochs
+    assert resumed.resumed_from.name == "checkpoint-8"
+    assert resumed.updates == 3 and resumed.episodes == 48
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in records if r["kind"] == "update"] == [1, 2, 3]
+
+
+# -- settings ----------------------------------------------------------------------------
+def test_settings_map_onto_grpo_config(tmp_path) -> None:
+    agent = small_agent(
+        tmp_path,
+        algorithm={"lr": 3e-4, "kl_coef": 0.05, "clip_range": 0.3, "epochs": 2},
+        trl={"use_vllm": True, "vllm_mode": "server", "loss_type": "grpo"},
+    )
+    args = grpo_args(agent.resolved, tmp_path, world_size=1, use_cpu=True)
+    assert (args.learning_rate, args.beta, args.epsilon, args.num_iterations) == (
+        3e-4,
+        0.05,
+        0.3,
+        2,
+    )
+    assert (args.num_generations, args.generation_batch_size) == (4, 16)
+    assert (args.use_vllm, args.vllm_mode, args.loss_type) == (True, "server", "grpo")
+    # 32 episodes = 2 updates of 16; each update is 2 minibatches of 8, twice.
+    assert args.max_steps == 8
+
+
+def test_backend_defaults_make_any_agent_start_under_trl(tmp_path) -> None:
+    config = small_agent(tmp_path).config
+    assert config.algorithm.name == "grpo" and config.rollout.mode == "generate"
+    assert config.rollout.history_turns is None  # Blackjack's own default is 0
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        ("rollout.mode=score", "--mode generate"),
+        ("algorithm.name=ppo", "--algorithm grpo"),
+        ("algorithm.credit=terminal", "algorithm.credit=discounted"),
+        ("rollout.history_turns=2", "leave rollout.history_turns unset"),
+        ("rollout.invalid_action.policy=reprompt", "use fallback"),
+        ("algorithm.target_kl=0.02", "algorithm.kl_coef"),
+    ],
+)
+def test_what_cannot_carry_over_is_one_line_and_exit_2(setting, named, tmp_path) -> None:
+    result = run_cli(
+        "run", "blackjack", "--backend", "trl", "--set", setting, "--output", str(tmp_path / "r")
+    )
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and named in lines[0], result.stderr
+    assert not (tmp_path / "r").exists()  # refused before anything was written
+
+
+def test_trl_settings_need_the_trl_backend_and_are_validated() -> None:
+    with pytest.raises(ConfigError, match="trl.use_vllm: applies only to the TRL backend"):
+        resolve_agent_config(BlackjackAgent, [("--set", {"trl": {"use_vllm": True}})])
+    result = run_cli("run", "blackjack", "--backend", "trl", "--set", "trl.use_vlm=true")
+    assert result.returncode == 2
+    assert "trl.use_vlm" in result.stderr and "use_vllm" in result.stderr
+
+
+def test_config_show_shows_trl_settings_only_for_the_trl_backend() -> None:
+    trl = run_cli("config", "show", "blackjack", "--backend", "trl")
+    native = run_cli("config", "show", "blackjack")
+    assert trl.returncode == native.returncode == 0, trl.stderr + native.stderr
+    assert "\ntrl:" in trl.stdout and "use_vllm: false" in trl.stdout
+    assert "name: grpo" in trl.stdout and "# from TRL backend defaults" in trl.stdout
+    assert "\ntrl:" not in native.stdout
+
+
+def test_without_trl_the_backend_is_a_one_line_install_hint(monkeypatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "trl" else real(name, *a)
+    )
+    with pytest.raises(LlamaGymError, match=r'pip install "llamagym\[trl\]"'):
+        trl_backend.require_trl()
+
+
+def test_deepspeed_with_the_native_backend_points_to_trl(monkeypatch) -> None:
+    from llamagym.training import distributed
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    with pytest.raises(ConfigError, match="--backend trl"):
+        distributed.start("auto")
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="vllm is not installed (GPU only)"
+)
+def test_vllm_colocate_generation_when_vllm_is_installed(tmp_path) -> None:
+    agent = small_agent(tmp_path, trl={"use_vllm": True, "vllm_mode": "colocate"})
+    summary = TRLTrainer(agent).run()
+    assert summary.updates == 2
+
+
+@pytest.mark.slow
+def test_two_processes_under_accelerate_end_with_identical_weights(tmp_path) -> None:
+    run = tmp_path / "run"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--multi_gpu",
+            "--num_processes",
+            "2",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "-m",
+            "llamagym.cli",
+            "run",
+            "blackjack",
+            "--backend",
+            "trl",
+            "--episodes",
+            "32",
+            "--eval-episodes",
+            "10",
+            "--quiet",
+            "--output",
+            str(run),
+            "--set",
+            "algorithm.episodes_per_update=16",
+            "--set",
+            "algorithm.minibatch_size=4",
+            "--set",
+            "algorithm.group_size=4",
+            "--set",
+            "rollout.num_envs=4",
+            "--set",
+            "output.rank_records=true",
+            "--set",
+            "training.threads=1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = {}
+    for rank in (0, 1):
+        lines = (run / ".ranks" / f"rank-{rank}.jsonl").read_text().splitlines()
+        ranks[rank] = [json.loads(line) for line in lines]
+    assert [r["update"] for r in ranks[0]] == [r["update"] for r in ranks[1]] == [1, 2]
+    for zero, one in zip(ranks[0], ranks[1], strict=True):
+        assert zero["parameters_sha256"] == one["parameters_sha256"]
+        assert set(zero["seeds"]).isdisjoint(one["seeds"])  # each rank its own groups
