@@ -275,10 +275,11 @@ def write_script_result(
 ) -> Path:
     """Write a standalone script's result file: the header every result file has (its
     command, date and machine), then ``data``; to ``output`` if given, else to
-    ``results/<script>[-quick].json``."""
+    ``results/<script>[-quick].json`` (``script`` names the result; the command names
+    the file that ran)."""
     record = {
         "benchmark": script,
-        "command": script_command(f"{script}.py", sys.argv[1:]),
+        "command": script_command(Path(sys.argv[0]).name, sys.argv[1:]),
         "date": today(),
         "machine": machine_info(),
         "quick": quick,

@@ -440,3 +440,14 @@ def test_two_processes_under_accelerate_end_with_identical_weights(tmp_path) -> 
     for zero, one in zip(ranks[0], ranks[1], strict=True):
         assert zero["parameters_sha256"] == one["parameters_sha256"]
         assert set(zero["seeds"]).isdisjoint(one["seeds"])  # each rank its own groups
+
+
+@pytest.mark.parametrize("name", ["zero2", "zero3", "fsdp2"])
+def test_the_documented_accelerate_configs_are_accelerates_format(name) -> None:
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    path = Path(__file__).parent.parent / "docs" / "accelerate" / f"{name}.yaml"
+    config = load_config_from_file(str(path))
+    expected = "FSDP" if name.startswith("fsdp") else "DEEPSPEED"
+    assert config.distributed_type.value == expected
+    assert "--backend trl" in path.read_text().splitlines()[0]
