@@ -63,5 +63,8 @@ def test_an_unreadable_reply_gets_a_legal_action_and_a_penalty(fake_llm) -> None
 
 def test_the_route_baseline_always_arrives() -> None:
     agent = __CLASS__()
-    assert evaluate_baseline(agent, "route", episodes=5).mean == 1.0
-    assert evaluate_baseline(agent, "random", episodes=50, seed=1).mean < 0.5
+    route = evaluate_baseline(agent, "route", episodes=5)
+    assert route.mean == 1.0 and route.outcomes == {"goal": 1.0, "no goal": 0.0}
+    random = evaluate_baseline(agent, "random", episodes=50, seed=1)
+    assert random.mean < 0.5
+    assert random.outcomes["goal"] == random.mean  # the lake pays 1 at the goal only

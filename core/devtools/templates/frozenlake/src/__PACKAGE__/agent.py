@@ -57,6 +57,8 @@ class __CLASS__(Agent):
     action_names = ACTION_NAMES
     # Each baseline is played on the same seeds as the trained agent at the end of a run.
     baselines = {"random": random_move, "route": follow_route}
+    # What evaluations count beside the mean return (see outcome below).
+    outcome_names = ("goal", "no goal")
     # Laid over LlamaGym's defaults; `llamagym config show __NAME__` prints the result.
     defaults = {
         "rollout": {"mode": "score", "num_envs": 8, "history_turns": 0},
@@ -64,6 +66,10 @@ class __CLASS__(Agent):
                       "minibatch_size": 64, "epochs": 4, "gamma": 0.95},
         "training": {"episodes": 3000, "eval_episodes": 100},
     }
+
+    def outcome(self, episode_return: float) -> str:
+        # The lake pays 1 at the goal and 0 otherwise (a hole, or the time limit).
+        return "goal" if episode_return > 0 else "no goal"
 
     def make_env(self) -> Any:
         # The options reach the env here (env_kwargs suits arguments that never change).
