@@ -109,7 +109,9 @@ def memory(spec: dict[str, Any]) -> dict[str, Any]:
 
     agent = _agent(spec["model"], spec["mode"], deep_merge({
         "rollout": {"num_envs": 16},
-        "algorithm": {"episodes_per_update": 32, "minibatch_size": 32, "epochs": 1},
+        # PPO (its value head and all): the heaviest update there is.
+        "algorithm": {"name": "ppo", "episodes_per_update": 32, "minibatch_size": 32,
+                      "epochs": 1},
         "model": {"gradient_checkpointing": spec.get("gradient_checkpointing")},
     }, spec.get("overrides", {})))
     agent.policy  # noqa: B018 - loads the model
@@ -137,7 +139,7 @@ def speed(spec: dict[str, Any]) -> dict[str, Any]:
 
     agent = _agent(spec["model"], "score", {
         "rollout": {"num_envs": spec["envs"]},
-        "algorithm": {"episodes_per_update": spec["envs"]},
+        "algorithm": {"name": "ppo", "episodes_per_update": spec["envs"]},
     })
     policy = agent.policy
     envs = [agent.make_env() for _ in range(spec["envs"])]

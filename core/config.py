@@ -331,10 +331,14 @@ def defaults_for_model(
 
         if not trains_through_lora(model):
             return {}
-    # An agent's own pretrained defaults are given per action mode.
+    # An agent's own pretrained defaults are given per action mode; when they name an
+    # algorithm, their algorithm settings hold only for it (a later layer may pick
+    # another), while the generic ones above hold for every algorithm.
     layers = [getattr(agent_class, "defaults", {}), *later_layers]
     mode = chosen_value(layers, "rollout", "mode") or RolloutSettings().mode
     own = getattr(agent_class, "pretrained_defaults", {}).get(mode, {})
+    if own.get("algorithm", {}).get("name"):
+        own = defaults_for_algorithm(own, later_layers)
     return deep_merge(PRETRAINED_MODEL_DEFAULTS, own)
 
 
@@ -644,8 +648,11 @@ def run_layers(
         backend_defaults = TRL_BACKEND_DEFAULTS if backend == "trl" else {}
         chosen = [backend_defaults, *chosen]
         defaults = getattr(agent_class, "defaults", {})
-        layers.append(("agent defaults", defaults_for_algorithm(defaults, chosen)))
         model_defaults = defaults_for_model(agent_class, chosen, model)
+        # The agent's algorithm settings also give way to an algorithm its pretrained
+        # defaults choose.
+        defaults = defaults_for_algorithm(defaults, [model_defaults, *chosen])
+        layers.append(("agent defaults", defaults))
         if model_defaults:
             layers.append(("pretrained-model defaults", model_defaults))
         if backend_defaults:

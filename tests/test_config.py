@@ -196,18 +196,50 @@ def test_a_pretrained_model_gets_the_pretrained_defaults_above_the_agents() -> N
     _, real = resolve_run_config("blackjack", None, [], {"model.name": "smollm2-135m"})
     expected = PRETRAINED_MODEL_DEFAULTS["algorithm"]
     assert real.config.algorithm.lr == expected["lr"]
-    assert real.config.algorithm.target_kl == expected["target_kl"]
     assert real.sources["algorithm.episodes_per_update"] == "pretrained-model defaults"
     assert real.config.rollout.mode == "score"  # the agent's own choices stay
     # ...and its own pretrained defaults for the mode win over the generic ones.
-    assert real.config.algorithm.entropy_coef == 0.1
-    assert real.sources["algorithm.entropy_coef"] == "pretrained-model defaults"
+    own = BlackjackAgent.pretrained_defaults["score"]["algorithm"]
+    assert real.config.algorithm.name == own["name"]
+    assert real.config.algorithm.target_kl == own["target_kl"] != expected["target_kl"]
+    assert real.sources["algorithm.target_kl"] == "pretrained-model defaults"
     _, generate = resolve_run_config(
         "blackjack", None, [], {"model.name": "smollm2-135m", "rollout.mode": "generate"}
     )
-    assert generate.config.algorithm.entropy_coef == 0.01  # the agent's default
+    generated = BlackjackAgent.pretrained_defaults.get("generate", {}).get("algorithm", {})
+    assert generate.config.algorithm.target_kl == generated.get(
+        "target_kl", expected["target_kl"]
+    )
     _, chosen = resolve_run_config(
         "blackjack", None, ["algorithm.lr=0.0005", "model.name=some/model"], {}
     )
     assert chosen.config.algorithm.lr == 5e-4 and chosen.sources["algorithm.lr"] == "--set"
     assert chosen.config.algorithm.epochs == expected["epochs"]
+
+
+def test_pretrained_defaults_that_choose_an_algorithm_hold_only_for_it() -> None:
+    """An agent's pretrained defaults may pick an algorithm for a pretrained model; then
+    its tiny-tuned settings for another algorithm give way, and a user who picks yet
+    another algorithm gets the generic pretrained defaults without the chosen one's keys."""
+    from llamagym.config import PRETRAINED_MODEL_DEFAULTS
+    from llamagym.run import resolve_agent_config
+
+    class Chooser(BlackjackAgent):
+        pretrained_defaults = {
+            "score": {"algorithm": {"name": "grpo", "group_size": 4, "kl_coef": 0.3}}
+        }
+
+    model = ("--set", {"model": {"name": "smollm2-135m"}})
+    chosen = resolve_agent_config(Chooser, [model])
+    algorithm = chosen.config.algorithm
+    assert algorithm.name == "grpo" and algorithm.group_size == 4 and algorithm.kl_coef == 0.3
+    assert algorithm.lr == PRETRAINED_MODEL_DEFAULTS["algorithm"]["lr"]
+    # Blackjack's PPO settings for the tiny model (entropy 0.01, 512 episodes) are gone.
+    assert algorithm.entropy_coef == 0.0 and algorithm.episodes_per_update == 64
+    own = resolve_agent_config(Chooser, [model, ("--set", {"algorithm": {"name": "ppo"}})])
+    assert own.config.algorithm.name == "ppo"
+    assert not hasattr(own.config.algorithm, "group_size")
+    assert own.config.algorithm.lr == PRETRAINED_MODEL_DEFAULTS["algorithm"]["lr"]
+    assert own.config.algorithm.kl_coef == 0.0
+    tiny = resolve_agent_config(Chooser, [])
+    assert tiny.config.algorithm.name == "ppo" and tiny.config.algorithm.lr == 1e-3
