@@ -330,10 +330,18 @@ class Trainer:
         self._resumed_plugins: list[dict[str, Any]] | None = None
 
     # -- set-up -------------------------------------------------------------------
+    #: What a new run in a directory that holds an older one replaces.
+    run_files: tuple[str, ...] = _RUN_FILES
+
+    @staticmethod
+    def run_dir_of(checkpoint: Path) -> Path:
+        """The run directory a checkpoint of this trainer's belongs to."""
+        return checkpoints.run_dir_of(checkpoint)
+
     def _prepare_output_dir(self, resume_checkpoint: Path | None) -> None:
         directory = self.output_dir
         resuming_in_place = resume_checkpoint is not None and (
-            checkpoints.run_dir_of(resume_checkpoint) == directory.resolve()
+            self.run_dir_of(resume_checkpoint) == directory.resolve()
         )
         replacing = holds_a_run(directory) and not resuming_in_place
         if replacing and not self.config.output.overwrite:
@@ -346,7 +354,7 @@ class Trainer:
             return
         # Created if need be, and known to be writable before anything in it is deleted.
         check_writable(directory, resuming=resume_checkpoint is not None)
-        for name in _RUN_FILES if replacing else ():
+        for name in self.run_files if replacing else ():
             path = directory / name
             if path.is_dir():
                 shutil.rmtree(path)

@@ -34,7 +34,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import time
 import warnings
 from collections import deque
@@ -68,8 +67,6 @@ from llamagym.training.trainer import (
     Counters,
     RunSummary,
     Trainer,
-    check_writable,
-    holds_a_run,
     make_first_env,
     seed_everything,
 )
@@ -546,6 +543,12 @@ class TRLTrainer(Trainer):
     are TRL's (``checkpoints/checkpoint-N``, resumed by TRL), and the trained model is
     exported to ``model/`` at the end, which ``llamagym eval/play/export`` load."""
 
+    run_files = (*_RUN_FILES, RUN_EXPORT)
+
+    @staticmethod
+    def run_dir_of(checkpoint: Path) -> Path:
+        return trl_run_dir(checkpoint)
+
     def run(self) -> RunSummary:
         require_trl()
         check_supported(self.agent.resolved)
@@ -574,7 +577,7 @@ class TRLTrainer(Trainer):
                 "checkpoint-N with trainer_state.json)"
             )
         make_first_env(agent)
-        self._prepare_trl_dir(resume)
+        self._prepare_output_dir(resume)
         self._transcripts = TranscriptLog(
             self.output_dir / TRANSCRIPTS if distributed.is_main() else None
         )
@@ -678,25 +681,6 @@ class TRLTrainer(Trainer):
             except Exception as error:  # a failed picture must not lose a finished run
                 logger.warning("could not write the report: %s: %s", type(error).__name__, error)
         return summary
-
-    def _prepare_trl_dir(self, resume: Path | None) -> None:
-        directory = self.output_dir
-        in_place = resume is not None and trl_run_dir(resume) == directory.resolve()
-        if holds_a_run(directory) and not in_place and not self.config.output.overwrite:
-            raise LlamaGymError(
-                f"output directory {str(directory)!r} already holds a run; continue it "
-                f"with --resume {directory}, choose another --output, or set "
-                "output.overwrite=true to replace it"
-            )
-        if distributed.is_main():
-            check_writable(directory, resuming=resume is not None)
-            if not in_place:
-                for name in (*_RUN_FILES, RUN_EXPORT):
-                    path = directory / name
-                    if path.is_dir():
-                        shutil.rmtree(path)
-                    elif path.exists():
-                        path.unlink()
 
 
 @contextlib.contextmanager
