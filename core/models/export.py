@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -70,7 +71,12 @@ def export_agent(
         base = _base_model_id(agent)
         for settings in model.peft_config.values():
             settings.base_model_name_or_path = base
-    model.save_pretrained(directory)
+    with warnings.catch_warnings():
+        # peft looks the base model up on the Hub to see whether its vocabulary changed;
+        # offline that is two warnings about a lookup that does not matter here.
+        warnings.filterwarnings("ignore", message=".*Unable to fetch remote file.*")
+        warnings.filterwarnings("ignore", message=".*Could not find a config file.*")
+        model.save_pretrained(directory)
     policy.tokenizer.save_pretrained(directory)
     rollout = agent.config.rollout
     generation = GenerationConfig(

@@ -583,17 +583,22 @@ class TRLTrainer(Trainer):
         )
         self._write_config()
         settings = config.model
+        # TRL wraps the model in its LoRA adapter (peft_config); a quantized model gets
+        # the loader's, which prepares the quantized weights for it first.
+        quantized = settings.quantize is not None
         model, tokenizer = load_model_and_tokenizer(
             settings.name,
             device=str(agent.device) if getattr(agent, "device", None) else settings.device,
             dtype=None if settings.dtype == "auto" else settings.dtype,
             quantize=settings.quantize,
-            lora=False,
+            lora=settings.lora if quantized else False,
+            lora_rank=settings.lora_rank if quantized else None,
+            lora_layers=settings.lora_layers if quantized else None,
             trust_remote_code=settings.trust_remote_code,
             seed=config.training.seed,
         )
         peft_config = None
-        if trains_through_lora(model, settings.lora) or settings.quantize:
+        if not quantized and trains_through_lora(model, settings.lora):
             peft_config = lora_config(
                 model, settings.name, settings.lora_rank, settings.lora_layers
             )
