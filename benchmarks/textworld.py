@@ -1,8 +1,10 @@
-"""TextWorld with the tiny model in score mode: success rate on the training games and on
-unseen ones, beside the random-admissible and walkthrough baselines.
+"""TextWorld in score mode: success rate on the training games and on unseen ones, beside
+the random-admissible and walkthrough baselines (and, for a pretrained model, its
+zero-shot success).
 
-    python benchmarks/textworld.py            # 20 games (3 rooms, quests of 2-3), 15 min
+    python benchmarks/textworld.py            # tiny, 20 games (3 rooms, quests of 2-3), 15 min
     python benchmarks/textworld.py --quick    # 4 games, 1 min of training: a smoke run
+    python benchmarks/textworld.py --model smollm2-135m --minutes 30 --set training.threads=1
 
 1. The games are generated (or found in the cache) first, so generation never eats into
    the training budget: the training pool has seeds 0..N-1, the unseen pool seeds
@@ -56,10 +58,11 @@ def game_settings(games: int, first_seed: int, world_size: int, quest: tuple[int
 
 
 def train_command(seed: int, minutes: float, output: Path, settings: dict[str, Any],
-                  extra: list[str]) -> list[str]:
+                  extra: list[str], model: str = "tiny") -> list[str]:
     executable = shutil.which("llamagym", path=str(Path(sys.executable).parent)) or "llamagym"
     line = [
         executable, "run", "textworld",
+        "--model", model,
         "--minutes", str(minutes),
         "--seed", str(seed),
         "--eval-episodes", "0",  # evaluated below, game by game
@@ -78,6 +81,16 @@ def load_trained_agent(run_dir: Path) -> Any:
     from llamagym import load_agent
 
     return load_agent(run_dir, agent="textworld")
+
+
+def untrained_agent(model: str, settings: dict[str, Any], extra: list[str]) -> Any:
+    """The agent as a run would start it: the model before any update."""
+    from llamagym.cli.run_commands import resolve_run_config
+
+    assignments = [f"agent.{key}={value}" for key, value in settings.items()] + extra
+    agent_class, resolved = resolve_run_config("textworld", None, assignments,
+                                               {"model.name": model})
+    return agent_class(config=resolved)
 
 
 def play_agent(agent: Any, game_files: list[Path]) -> list[dict[str, Any]]:
@@ -140,6 +153,8 @@ def main() -> None:
                         help="Extra KEY=VALUE for the training run, e.g. algorithm.lr=2e-3.")
     parser.add_argument("--keep-runs", type=Path, help="Keep run directories here.")
     parser.add_argument("--output", type=Path, help="Where the JSON goes (default: results/).")
+    parser.add_argument("--model", default="tiny",
+                        help="Model to train; any but tiny is also measured zero-shot.")
     args = parser.parse_args()
     quick = args.quick
     minutes = args.minutes or (1.0 if quick else 15.0)
@@ -167,10 +182,17 @@ def main() -> None:
     settings = game_settings(games, 0, world_size, quest, max_steps)
     runs = []
     baselines: dict[str, dict[str, float]] = {}
+    zero_shot = None
+    if args.model != "tiny":  # the tiny model's untrained weights are random: nothing to see
+        untrained = untrained_agent(args.model, settings, extra)
+        zero_shot = {pool: statistics.fmean(o["won"] for o in play_agent(untrained, files))
+                     for pool, files in pools.items()}
+        print(f"zero-shot success: {zero_shot}", flush=True)
+        del untrained
     for seed in seeds:
         output = runs_dir / f"seed{seed}"
         shutil.rmtree(output, ignore_errors=True)
-        line = train_command(seed, minutes, output, settings, extra)
+        line = train_command(seed, minutes, output, settings, extra, args.model)
         print("$", " ".join(line), flush=True)
         run_started = time.perf_counter()
         completed = subprocess.run(line, capture_output=True, text=True)
@@ -178,7 +200,9 @@ def main() -> None:
             raise RuntimeError(f"seed {seed} failed ({completed.returncode}):\n"
                                f"{completed.stderr[-2000:]}")
         train_wall = time.perf_counter() - run_started
-        records = [json.loads(x) for x in (output / "metrics.jsonl").read_text().splitlines()]
+        metrics = output / "metrics.jsonl"  # absent when the budget ended inside update 1
+        lines = metrics.read_text().splitlines() if metrics.exists() else []
+        records = [json.loads(line) for line in lines]
         updates = [r for r in records if r.get("kind") == "update"]
         agent = load_trained_agent(output)
         outcomes = {pool: play_agent(agent, files) for pool, files in pools.items()}
@@ -206,8 +230,9 @@ def main() -> None:
         pool: statistics.fmean(run["success"][pool] for run in runs) for pool in pools
     }
     result = {
-        "model": "tiny",
+        "model": args.model,
         "mode": "score",
+        "zero_shot_success": zero_shot,
         "minutes_per_seed": minutes,
         "games_per_pool": games,
         "world_size": world_size,
