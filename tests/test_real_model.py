@@ -20,7 +20,9 @@ def smollm2_agent(smollm2_dir: Path, mode: str):
         config={
             "model": {"name": str(smollm2_dir)},
             "rollout": {"mode": mode, "num_envs": 4},
-            "algorithm": {"name": "ppo", "episodes_per_update": 4, "minibatch_size": 8, "epochs": 1},
+            "algorithm": {
+                "name": "ppo", "episodes_per_update": 4, "minibatch_size": 8, "epochs": 1,
+            },
             "training": {"threads": 2},
         }
     )
