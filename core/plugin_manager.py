@@ -525,7 +525,7 @@ class Plugins:
 
     def _not_answering_in_time(self, plugin_name: str, hook_name: str, limit: float) -> None:
         self._not_answering.add(plugin_name)
-        distribution = self._distributions.get(plugin_name, ("", ""))[0] or "unknown"
+        distribution = self._distribution_of(plugin_name)
         self._problem(
             f"plugin {plugin_name!r} (distribution {distribution}) did not answer "
             f"{hook_name} within {limit:g} s and is skipped ({TIMEOUT_VARIABLE} sets the "
@@ -558,7 +558,7 @@ class Plugins:
         if key in self._refused_answers:
             return
         self._refused_answers.add(key)
-        distribution = self._distributions.get(plugin_name, ("", ""))[0] or "unknown"
+        distribution = self._distribution_of(plugin_name)
         if hook_name == "llamagym_extract_action":
             shown = reprlib.repr(tuple(legal or ()))
             wanted = f"an index into or a name of the legal actions {shown}"
@@ -632,13 +632,17 @@ class Plugins:
 
         return isolated
 
+    def _distribution_of(self, plugin_name: str) -> str:
+        """The distribution that installed ``plugin_name``, for a message; "unknown"."""
+        return self._distributions.get(plugin_name, ("", ""))[0] or "unknown"
+
     def _hook_failed(self, plugin_name: str, hook_name: str, error: Exception) -> None:
         """Report, once per plugin and hook, that a plugin raised inside a hook."""
         key = f"{plugin_name}:{hook_name}"
         if key in self._failed_hooks:
             return
         self._failed_hooks.add(key)
-        distribution = self._distributions.get(plugin_name, ("", ""))[0] or "unknown"
+        distribution = self._distribution_of(plugin_name)
         self._problem(
             f"plugin {plugin_name!r} (distribution {distribution}) raised in {hook_name}: "
             f"{type(error).__name__}: {error}; its answer is skipped; "
@@ -688,7 +692,7 @@ class Plugins:
                     raise TypeError(f"called after {hook_name} returned")
                 spec, override = _registration(spec_class, args, kwargs)
             except (TypeError, ValueError) as error:
-                distribution = self._distributions.get(plugin, ("", ""))[0] or "unknown"
+                distribution = self._distribution_of(plugin)
                 self._problem(
                     f"plugin {plugin!r} (distribution {distribution}) made a registration "
                     f"in {hook_name} that cannot be used, {_call_text(args, kwargs)}: "

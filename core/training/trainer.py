@@ -731,13 +731,18 @@ class Trainer:
         if self.stop_signal is None and config.training.eval_episodes:
             summary.evaluation, summary.baselines, record = self._evaluate(counters)
             history.append(record)
-        if config.output.report:
-            try:
-                files = write_report(self.output_dir, history, self._config_dict)
-                summary.report, summary.curve = files.markdown, files.curve
-            except Exception as error:  # a failed picture must not lose a finished run
-                logger.warning("could not write the report: %s: %s", type(error).__name__, error)
+        self._report(summary, history)
         return summary
+
+    def _report(self, summary: RunSummary, history: list[dict[str, Any]]) -> None:
+        """report.md and the learning curve from ``history``, when ``output.report``."""
+        if not self.config.output.report:
+            return
+        try:
+            files = write_report(self.output_dir, history, self._config_dict)
+            summary.report, summary.curve = files.markdown, files.curve
+        except Exception as error:  # a failed picture must not lose a finished run
+            logger.warning("could not write the report: %s: %s", type(error).__name__, error)
 
     def _evaluate(self, counters: Counters) -> tuple[EvalResult, list[EvalResult], dict]:
         config = self.config

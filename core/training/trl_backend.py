@@ -59,7 +59,6 @@ from llamagym.training.report import (
     read_records,
     records_until,
     rewrite_records,
-    write_report,
 )
 from llamagym.training.trainer import (
     _RUN_FILES,
@@ -680,11 +679,7 @@ class TRLTrainer(Trainer):
             training=counters.as_dict(),
             overwrite=True,
         )
-        if config.output.report:
-            try:
-                summary.report = write_report(self.output_dir, history, self._config_dict).markdown
-            except Exception as error:  # a failed picture must not lose a finished run
-                logger.warning("could not write the report: %s: %s", type(error).__name__, error)
+        self._report(summary, history)
         return summary
 
 
