@@ -126,6 +126,7 @@ def memory(spec: dict[str, Any]) -> dict[str, Any]:
         "overrides": spec.get("overrides", {}),
         "env": spec.get("env", {}),
         "gradient_checkpointing": bool(agent.policy.checkpointed_layers),
+        "microbatch_size": agent.algorithm.config.microbatch_size,
         "turns": sum(len(e.turns) for e in batch),
         "update_seconds": time.perf_counter() - started,
         "rss_loaded_mb": loaded,
@@ -306,6 +307,9 @@ LONG_REPLIES = {"rollout": {"max_new_tokens": 24, "reply_prefix": ""}}
 # freed, so the activations that checkpointing frees stay resident; a fixed 1 MB
 # threshold returns them (at the price of page faults on every large allocation).
 MMAP_THRESHOLD = {"MALLOC_MMAP_THRESHOLD_": "1048576"}
+# The minibatch of 32 in one forward and backward pass, not in the micro-batches a
+# pretrained model gets by default.
+WHOLE_MINIBATCH = {"algorithm": {"microbatch_size": None}}
 # Measured with the same settings at commit ed38954, before the LM head ran only at the
 # scored tokens and before gradient checkpointing took effect (24-token replies).
 BEFORE_MB = {"score": 2357, "generate": 6217}
@@ -313,13 +317,13 @@ BEFORE_MB = {"score": 2357, "generate": 6217}
 
 def memory_part(args: argparse.Namespace) -> dict[str, Any]:
     rows = [run_worker({"work": "memory", "model": args.model, "mode": mode,
-                        "gradient_checkpointing": checkpointing, "overrides": overrides,
+                        "gradient_checkpointing": None, "overrides": overrides,
                         "env": env}, args.threads)
-            for mode, checkpointing, overrides, env in (
-                ("score", None, {}, {}), ("generate", None, {}, {}),
-                ("generate", None, LONG_REPLIES, {}), ("generate", False, LONG_REPLIES, {}),
-                ("score", None, {}, MMAP_THRESHOLD), ("generate", None, {}, MMAP_THRESHOLD),
-                ("generate", None, LONG_REPLIES, MMAP_THRESHOLD))]
+            for mode, overrides, env in (
+                ("score", {}, {}), ("generate", {}, {}), ("generate", LONG_REPLIES, {}),
+                ("score", WHOLE_MINIBATCH, {}), ("generate", WHOLE_MINIBATCH, {}),
+                ("generate", {**LONG_REPLIES, **WHOLE_MINIBATCH}, {}),
+                ("generate", WHOLE_MINIBATCH, MMAP_THRESHOLD))]
     return {"model": args.model, "rows": rows, "before_mb": BEFORE_MB,
             "target_generate_mb": TARGETS["memory_generate_mb"]}
 

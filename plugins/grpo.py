@@ -64,6 +64,13 @@ class CriticFreeConfig(AlgorithmConfig):
     )
     epochs: int = Field(2, ge=1, description="Passes over each batch.")
     minibatch_size: int = Field(64, ge=1, description="Turns per gradient step.")
+    microbatch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Turns per forward and backward pass; a step accumulates its "
+        "minibatch's gradients from such pieces (less memory, same step). null = the "
+        "whole minibatch.",
+    )
     clip_range: float = Field(0.2, gt=0, description="Ratio clip epsilon.")
     entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
     kl_coef: float = Field(0.0, ge=0, description="Weight of KL to the reference (0 = off).")

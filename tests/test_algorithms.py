@@ -162,16 +162,54 @@ def test_grpo_learns_an_action_that_depends_on_the_state() -> None:
     assert hit_low > 0.9 and hit_high < 0.1
 
 
+@pytest.mark.parametrize("microbatch_size", [None, 3])
 @pytest.mark.parametrize("name", ALGORITHMS)
-def test_target_kl_stops_the_epochs_early(name: str) -> None:
+def test_target_kl_stops_the_epochs_early(name: str, microbatch_size: int | None) -> None:
     # The first step moves the policy; the next minibatch (in this epoch, or the next one
     # when zero-variance groups left only one minibatch) already measures more than
     # 1.5 x the tiny target, so the update stops there instead of running 4 epochs.
-    agent = agent_for(name, epochs=4, minibatch_size=8, target_kl=1e-7)
+    agent = agent_for(name, epochs=4, minibatch_size=8, target_kl=1e-7,
+                      microbatch_size=microbatch_size)
     metrics = agent.algorithm.update(collect(agent, 16))
     assert metrics["target_kl_stop"] == 1.0 and metrics["target_kl_stops"] == 1.0
     assert metrics["policy_steps"] == 1.0 and metrics["epochs_run"] <= 2.0
     assert agent.algorithm.state_dict()["counters"]["target_kl_stops"] == 1
+
+
+def counted_passes(algorithm) -> list[int]:
+    """The turns of every forward pass the algorithm's update makes, as it makes them."""
+    passes: list[int] = []
+    evaluate = algorithm.evaluate
+
+    def counting(turns, *rest):
+        passes.append(len(turns))
+        return evaluate(turns, *rest)
+
+    algorithm.evaluate = counting
+    return passes
+
+
+@pytest.mark.parametrize("name", ["ppo", "grpo"])
+def test_micro_batches_take_the_steps_whole_minibatches_take(name: str) -> None:
+    """A minibatch of 8 turns in pieces of 3, 3 and 2 (PPO's value loss, GRPO's KL to
+    the reference): the same metrics and the same weights as one pass over the 8."""
+    outcomes = []
+    for microbatch_size in (None, 3):
+        torch.manual_seed(0)
+        agent = agent_for(name, epochs=2, minibatch_size=8, kl_coef=0.1,
+                          microbatch_size=microbatch_size)
+        agent.algorithm.freeze_reference()
+        batch = collect(agent, 16)
+        passes = counted_passes(agent.algorithm)
+        metrics = agent.algorithm.update(batch)
+        outcomes.append((passes, metrics, trained_parameters(agent.algorithm)))
+    (whole, metrics, weights), (pieces, metrics_in_pieces, weights_in_pieces) = outcomes
+    assert set(whole) <= {8} and set(pieces) <= {2, 3} and len(pieces) > len(whole)
+    assert sum(whole) == sum(pieces)
+    assert metrics_in_pieces == pytest.approx(metrics, rel=1e-4, abs=1e-6)
+    assert metrics["policy_steps"] > 1
+    for key, value in weights.items():
+        torch.testing.assert_close(weights_in_pieces[key], value, rtol=1e-4, atol=1e-6)
 
 
 def test_without_a_target_kl_every_epoch_runs() -> None:

@@ -197,6 +197,8 @@ def test_a_pretrained_model_gets_the_pretrained_defaults_above_the_agents() -> N
     expected = PRETRAINED_MODEL_DEFAULTS["algorithm"]
     assert real.config.algorithm.lr == expected["lr"]
     assert real.sources["algorithm.episodes_per_update"] == "pretrained-model defaults"
+    assert real.config.algorithm.microbatch_size == expected["microbatch_size"]
+    assert tiny.config.algorithm.microbatch_size is None
     assert real.config.rollout.mode == "score"  # the agent's own choices stay
     # ...and its own pretrained defaults for the mode win over the generic ones.
     own = BlackjackAgent.pretrained_defaults["score"]["algorithm"]

@@ -183,9 +183,13 @@ def recorded_run(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("trl")
     recorder = Recorder(monkeypatch)
     # The untrained tiny model's replies name no action: with random fallbacks a
-    # seed group's returns differ, so GRPO has something to learn from.
+    # seed group's returns differ, so GRPO has something to learn from. Each step
+    # accumulates its minibatch of 8 from two micro-batches.
     agent = small_agent(
-        tmp_path, output={"checkpoint_every": 1}, rollout={"invalid_action": {"policy": "random"}}
+        tmp_path,
+        output={"checkpoint_every": 1},
+        rollout={"invalid_action": {"policy": "random"}},
+        algorithm={"microbatch_size": 4},
     )
     initial, _ = load_model_and_tokenizer("tiny", lora=False)
     before = {name: p.detach().clone() for name, p in initial.named_parameters()}
@@ -296,10 +300,13 @@ def test_a_run_resumes_from_its_trl_checkpoint(recorded_run, tmp_path) -> None:
 def test_settings_map_onto_grpo_config(tmp_path) -> None:
     agent = small_agent(
         tmp_path,
-        algorithm={"lr": 3e-4, "kl_coef": 0.05, "clip_range": 0.3, "epochs": 2},
+        algorithm={"lr": 3e-4, "kl_coef": 0.05, "clip_range": 0.3, "epochs": 2,
+                   "microbatch_size": 4},
         trl={"use_vllm": True, "vllm_mode": "server", "loss_type": "grpo"},
     )
     args = grpo_args(agent.resolved, tmp_path, world_size=1, use_cpu=True)
+    # A minibatch of 8 is one optimizer step over two micro-batches of 4.
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (4, 2)
     assert (args.learning_rate, args.beta, args.epsilon, args.num_iterations) == (
         3e-4,
         0.05,
@@ -327,6 +334,7 @@ def test_backend_defaults_make_any_agent_start_under_trl(tmp_path) -> None:
         ("rollout.history_turns=2", "leave rollout.history_turns unset"),
         ("rollout.invalid_action.policy=reprompt", "use fallback"),
         ("algorithm.target_kl=0.02", "algorithm.kl_coef"),
+        ("algorithm.microbatch_size=3", "must divide algorithm.minibatch_size"),
     ],
 )
 def test_what_cannot_carry_over_is_one_line_and_exit_2(setting, named, tmp_path) -> None:

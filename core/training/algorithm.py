@@ -464,6 +464,13 @@ class Algorithm:
         finite = bool(torch.isfinite(loss))
         if finite:
             loss.backward()
+        return self.apply_gradients(optimizer, finite, max_grad_norm)
+
+    def apply_gradients(
+        self, optimizer: torch.optim.Optimizer, finite: bool, max_grad_norm: float
+    ) -> bool:
+        """Step on the gradients the parameters hold (``finite``: every loss behind them
+        was); see :meth:`step`, which takes the backward pass first."""
         parameters = self.policy.trainable_parameters()
         if not self.group.average_gradients(parameters, finite):
             optimizer.zero_grad(set_to_none=True)
@@ -498,18 +505,21 @@ class Algorithm:
         Afterwards the adaptive KL weight is steered (:meth:`sync_adapt_kl`).
         ``settings`` (default: the algorithm's config) gives ``epochs``,
         ``minibatch_size``, ``clip_range``, ``entropy_coef``, ``target_kl`` and
-        ``max_grad_norm``. An update without turns runs no epoch.
+        ``max_grad_norm``, and may give ``microbatch_size`` (turns per forward and
+        backward pass within a step; see :meth:`_accumulate`). An update without turns
+        runs no epoch.
         """
         if settings is None:
             settings = cast(ClippedSettings, self.config)
         if self.optimizer is None:
             raise RuntimeError(f"{type(self).__name__} has no optimizer to take steps with")
-        optimizer, device = self.optimizer, self.policy.device
+        optimizer = self.optimizer
         kl_coef = self.kl.coef if self.kl is not None else 0.0
         # The reference never moves during the update: score it once.
         reference = None
         if kl_coef > 0 and turns:
-            reference = self.reference_logprob_lists(turns, settings.minibatch_size)
+            chunk = getattr(settings, "microbatch_size", None) or settings.minibatch_size
+            reference = self.reference_logprob_lists(turns, chunk)
         sums = {"policy_loss": 0.0, **{term.name: 0.0 for term in extra_losses}}
         sums.update(entropy=0.0, kl_ref=0.0, approx_kl=0.0, clip_fraction=0.0)
         steps, epochs_run, stopped, interrupted = 0, 0, False, False
@@ -523,37 +533,17 @@ class Algorithm:
                 if self.stop_requested():
                     interrupted = True  # asked to stop: the steps taken so far stand
                     break
-                batch = [turns[i] for i in index]
-                new = self.evaluate(batch)
-                width = new.logprobs.shape[1]
-                surrogate = clipped_surrogate(
-                    new, self.old_logprobs(batch, width), advantages[index], settings.clip_range
+                gradients = self._accumulate(
+                    turns, index, advantages, reference, extra_losses, settings, kl_coef
                 )
-                if self.sync_target_kl_stop(surrogate.approx_kl, settings.target_kl):
+                if gradients is None:
                     stopped = True  # this step would move further from the rollout policy
                     break
-                loss = surrogate.loss
-                terms = []
-                for term in extra_losses:
-                    value = term.compute(index, new)
-                    loss = loss + term.weight * value
-                    terms.append(value)
-                entropy = masked_mean(new.entropy, new.mask)
-                loss = loss - settings.entropy_coef * entropy
-                kl_ref = torch.zeros((), device=device)
-                if reference is not None:
-                    reference_t = self.padded([reference[i] for i in index], width)
-                    kl_ref = reference_kl(new.logprobs, reference_t, new.mask)
-                    loss = loss + kl_coef * kl_ref
-                self.step(optimizer, loss, settings.max_grad_norm)
+                values, finite = gradients
+                self.apply_gradients(optimizer, finite, settings.max_grad_norm)
                 steps += 1
-                sums["policy_loss"] += surrogate.loss.item()
-                for term, value in zip(extra_losses, terms, strict=True):
-                    sums[term.name] += value.item()
-                sums["entropy"] += entropy.item()
-                sums["kl_ref"] += kl_ref.item()
-                sums["approx_kl"] += surrogate.approx_kl
-                sums["clip_fraction"] += surrogate.clip_fraction
+                for key, value in values.items():
+                    sums[key] += value
             if stopped:
                 self.target_kl_stops += 1
                 break
@@ -563,6 +553,64 @@ class Algorithm:
         if kl_coef > 0:  # on every process, even one without turns
             self.sync_adapt_kl(averages["kl_ref"], len(turns))
         return Optimisation(averages, steps, epochs_run, stopped, interrupted)
+
+    def _accumulate(
+        self,
+        turns: Sequence[Turn],
+        index: list[int],
+        advantages: torch.Tensor,
+        reference: list[list[float]] | None,
+        extra_losses: Sequence[LossTerm],
+        settings: ClippedSettings,
+        kl_coef: float,
+    ) -> tuple[dict[str, float], bool] | None:
+        """The gradients of one step over the minibatch ``index``, accumulated from
+        forward and backward passes over pieces of ``microbatch_size`` turns (the whole
+        minibatch when the config has none): each piece's loss counts by its share of
+        the minibatch, so the step is the one a single pass would take, with a piece's
+        activations held instead of the minibatch's. Returns the step's share-weighted
+        metrics and whether every loss was finite; None, with no gradient kept, when
+        KL(rollout || current) over the minibatch is past the target (judged before the
+        last piece's backward pass, so a minibatch in one piece stops without one)."""
+        optimizer = cast(torch.optim.Optimizer, self.optimizer)
+        optimizer.zero_grad(set_to_none=True)
+        size = getattr(settings, "microbatch_size", None) or len(index)
+        pieces = [index[start : start + size] for start in range(0, len(index), size)]
+        values = {"policy_loss": 0.0, **{term.name: 0.0 for term in extra_losses}}
+        values.update(entropy=0.0, kl_ref=0.0, approx_kl=0.0, clip_fraction=0.0)
+        finite = True
+        for number, piece in enumerate(pieces):
+            share = len(piece) / len(index)
+            batch = [turns[i] for i in piece]
+            new = self.evaluate(batch)
+            width = new.logprobs.shape[1]
+            surrogate = clipped_surrogate(
+                new, self.old_logprobs(batch, width), advantages[piece], settings.clip_range
+            )
+            values["approx_kl"] += share * surrogate.approx_kl
+            values["clip_fraction"] += share * surrogate.clip_fraction
+            last = number == len(pieces) - 1
+            if last and self.sync_target_kl_stop(values["approx_kl"], settings.target_kl):
+                optimizer.zero_grad(set_to_none=True)
+                return None
+            loss = surrogate.loss
+            values["policy_loss"] += share * surrogate.loss.item()
+            for term in extra_losses:
+                value = term.compute(piece, new)
+                loss = loss + term.weight * value
+                values[term.name] += share * value.item()
+            entropy = masked_mean(new.entropy, new.mask)
+            loss = loss - settings.entropy_coef * entropy
+            values["entropy"] += share * entropy.item()
+            if reference is not None:
+                reference_t = self.padded([reference[i] for i in piece], width)
+                kl_ref = reference_kl(new.logprobs, reference_t, new.mask)
+                loss = loss + kl_coef * kl_ref
+                values["kl_ref"] += share * kl_ref.item()
+            finite = finite and bool(torch.isfinite(loss))
+            if finite:
+                (loss * share).backward()
+        return values, finite
 
     def finish_update(
         self,

@@ -122,6 +122,13 @@ def check_supported(resolved: ResolvedConfig) -> None:
         ):
             if getattr(algorithm, key, None) is not None:
                 problems.append(f"algorithm.{key}: {fix}, or the native backend")
+        micro = getattr(algorithm, "microbatch_size", None)
+        minibatch = getattr(algorithm, "minibatch_size", 1)
+        if micro is not None and minibatch % micro:
+            problems.append(
+                f"algorithm.microbatch_size={micro}: TRL accumulates whole micro-batches, "
+                f"so it must divide algorithm.minibatch_size={minibatch}"
+            )
         warm_start = getattr(algorithm, "warm_start", None)
         if warm_start is not None and (warm_start.demonstrations or warm_start.replay):
             problems.append(
@@ -184,6 +191,7 @@ def grpo_args(resolved: ResolvedConfig, output_dir: Path, world_size: int, use_c
         else "gradient_checkpointing"
     )
     renamed: dict[str, Any] = {checkpointing: settings.gradient_checkpointing}
+    micro = algorithm.microbatch_size or algorithm.minibatch_size
     return GRPOConfig(
         output_dir=str(output_dir / "checkpoints"),
         seed=config.training.seed,
@@ -194,8 +202,9 @@ def grpo_args(resolved: ResolvedConfig, output_dir: Path, world_size: int, use_c
         max_grad_norm=algorithm.max_grad_norm,
         num_generations=algorithm.group_size,
         generation_batch_size=algorithm.episodes_per_update,
-        per_device_train_batch_size=algorithm.minibatch_size,
-        gradient_accumulation_steps=1,
+        # A minibatch is one optimizer step, accumulated from micro-batches when set.
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=algorithm.minibatch_size // micro,
         num_iterations=algorithm.epochs,
         epsilon=algorithm.clip_range,
         beta=algorithm.kl_coef,
