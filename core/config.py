@@ -288,9 +288,10 @@ PRETRAINED_MODEL_DEFAULTS: dict[str, Any] = {
         "lr": 1e-4,
         "episodes_per_update": 64,
         "minibatch_size": 32,
-        # Each step's 32 turns in two passes: the activations of one generate-mode
-        # update at minibatch 32 peak at 1.8 GB instead of 2.1-2.3 GB (SmolLM2-135M).
-        "microbatch_size": 16,
+        # Each step's 32 turns in passes of 8: the same step, with a quarter of the
+        # activations alive at once (SmolLM2-135M, one generate-mode PPO update at
+        # minibatch 32: README, Real models).
+        "microbatch_size": 8,
         "epochs": 2,
         "target_kl": 0.02,
     },
