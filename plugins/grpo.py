@@ -37,6 +37,7 @@ from llamagym.training.algorithm import (
     KLController,
     check_adaptive_kl,
     check_group_divides_batch,
+    microbatch_size_field,
     seed_groups,
 )
 from llamagym.training.credit import (
@@ -64,13 +65,7 @@ class CriticFreeConfig(AlgorithmConfig):
     )
     epochs: int = Field(2, ge=1, description="Passes over each batch.")
     minibatch_size: int = Field(64, ge=1, description="Turns per gradient step.")
-    microbatch_size: int | None = Field(
-        None,
-        ge=1,
-        description="Turns per forward and backward pass; a step accumulates its "
-        "minibatch's gradients from such pieces (less memory, same step). null = the "
-        "whole minibatch.",
-    )
+    microbatch_size: int | None = microbatch_size_field()
     clip_range: float = Field(0.2, gt=0, description="Ratio clip epsilon.")
     entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
     kl_coef: float = Field(0.0, ge=0, description="Weight of KL to the reference (0 = off).")

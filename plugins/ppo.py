@@ -22,6 +22,7 @@ from llamagym.training.algorithm import (
     KLController,
     LossTerm,
     check_adaptive_kl,
+    microbatch_size_field,
 )
 from llamagym.training.credit import CREDIT_RULES, CreditRule, gae, turn_returns
 from llamagym.training.schedule import Control, Schedule
@@ -35,13 +36,7 @@ class PPOConfig(AlgorithmConfig):
     episodes_per_update: int = Field(64, ge=1, description="Episodes collected per update.")
     epochs: int = Field(4, ge=1, description="Passes over each batch.")
     minibatch_size: int = Field(64, ge=1, description="Turns per gradient step.")
-    microbatch_size: int | None = Field(
-        None,
-        ge=1,
-        description="Turns per forward and backward pass; a step accumulates its "
-        "minibatch's gradients from such pieces (less memory, same step). null = the "
-        "whole minibatch.",
-    )
+    microbatch_size: int | None = microbatch_size_field()
     clip_range: float = Field(0.2, gt=0, description="PPO ratio clip epsilon.")
     value_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
     entropy_coef: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")

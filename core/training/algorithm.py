@@ -35,7 +35,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 import torch
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError, ValidationError
 
 from llamagym.config import RolloutSettings
@@ -124,6 +131,18 @@ class AlgorithmConfig(BaseModel):
                 "unsupported_credit", unsupported_credit_message(name, rule, cls.credit_rules)
             )
         return rule
+
+
+def microbatch_size_field() -> Any:
+    """The ``microbatch_size`` setting of a config whose algorithm steps through
+    :meth:`Algorithm.optimise` (PPO's and GRPO's)."""
+    return Field(
+        None,
+        ge=1,
+        description="Turns per forward and backward pass; a step accumulates its "
+        "minibatch's gradients from such pieces (less memory, same step). null = the "
+        "whole minibatch.",
+    )
 
 
 def check_group_divides_batch(group_size: int, info: ValidationInfo) -> int:
