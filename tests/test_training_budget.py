@@ -166,7 +166,7 @@ def saved_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
 
 
 class TerminateAfterSteps:
-    """Wraps ``Algorithm.step``: sends this process SIGTERM after optimizer step
+    """Wraps ``Algorithm.apply_gradients``: sends this process SIGTERM after optimizer step
     ``after`` of update ``update`` (counted from 1), like `kill` during a long update."""
 
     def __init__(self, update: int, after: int):
@@ -207,7 +207,7 @@ def test_sigterm_during_an_update_ends_it_at_a_minibatch_boundary(
         output={"dir": str(tmp_path), "quiet": True},
     )
     terminate = TerminateAfterSteps(update=2, after=2)
-    monkeypatch.setattr(Algorithm, "step", terminate.wrap(Algorithm.step))
+    monkeypatch.setattr(Algorithm, "apply_gradients", terminate.wrap(Algorithm.apply_gradients))
     previous_handler = signal.getsignal(signal.SIGTERM)
     with temporary_plugin(terminate, "terminate"):
         summary = training.Trainer(agent).run()

@@ -86,10 +86,8 @@ class BlackjackAgent(Agent):
     # GRPO compares episodes dealt the same cards (a seed group), so each group says
     # which action was better for that very hand; with KL to the untrained model and a
     # small entropy bonus it reached -0.084 (basic strategy -0.047).
-    # Generate mode gets the same recipe; there it has not yet beaten always-stick in 30
-    # minutes (README, Real models: hits grow rare within a few updates).
     pretrained_defaults = {
-        mode: {
+        "score": {
             "algorithm": {
                 "name": "grpo",
                 "group_size": 8,
@@ -98,18 +96,13 @@ class BlackjackAgent(Agent):
                 "target_kl": 0.05,
             }
         }
-        for mode in ("score", "generate")
     }
 
     def get_system_prompt(self) -> str:
         if self.config.rollout.mode == "generate":
-            # The wording sets the untrained prior: SmolLM2-135M, after the reply prefix,
-            # puts 0.14 on "hit" and 0.12 on "stick" with this text (naming stick first
-            # and no goal: 0.04 and 0.16), so both actions are tried from the start.
             return (
-                "You play blackjack against the dealer. Get a sum closer to 21 than the "
-                'dealer without going over 21. Reply with JSON only: {"action": "hit"} to '
-                'take another card, or {"action": "stick"} to keep your sum.'
+                'Play blackjack. Reply with JSON only: {"action": "stick"} to stop taking '
+                'cards, or {"action": "hit"} to take another card.'
             )
         # Score mode puts each action name right after the prompt.
         return "Play blackjack: stick or hit."
