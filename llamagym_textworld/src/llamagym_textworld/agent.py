@@ -151,9 +151,10 @@ class TextWorldAgent(Agent):
         # machine a second thread mostly waits for a core.
         "training": {"minutes": 15, "eval_episodes": 100, "threads": 1},
     }
-    # A pretrained model: a turn's prompt (hundreds of tokens) costs SmolLM2-135M seconds
-    # on one CPU thread, so the generic 64 episodes per update (~1,300 turns) would make
-    # one update in 30 minutes; 16 episodes make an update every few minutes.
+    # A pretrained model: a turn's prompt (hundreds of tokens, a dozen commands scored
+    # after it) costs SmolLM2-135M seconds on one CPU thread. 16 episodes (~400 turns)
+    # made one update in 41 minutes on a shared 2-core machine (README, Real models);
+    # the generic 64 episodes would take four times as long per update.
     pretrained_defaults = {
         "score": {"rollout": {"num_envs": 8}, "algorithm": {"episodes_per_update": 16}}
     }
