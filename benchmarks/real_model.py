@@ -18,8 +18,9 @@ is kept beside it. The zero-shot model is measured the same way first (and, in g
 mode, its invalid-reply rate greedy and sampled). Result: ``results/smollm2-blackjack-MODE.json``.
 
 memory: one process per mode loads the model, collects 32 episodes and runs one PPO
-update at minibatch 32 (one epoch); the peak RSS after loading, after collecting and
-after the update. Result: ``results/smollm2-memory.json``.
+update at minibatch 32 (one epoch), as shipped (micro-batches) and in one pass; the peak
+RSS after loading, after collecting and after the update. Result:
+``results/smollm2-memory.json``.
 
 speed: rollout env steps/s and seconds per update at 16 and 64 envs (score mode), and
 the rollout's model tokens per second (the prompt and action tokens of every turn it
