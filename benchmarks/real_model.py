@@ -113,7 +113,6 @@ def memory(spec: dict[str, Any]) -> dict[str, Any]:
         # PPO (its value head and all): the heaviest update there is.
         "algorithm": {"name": "ppo", "episodes_per_update": 32, "minibatch_size": 32,
                       "epochs": 1},
-        "model": {"gradient_checkpointing": spec.get("gradient_checkpointing")},
     }, spec.get("overrides", {})))
     agent.policy  # noqa: B018 - loads the model
     loaded = peak_rss_mb()
@@ -318,8 +317,7 @@ BEFORE_MB = {"score": 2357, "generate": 6217}
 
 def memory_part(args: argparse.Namespace) -> dict[str, Any]:
     rows = [run_worker({"work": "memory", "model": args.model, "mode": mode,
-                        "gradient_checkpointing": None, "overrides": overrides,
-                        "env": env}, args.threads)
+                        "overrides": overrides, "env": env}, args.threads)
             for mode, overrides, env in (
                 ("score", {}, {}), ("generate", {}, {}), ("generate", LONG_REPLIES, {}),
                 ("score", WHOLE_MINIBATCH, {}), ("generate", WHOLE_MINIBATCH, {}),

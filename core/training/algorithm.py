@@ -539,8 +539,7 @@ class Algorithm:
         if kl_coef > 0 and turns:
             chunk = getattr(settings, "microbatch_size", None) or settings.minibatch_size
             reference = self.reference_logprob_lists(turns, chunk)
-        sums = {"policy_loss": 0.0, **{term.name: 0.0 for term in extra_losses}}
-        sums.update(entropy=0.0, kl_ref=0.0, approx_kl=0.0, clip_fraction=0.0)
+        sums = zero_metrics(extra_losses)
         steps, epochs_run, stopped, interrupted = 0, 0, False, False
         order = list(range(len(turns)))
         steps_per_epoch = self.sync_minibatch_count(len(turns), settings.minibatch_size)
@@ -595,8 +594,7 @@ class Algorithm:
         optimizer.zero_grad(set_to_none=True)
         size = getattr(settings, "microbatch_size", None) or len(index)
         pieces = [index[start : start + size] for start in range(0, len(index), size)]
-        values = {"policy_loss": 0.0, **{term.name: 0.0 for term in extra_losses}}
-        values.update(entropy=0.0, kl_ref=0.0, approx_kl=0.0, clip_fraction=0.0)
+        values = zero_metrics(extra_losses)
         finite = True
         for number, piece in enumerate(pieces):
             share = len(piece) / len(index)
@@ -661,6 +659,13 @@ class Algorithm:
 
 
 # -- losses ---------------------------------------------------------------------------
+def zero_metrics(extra_losses: Sequence[LossTerm]) -> dict[str, float]:
+    """The metrics of a clipped-policy-gradient step, each at 0, in their report order."""
+    metrics = {"policy_loss": 0.0, **{term.name: 0.0 for term in extra_losses}}
+    metrics.update(entropy=0.0, kl_ref=0.0, approx_kl=0.0, clip_fraction=0.0)
+    return metrics
+
+
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean over each row's unmasked units, then over rows (long replies don't dominate)."""
     per_row = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
