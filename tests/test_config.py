@@ -212,6 +212,11 @@ def test_a_pretrained_model_gets_the_pretrained_defaults_above_the_agents() -> N
     assert generate.config.algorithm.target_kl == generated.get(
         "target_kl", expected["target_kl"]
     )
+    # A mode's own sections other than the algorithm's hold for that mode alone.
+    sampling = BlackjackAgent.pretrained_defaults["generate"]["rollout"]["top_k"]
+    assert generate.config.rollout.top_k == sampling != real.config.rollout.top_k
+    assert generate.config.model.gradient_checkpointing is False
+    assert real.config.model.gradient_checkpointing is None
     _, chosen = resolve_run_config(
         "blackjack", None, ["algorithm.lr=0.0005", "model.name=some/model"], {}
     )

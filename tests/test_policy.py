@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -65,6 +67,34 @@ def test_reply_logprobs_match_unbatched_forward() -> None:
         total = float(evaluation.logprobs[row].detach().sum())
         assert abs(total - naive_logprob(model, prompts[row], replies[row])) < 1e-4
     assert torch.all(evaluation.entropy[0] > 0) and float(evaluation.entropy[1, 1:].sum()) == 0
+
+
+def test_reply_entropy_is_over_the_named_actions_where_there_are_names() -> None:
+    """A generate-mode turn with legal actions gets the entropy of score mode's policy
+    over them at every reply token; one without names keeps the next-token entropy. The
+    reply's log-probabilities do not depend on the names."""
+    model, tokenizer = load_model_and_tokenizer("tiny")
+    policy = Policy(model, tokenizer)
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    prompts = [encode("Sum 15, dealer 10."), encode("Which lever?"), encode("Sum 4, dealer 2.")]
+    replies = [encode("stick now"), encode("left"), encode("hit")]
+    actions = [[encode("stick"), encode("hit")], [], [encode("stick"), encode("hit me")]]
+    with torch.no_grad():
+        plain = policy.evaluate_replies(prompts, replies)
+        named = policy.evaluate_replies(prompts, replies, actions=actions)
+        choices = policy.evaluate_choices(
+            [prompts[0], prompts[2]], [actions[0], actions[2]], chosen=[0, 1]
+        )
+    assert torch.equal(named.mask, plain.mask)
+    assert torch.allclose(named.logprobs, plain.logprobs, atol=1e-5)
+    for row, choice in ((0, 0), (2, 1)):
+        width = int(named.mask[row].sum())
+        expected = float(choices.entropy[choice, 0])
+        assert 0 < expected < math.log(2) + 1e-6
+        assert torch.allclose(named.entropy[row, :width], torch.full((width,), expected))
+        assert float(named.entropy[row, width:].abs().sum()) == 0
+    assert torch.equal(named.entropy[1], plain.entropy[1])  # no names: next-token entropy
+    assert float(plain.entropy[0, 0]) > math.log(2)  # the vocabulary's spread, not the actions'
 
 
 def test_shared_prefix_runs_once_only_where_it_pays() -> None:

@@ -13,7 +13,7 @@ import copy
 import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -32,6 +32,20 @@ class Evaluation:
     entropy: torch.Tensor
     mask: torch.Tensor
     values: torch.Tensor
+
+
+def name_tokens(tokenizer: Any, eos_id: int, names: Sequence[str]) -> list[list[int]]:
+    """The tokens of each action name as the model would say it (an empty name is the
+    end-of-turn token, so it still gets a score)."""
+    if not names:
+        return []
+    encoded = tokenizer(list(names), add_special_tokens=False)["input_ids"]
+    return [list(tokens) or [eos_id] for tokens in encoded]
+
+
+def _owners(candidates: Sequence[Sequence[Sequence[int]]]) -> list[tuple[int, int]]:
+    """(row, option) of each candidate, in the order a pass lists them."""
+    return [(i, j) for i, options in enumerate(candidates) for j in range(len(options))]
 
 
 def _is_peft(model: nn.Module) -> bool:
@@ -305,19 +319,31 @@ class Policy(nn.Module):
         fewer than A candidates) and ``values`` [N].
         """
         pairs = [(i, option) for i, options in enumerate(candidates) for option in options]
-        owners = [(i, j) for i, options in enumerate(candidates) for j in range(len(options))]
         token_logprobs, mask, _, state_hidden = self._continuations(prompts, pairs, reference)
-        option_scores = token_logprobs.sum(-1) / mask.sum(-1)
-        num_actions = max(len(options) for options in candidates)
-        scores = torch.full((len(prompts), num_actions), float("-inf"), device=self.device)
-        owner_rows = torch.tensor([i for i, _ in owners], device=self.device)
-        owner_cols = torch.tensor([j for _, j in owners], device=self.device)
-        scores = scores.index_put((owner_rows, owner_cols), option_scores)
+        scores = self._option_scores(token_logprobs, mask, candidates)
         if reference:
             return scores, torch.zeros(len(prompts), device=self.device)
-        first_option = torch.tensor([k for k, (_, j) in enumerate(owners) if j == 0])
+        first_option = torch.tensor(
+            [k for k, (_, option) in enumerate(_owners(candidates)) if option == 0]
+        )
         assert state_hidden is not None, "_continuations gives hidden states off reference"
         return scores, self._values(state_hidden[first_option.to(self.device)])
+
+    def _option_scores(
+        self,
+        token_logprobs: torch.Tensor,
+        mask: torch.Tensor,
+        candidates: Sequence[Sequence[Sequence[int]]],
+    ) -> torch.Tensor:
+        """Each candidate's mean log-likelihood per token, from the rows of
+        ``token_logprobs`` that hold the candidates in order, as [N, A] (-inf pads)."""
+        owners = _owners(candidates)
+        option_scores = token_logprobs.sum(-1) / mask.sum(-1)
+        num_actions = max(len(options) for options in candidates)
+        scores = torch.full((len(candidates), num_actions), float("-inf"), device=self.device)
+        owner_rows = torch.tensor([i for i, _ in owners], device=self.device)
+        owner_cols = torch.tensor([j for _, j in owners], device=self.device)
+        return scores.index_put((owner_rows, owner_cols), option_scores)
 
     @staticmethod
     def action_log_probs(
@@ -327,6 +353,12 @@ class Policy(nn.Module):
         ``scores`` [N, A] (from :meth:`score`) divided by ``temperature``, a number or
         one per row ([N, 1]). A padding column (score -inf) gets -inf."""
         return (scores / temperature).log_softmax(-1)
+
+    @staticmethod
+    def policy_entropy(log_policy: torch.Tensor) -> torch.Tensor:
+        """The entropy [N, 1] of each row of a policy over actions given as log-probs
+        [N, A], where -inf marks a padding column."""
+        return -(log_policy.exp() * log_policy.nan_to_num(neginf=0.0)).sum(-1, keepdim=True)
 
     def evaluate_choices(
         self,
@@ -342,8 +374,7 @@ class Policy(nn.Module):
         log_policy = self.action_log_probs(scores, temperature)
         index = torch.tensor(chosen, device=self.device)[:, None]
         logprobs = log_policy.gather(-1, index)
-        probs = log_policy.exp()
-        entropy = -(probs * log_policy.nan_to_num(neginf=0.0)).sum(-1, keepdim=True)
+        entropy = self.policy_entropy(log_policy)
         mask = torch.ones_like(logprobs)
         return Evaluation(logprobs, entropy, mask, values)
 
@@ -352,17 +383,43 @@ class Policy(nn.Module):
         prompts: Sequence[Sequence[int]],
         replies: Sequence[Sequence[int]],
         reference: bool = False,
+        actions: Sequence[Sequence[Sequence[int]]] | None = None,
     ) -> Evaluation:
-        """Generate mode: per-token log-probabilities of each reply after its prompt."""
+        """Generate mode: per-token log-probabilities of each reply after its prompt.
+
+        The entropy is the policy's over the legal actions where ``actions`` gives a
+        row's action names as tokens: the spread of score mode's policy (a softmax over
+        each name's mean log-likelihood) at the reply's start, the same at every token
+        of the reply. A bonus on it keeps the choice between actions open without
+        pushing probability to tokens that name no action (which an entropy over the
+        whole vocabulary rewards). A row without names (empty, or no ``actions``) gets
+        the entropy of each token's next-token distribution.
+        """
+        options = [list(row) for row in actions or []] if not reference else []
+        if not any(options):
+            options = []
+        named = [bool(row) for row in options] or [False] * len(replies)
         pairs = [(i, reply) for i, reply in enumerate(replies)]
+        pairs += [(i, option) for i, row in enumerate(options) for option in row]
         logprobs, mask, entropy, state_hidden = self._continuations(
-            prompts, pairs, reference, entropy=not reference
+            prompts, pairs, reference, entropy=not reference and not all(named)
         )
+        count = len(replies)
+        width = max(1, max(len(reply) for reply in replies))
+        reply_logprobs, reply_mask = logprobs[:count, :width], mask[:count, :width]
         if reference:
-            zeros = torch.zeros(len(replies), device=self.device)
-            return Evaluation(logprobs, torch.zeros_like(logprobs), mask, zeros)
-        assert entropy is not None and state_hidden is not None, "asked for, off reference"
-        return Evaluation(logprobs, entropy, mask, self._values(state_hidden))
+            zeros = torch.zeros(count, device=self.device)
+            return Evaluation(reply_logprobs, torch.zeros_like(reply_logprobs), reply_mask, zeros)
+        assert state_hidden is not None, "_continuations gives hidden states off reference"
+        spread = entropy[:count, :width] if entropy is not None else torch.zeros_like(reply_mask)
+        if options:
+            has_names = torch.tensor(named, device=self.device)[:, None]
+            scores = self._option_scores(logprobs[count:], mask[count:], options)
+            # A row without names gets a stand-in (uniform) policy, dropped below.
+            log_policy = self.action_log_probs(torch.where(has_names, scores, 0.0))
+            over_actions = self.policy_entropy(log_policy)
+            spread = torch.where(has_names, over_actions * reply_mask, spread)
+        return Evaluation(reply_logprobs, spread, reply_mask, self._values(state_hidden[:count]))
 
     @torch.no_grad()
     def generate(

@@ -21,7 +21,7 @@ import torch
 
 from llamagym.config import RolloutSettings
 from llamagym.errors import EnvFailureError, LlamaGymError
-from llamagym.models.policy import Evaluation, Policy
+from llamagym.models.policy import Evaluation, Policy, name_tokens
 from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.training.schedule import Schedule
 
@@ -244,8 +244,7 @@ class RolloutEngine:
     def candidate_tokens(self, name: str) -> list[int]:
         tokens = self._candidate_cache.get(name)
         if tokens is None:
-            tokens = self.policy.tokenizer(name, add_special_tokens=False)["input_ids"]
-            tokens = tokens or [self.policy.eos_id]  # an empty name still gets a score
+            tokens = name_tokens(self.policy.tokenizer, self.policy.eos_id, [name])[0]
             if len(self._candidate_cache) < 100_000:
                 self._candidate_cache[name] = tokens
         return tokens

@@ -46,7 +46,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError, ValidationError
 
 from llamagym.config import RolloutSettings
-from llamagym.models.policy import Evaluation, Policy, padded
+from llamagym.models.policy import Evaluation, Policy, name_tokens, padded
 from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.training import distributed
 from llamagym.training.credit import unsupported_credit_message
@@ -403,7 +403,17 @@ class Algorithm:
                 chosen_actions(turns),
                 temperature=temperature,
             )
-        return self.policy.evaluate_replies(prompts, [turn.action_tokens for turn in turns])
+        return self.policy.evaluate_replies(
+            prompts, [turn.action_tokens for turn in turns], actions=self.named_actions(turns)
+        )
+
+    def named_actions(self, turns: Sequence[Turn]) -> list[list[list[int]]]:
+        """Each generate-mode turn's legal actions as tokens (empty where the agent names
+        none): the entropy bonus is taken over them (:meth:`Policy.evaluate_replies`)."""
+        names = sorted({name for turn in turns for name in turn.legal_actions})
+        encoded = name_tokens(self.policy.tokenizer, self.policy.eos_id, names)
+        tokens = dict(zip(names, encoded, strict=True))
+        return [[tokens[name] for name in turn.legal_actions] for turn in turns]
 
     def old_logprobs(self, turns: Sequence[Turn], width: int) -> torch.Tensor:
         """The rollout-time log-probabilities, padded to ``width`` action units."""
