@@ -5,6 +5,7 @@
     python benchmarks/real_model.py memory     # peak RSS of one PPO update, both modes
     python benchmarks/real_model.py speed      # env steps/s, s/update, rollout vs bare forward
     python benchmarks/real_model.py formats    # zero-shot invalid replies of every env plugin
+    python benchmarks/real_model.py generation # generate mode: the shared prefix cached or not
     python benchmarks/real_model.py blackjack --quick   # a smoke run (1 seed, 1 min)
 
 ``--model`` is ``smollm2-135m`` by default (fetched once from the Hub or, offline, from
@@ -26,6 +27,11 @@ speed: rollout env steps/s and seconds per update at 16 and 64 envs (score mode)
 the rollout's model tokens per second (the prompt and action tokens of every turn it
 decided) against a bare forward pass over as many tokens ([64, 36] batches) in the
 same process. Result: ``results/smollm2-speed.json``.
+
+generation: one Blackjack generate-mode batch (16 states, the JSON reply prefix),
+greedy and sampled, with the prompts' shared prefix run once as a cache and with whole
+prompts as rows; seconds per batch and how many replies agree. Result:
+``results/smollm2-generation.json``.
 """
 
 from __future__ import annotations
@@ -183,6 +189,44 @@ def speed(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def generation(spec: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    import llamagym.models.policy as policy_module
+
+    agent = _agent(spec["model"], "generate", {"rollout": {"num_envs": 16}})
+    policy, engine, settings = agent.policy, agent.engine, agent.config.rollout
+    slots = []
+    for seed in range(16):
+        observation, info = agent.make_env().reset(seed=seed)
+        slots.append(engine.new_slot(observation, info, seed, None))
+    prompts = [prompt + engine.reply_prefix_tokens for prompt in engine.render_prompts(slots)[1]]
+    shared_prefix_length = policy_module.shared_prefix_length
+    result: dict[str, Any] = {"rows": len(prompts), "prompt_tokens": len(prompts[0]),
+                              "shared_tokens": shared_prefix_length(prompts)}
+    replies = {}
+    for cached in (True, False):
+        policy_module.shared_prefix_length = shared_prefix_length if cached else lambda p: 0
+        for greedy in (True, False):
+            key = f"{'cached' if cached else 'whole'}_{'greedy' if greedy else 'sampled'}"
+            seconds = []
+            for _ in range(3):
+                started = time.perf_counter()
+                replies[key] = policy.generate(
+                    prompts, settings.max_new_tokens, top_k=0, greedy=greedy,
+                    generator=torch.Generator().manual_seed(0), reply_prefix=settings.reply_prefix)
+                seconds.append(time.perf_counter() - started)
+            result[f"{key}_seconds"] = min(seconds)
+    policy_module.shared_prefix_length = shared_prefix_length
+    for greedy in ("greedy", "sampled"):
+        result[f"speedup_{greedy}"] = result[f"whole_{greedy}_seconds"] / result[
+            f"cached_{greedy}_seconds"]
+        result[f"same_replies_{greedy}"] = sum(
+            a == b for a, b in zip(replies[f"cached_{greedy}"], replies[f"whole_{greedy}"],
+                                   strict=True))
+    return result
+
+
 def reply_format(spec: dict[str, Any]) -> dict[str, Any]:
     """Zero-shot replies of one env plugin's agent in generate mode: the share without a
     legal action, greedy and sampled, over the first ``turns`` decisions."""
@@ -225,7 +269,7 @@ def reply_format(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 WORKERS = {"zero_shot": zero_shot, "final_exact": final_exact, "memory": memory,
-           "speed": speed, "reply_format": reply_format}
+           "speed": speed, "reply_format": reply_format, "generation": generation}
 
 
 def run_worker(spec: dict[str, Any], threads: int) -> dict[str, Any]:
@@ -357,7 +401,7 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("part", choices=("blackjack", "memory", "speed", "formats"))
+    parser.add_argument("part", choices=("blackjack", "memory", "speed", "formats", "generation"))
     parser.add_argument("--model", default=MODEL)
     parser.add_argument("--mode", choices=("score", "generate"), default="score")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -380,6 +424,9 @@ def main() -> None:
         data, name = memory_part(args), "smollm2-memory"
     elif args.part == "formats":
         data, name = formats_part(args), "smollm2-formats"
+    elif args.part == "generation":
+        data = run_worker({"work": "generation", "model": args.model}, args.threads)
+        name = "smollm2-generation"
     else:
         data, name = speed_part(args), "smollm2-speed"
     path = write_script_result(name, args.quick, args.output, data)

@@ -161,6 +161,24 @@ def test_generate_returns_replies_that_stop_at_end_of_turn() -> None:
         assert tokenizer.eos_token_id not in reply[:-1]
 
 
+def test_generate_with_a_shared_prefix_continues_each_prompt_as_alone() -> None:
+    """The shared prefix runs once as a cache and each row's padding sits after it:
+    every row's greedy reply is the one its prompt gets alone, unpadded."""
+    model, tokenizer = load_model_and_tokenizer("tiny")
+    policy = Policy(model, tokenizer)
+    prefix = list(range(20, 60))
+    prompts = [prefix + [5, 6, 7], prefix + [8], prefix + [9, 10, 11, 12, 13]]
+    assert shared_prefix_length(prompts) == len(prefix)
+    replies = policy.generate(prompts, max_new_tokens=6, greedy=True)
+    for prompt, reply in zip(prompts, replies, strict=True):
+        with torch.no_grad():
+            alone = model.generate(
+                input_ids=torch.tensor([prompt]), max_new_tokens=len(reply), do_sample=False,
+                pad_token_id=policy.pad_id, eos_token_id=policy.eos_id,
+            )[0, len(prompt) :].tolist()
+        assert reply == alone[: len(reply)]
+
+
 def test_sampling_draws_from_the_warped_distribution() -> None:
     probabilities = torch.tensor([0.0, 0.1, 0.6, 0.3])
     scores = probabilities.log().repeat(20_000, 1)

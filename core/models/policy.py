@@ -440,10 +440,28 @@ class Policy(nn.Module):
         temperature or top-p) do not apply: the rollout settings are the one source.
         A reply ends at the end-of-turn token, or where it closes the JSON object that
         it (or ``reply_prefix``, which the prompts already end with) opened.
+
+        The tokens all prompts start with (system prompt, chat template) run once, as a
+        cache copied to every row; each row's own tokens follow after its padding, so
+        the padding sits between the shared prefix and the rest.
         """
         from transformers import LogitsProcessorList, StoppingCriteriaList
 
-        input_ids, attention_mask = self._left_padded(prompts)
+        shared, cache = shared_prefix_length(prompts), None
+        if shared:
+            prefix = torch.tensor([prompts[0][:shared]])
+            # None where the model keeps no cache: then the whole prompts run as rows.
+            cache = self.model(input_ids=prefix.to(self.device), use_cache=True).past_key_values
+        input_ids, attention_mask = self._left_padded(
+            [prompt[shared if cache is not None else 0 :] for prompt in prompts]
+        )
+        if cache is not None:
+            cache.batch_repeat_interleave(len(prompts))
+            input_ids = torch.cat([prefix.expand(len(prompts), -1), input_ids], dim=1)
+            attention_mask = torch.cat(
+                [torch.ones(len(prompts), shared, dtype=attention_mask.dtype), attention_mask],
+                dim=1,
+            )
         width = input_ids.shape[1]
         processors = LogitsProcessorList()
         if not greedy:
@@ -452,6 +470,7 @@ class Policy(nn.Module):
         output = self.model.generate(  # type: ignore[operator]
             input_ids=input_ids.to(self.device),
             attention_mask=attention_mask.to(self.device),
+            past_key_values=cache,
             max_new_tokens=max_new_tokens,
             # HF's greedy step picks the one token the sampling processor leaves standing;
             # with sampling off, HF adds no temperature/top-k/top-p warpers of its own.
