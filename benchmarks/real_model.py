@@ -19,8 +19,10 @@ is kept beside it. The zero-shot model is measured the same way first (and, in g
 mode, its invalid-reply rate greedy and sampled). Result: ``results/smollm2-blackjack-MODE.json``.
 
 memory: one process per mode loads the model, collects 32 episodes and runs one PPO
-update at minibatch 32 (one epoch), as shipped (micro-batches) and in one pass; the peak
-RSS after loading, after collecting and after the update. Result:
+update at minibatch 32 (one epoch), as shipped (micro-batches; Blackjack's generate
+mode without gradient checkpointing) and in one pass, and generate mode with gradient
+checkpointing as other agents' LoRA models get it; the peak RSS after loading, after
+collecting and after the update. Result:
 ``results/smollm2-memory.json``.
 
 speed: rollout env steps/s and seconds per update at 16 and 64 envs (score mode), and
@@ -354,6 +356,9 @@ MMAP_THRESHOLD = {"MALLOC_MMAP_THRESHOLD_": "1048576"}
 # The minibatch of 32 in one forward and backward pass, not in the micro-batches a
 # pretrained model gets by default.
 WHOLE_MINIBATCH = {"algorithm": {"microbatch_size": None}}
+# What a LoRA model gets in generate mode unless its agent says otherwise (Blackjack's
+# few-token replies do without).
+CHECKPOINTED = {"model": {"gradient_checkpointing": True}}
 # Measured with the same settings at commit ed38954, before the LM head ran only at the
 # scored tokens and before gradient checkpointing took effect (24-token replies).
 BEFORE_MB = {"score": 2357, "generate": 6217}
@@ -363,10 +368,12 @@ def memory_part(args: argparse.Namespace) -> dict[str, Any]:
     rows = [run_worker({"work": "memory", "model": args.model, "mode": mode,
                         "overrides": overrides, "env": env}, args.threads)
             for mode, overrides, env in (
-                ("score", {}, {}), ("generate", {}, {}), ("generate", LONG_REPLIES, {}),
+                ("score", {}, {}), ("generate", {}, {}),
+                ("generate", {**LONG_REPLIES, **CHECKPOINTED}, {}),
                 ("score", WHOLE_MINIBATCH, {}), ("generate", WHOLE_MINIBATCH, {}),
-                ("generate", {**LONG_REPLIES, **WHOLE_MINIBATCH}, {}),
-                ("generate", WHOLE_MINIBATCH, MMAP_THRESHOLD))]
+                ("generate", {**WHOLE_MINIBATCH, **CHECKPOINTED}, {}),
+                ("generate", {**LONG_REPLIES, **WHOLE_MINIBATCH, **CHECKPOINTED}, {}),
+                ("generate", {**WHOLE_MINIBATCH, **CHECKPOINTED}, MMAP_THRESHOLD))]
     return {"model": args.model, "rows": rows, "before_mb": BEFORE_MB,
             "target_generate_mb": TARGETS["memory_generate_mb"]}
 

@@ -90,7 +90,9 @@ class BlackjackAgent(Agent):
     # them is often not an action: 23% invalid replies at the first update, none later),
     # and its entropy bonus, over the two action names, is doubled: at 0.05 the replies
     # became `stick` in every state. Short replies leave room for the update's
-    # activations without gradient checkpointing (25% faster; README, Real models).
+    # activations without gradient checkpointing (25% faster). These are the best tried,
+    # not good: after 30 minutes the greedy policy still sticks everywhere, as it did
+    # with every generate-mode setting tried (README, Real models).
     pretrained_defaults = {
         "score": {
             "algorithm": {
