@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llamagym.models.policy import Policy
+from llamagym.models.policy import Policy, Replies
 from llamagym.testing import BanditAgent, tiny_agent
 
 
@@ -24,7 +24,7 @@ class ScriptedPolicy(Policy):
             replies.append(
                 self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.eos_id]
             )
-        return replies
+        return Replies.unscored(replies)
 
 
 class CountingBandit(BanditAgent):

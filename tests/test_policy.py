@@ -154,7 +154,7 @@ def test_generate_returns_replies_that_stop_at_end_of_turn() -> None:
     model, tokenizer = load_model_and_tokenizer("tiny")
     policy = Policy(model, tokenizer)
     torch.manual_seed(0)
-    replies = policy.generate([[5, 6, 7], [8, 9]], max_new_tokens=6)
+    replies = policy.generate([[5, 6, 7], [8, 9]], max_new_tokens=6).tokens
     assert len(replies) == 2
     for reply in replies:
         assert 1 <= len(reply) <= 6
@@ -169,7 +169,7 @@ def test_generate_with_a_shared_prefix_continues_each_prompt_as_alone() -> None:
     prefix = list(range(20, 60))
     prompts = [prefix + [5, 6, 7], prefix + [8], prefix + [9, 10, 11, 12, 13]]
     assert shared_prefix_length(prompts) == len(prefix)
-    replies = policy.generate(prompts, max_new_tokens=6, greedy=True)
+    replies = policy.generate(prompts, max_new_tokens=6, greedy=True).tokens
     for prompt, reply in zip(prompts, replies, strict=True):
         with torch.no_grad():
             alone = model.generate(
@@ -177,6 +177,30 @@ def test_generate_with_a_shared_prefix_continues_each_prompt_as_alone() -> None:
                 pad_token_id=policy.pad_id, eos_token_id=policy.eos_id,
             )[0, len(prompt) :].tolist()
         assert reply == alone[: len(reply)]
+
+
+@pytest.mark.parametrize(("shared", "top_k"), [(True, 2), (False, 0)])
+def test_generate_scores_its_replies_as_an_evaluation_pass_would(shared: bool, top_k: int) -> None:
+    """The log-probabilities and values the rollout keeps come from generation's own
+    passes; they are the plain policy's (no top-k), as evaluate_replies computes them."""
+    model, tokenizer = load_model_and_tokenizer("tiny")
+    policy = Policy(model, tokenizer)
+    torch.nn.init.normal_(policy.value_head.weight)  # a trained critic: values differ
+    prefix = list(range(20, 60))
+    prompts = [prefix + [5, 6, 7], prefix + [8], prefix + [9, 10, 11, 12, 13]] * 3
+    prompts += [] if shared else [[3, 4]]
+    assert (shared_prefix_length(prompts) == len(prefix)) == shared
+    generated = policy.generate(
+        prompts, max_new_tokens=6, top_k=top_k, generator=torch.Generator().manual_seed(3)
+    )
+    with torch.no_grad():
+        evaluation = policy.evaluate_replies(prompts, generated.tokens)
+    assert len({tuple(reply) for reply in generated.tokens}) > 2  # sampled, varied
+    for row, reply in enumerate(generated.tokens):
+        assert len(generated.logprobs[row]) == len(reply)
+        expected = evaluation.logprobs[row, : len(reply)]
+        assert torch.allclose(torch.tensor(generated.logprobs[row]), expected, atol=1e-4)
+    assert torch.allclose(torch.tensor(generated.values), evaluation.values, atol=1e-4)
 
 
 def test_sampling_draws_from_the_warped_distribution() -> None:
@@ -202,7 +226,7 @@ def test_generate_repeats_with_the_callers_generator() -> None:
     prompts = [[5, 6, 7]] * 16
 
     def replies(seed: int) -> list[list[int]]:
-        return policy.generate(prompts, 6, generator=torch.Generator().manual_seed(seed))
+        return policy.generate(prompts, 6, generator=torch.Generator().manual_seed(seed)).tokens
 
     first = replies(1)
     assert replies(1) == first

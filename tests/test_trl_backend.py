@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from llamagym.errors import ConfigError, LlamaGymError
 from llamagym.models.loading import load_model_and_tokenizer
-from llamagym.models.policy import Evaluation
+from llamagym.models.policy import Replies
 from llamagym.run import resolve_agent_config
 from llamagym.training import trl_backend
 from llamagym.training.trl_backend import (
@@ -70,17 +70,13 @@ class ScriptedReplies:
         self.replies = replies
         self.turn = 0
 
-    def generate(self, prompts: list[list[int]], **_: Any) -> list[list[int]]:
+    def generate(self, prompts: list[list[int]], **_: Any) -> Replies:
         replies = []
         for _prompt in prompts:
             text = self.replies[min(self.turn, len(self.replies) - 1)]
             replies.append(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         self.turn += 1
-        return replies
-
-    def evaluate_replies(self, prompts: Any, replies: list[list[int]]) -> Evaluation:
-        zeros = torch.zeros(len(replies), max(map(len, replies)))
-        return Evaluation(zeros, zeros, zeros, torch.zeros(len(replies)))
+        return Replies.unscored(replies)
 
 
 def test_env_mask_is_one_on_the_models_tokens_and_zero_on_every_other(tmp_path) -> None:

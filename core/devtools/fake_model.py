@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from llamagym.agent import Agent
-    from llamagym.models.policy import Evaluation
+    from llamagym.models.policy import Replies
     from llamagym.rollout.trajectory import Episode
 
 
@@ -164,7 +164,9 @@ class FakePolicy:
         greedy: bool = False,
         generator: Any = None,  # the script decides; nothing is sampled
         reply_prefix: str = "",
-    ) -> list[list[int]]:
+    ) -> Replies:
+        from llamagym.models.policy import Replies
+
         self._count(len(prompts))
         replies = []
         for prompt in prompts:
@@ -175,24 +177,7 @@ class FakePolicy:
             tokens = self.tokenizer(text, add_special_tokens=False)["input_ids"]
             # A real model cannot say more than max_new_tokens either.
             replies.append((list(tokens) + [self.eos_id])[:max_new_tokens])
-        return replies
-
-    def evaluate_replies(
-        self,
-        prompts: Sequence[Sequence[int]],
-        replies: Sequence[Sequence[int]],
-        reference: bool = False,
-    ) -> Evaluation:
-        import torch
-
-        from llamagym.models.policy import Evaluation
-
-        width = max(1, max(len(reply) for reply in replies))
-        mask = torch.zeros(len(replies), width)
-        for row, reply in enumerate(replies):
-            mask[row, : len(reply)] = 1.0
-        zeros = torch.zeros(len(replies), width)
-        return Evaluation(zeros, zeros.clone(), mask, torch.zeros(len(replies)))
+        return Replies.unscored(replies)
 
     def score(
         self,

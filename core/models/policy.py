@@ -34,6 +34,22 @@ class Evaluation:
     values: torch.Tensor
 
 
+@dataclass
+class Replies:
+    """Generate mode's replies to a batch of prompts, as the rollout keeps them: each
+    reply's tokens, each token's log-probability under the policy (the model's plain
+    softmax, before any temperature, top-k or top-p) and the value of each prompt."""
+
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    values: list[float]
+
+    @classmethod
+    def unscored(cls, tokens: Sequence[Sequence[int]]) -> Replies:
+        """Replies from a sampler that computes no log-probabilities (each 0)."""
+        return cls([list(t) for t in tokens], [[0.0] * len(t) for t in tokens], [0.0] * len(tokens))
+
+
 def name_tokens(tokenizer: Any, eos_id: int, names: Sequence[str]) -> list[list[int]]:
     """The tokens of each action name as the model would say it (an empty name is the
     end-of-turn token, so it still gets a score)."""
@@ -432,8 +448,9 @@ class Policy(nn.Module):
         greedy: bool = False,
         generator: torch.Generator | None = None,
         reply_prefix: str = "",
-    ) -> list[list[int]]:
-        """Sample one reply per prompt in one batched ``generate`` (left padding).
+    ) -> Replies:
+        """Sample one reply per prompt in one batched ``generate`` (left padding), with
+        the log-probabilities and values the rollout keeps, from the same passes.
 
         Sampling draws from ``generator`` (the caller's seeded state), so a run's replies
         repeat with its seed. The model's own sampling settings (a chat model's
@@ -443,7 +460,10 @@ class Policy(nn.Module):
 
         The tokens all prompts start with (system prompt, chat template) run once, as a
         cache copied to every row; each row's own tokens follow after its padding, so
-        the padding sits between the shared prefix and the rest.
+        the padding sits between the shared prefix and the rest. Each step's logits
+        (kept for the whole batch: rows x new tokens x vocabulary) give the replies'
+        log-probabilities, and the decoder's first call, over the prompts, the state
+        each value is read from, so no pass over the prompts runs twice.
         """
         from transformers import LogitsProcessorList, StoppingCriteriaList
 
@@ -466,31 +486,56 @@ class Policy(nn.Module):
         processors = LogitsProcessorList()
         if not greedy:
             processors.extend(sampling_processors(temperature, top_p, top_k, generator))
-        # transformers' method: torch's stubs type module attributes Tensor | Module.
-        output = self.model.generate(  # type: ignore[operator]
-            input_ids=input_ids.to(self.device),
-            attention_mask=attention_mask.to(self.device),
-            past_key_values=cache,
-            max_new_tokens=max_new_tokens,
-            # HF's greedy step picks the one token the sampling processor leaves standing;
-            # with sampling off, HF adds no temperature/top-k/top-p warpers of its own.
-            do_sample=False,
-            logits_processor=processors,
-            pad_token_id=self.pad_id,
-            eos_token_id=self.eos_id,
-            stopping_criteria=StoppingCriteriaList(
-                [JsonClosed(self.tokenizer, width, reply_prefix)]
-            ),
-        )
+        states: list[torch.Tensor] = []
+
+        def keep_prompt_state(_module: nn.Module, _args: Any, output: Any) -> None:
+            if not states:  # the first call runs the prompts; later ones one token each
+                states.append(output[0][:, -1])
+
+        decoder, _ = _decoder_and_head(self.model)
+        hook = decoder.register_forward_hook(keep_prompt_state)
+        try:
+            # transformers' method: torch's stubs type module attributes Tensor | Module.
+            output = self.model.generate(  # type: ignore[operator]
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention_mask.to(self.device),
+                past_key_values=cache,
+                max_new_tokens=max_new_tokens,
+                # HF's greedy step picks the one token the sampling processor leaves
+                # standing; with sampling off, HF adds no temperature/top-k/top-p warpers.
+                do_sample=False,
+                logits_processor=processors,
+                pad_token_id=self.pad_id,
+                eos_token_id=self.eos_id,
+                stopping_criteria=StoppingCriteriaList(
+                    [JsonClosed(self.tokenizer, width, reply_prefix)]
+                ),
+                return_dict_in_generate=True,
+                output_logits=True,  # before any processor: the policy's own
+            )
+        finally:
+            hook.remove()
+        new_tokens = output.sequences[:, width:]
+        token_logprobs = torch.stack(
+            [
+                step.float().log_softmax(-1).gather(-1, new_tokens[:, t, None]).squeeze(-1)
+                for t, step in enumerate(output.logits)
+            ],
+            dim=1,
+        ).tolist()
         replies = []
-        for row in output[:, width:].tolist():
+        for row in new_tokens.tolist():
             reply = []
             for token in row:
                 reply.append(token)
                 if token == self.eos_id:
                     break  # the end-of-turn token is part of the action: it learns to stop
             replies.append(json_closed_at(self.tokenizer, reply, reply_prefix))
-        return replies
+        return Replies(
+            tokens=replies,
+            logprobs=[row[: len(r)] for row, r in zip(token_logprobs, replies, strict=True)],
+            values=self._values(states[0]).tolist(),
+        )
 
 
 def closes_json(text: str) -> bool:

@@ -21,7 +21,7 @@ import torch
 
 from llamagym.config import RolloutSettings
 from llamagym.errors import EnvFailureError, LlamaGymError
-from llamagym.models.policy import Evaluation, Policy, name_tokens
+from llamagym.models.policy import Policy, Replies, name_tokens
 from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.training.schedule import Schedule
 
@@ -35,7 +35,7 @@ PROMPT_CACHE_TOKENS = 1_000_000  # about 8 MB of cached prompt ids at most
 
 class RolloutPolicy(Protocol):
     """What the engine asks of a policy: a tokenizer, the context length, and the
-    batched passes that score candidates, generate replies and score the replies.
+    batched passes that score candidates and that generate (and score) replies.
     :class:`~llamagym.models.policy.Policy` is one; a stand-in such as
     :class:`~llamagym.devtools.fake_model.FakePolicy` plays without a model."""
 
@@ -65,14 +65,7 @@ class RolloutPolicy(Protocol):
         greedy: bool = False,
         generator: torch.Generator | None = None,
         reply_prefix: str = "",
-    ) -> list[list[int]]: ...
-
-    def evaluate_replies(
-        self,
-        prompts: Sequence[Sequence[int]],
-        replies: Sequence[Sequence[int]],
-        reference: bool = False,
-    ) -> Evaluation: ...
+    ) -> Replies: ...
 
 
 @dataclass
@@ -366,25 +359,23 @@ class RolloutEngine:
             generator=self.generator,
             reply_prefix=settings.reply_prefix,
         )
-        evaluation = self.policy.evaluate_replies(prompts, replies)
         tokenizer = self.policy.tokenizer
         turns = []
-        for row, reply_tokens in enumerate(replies):
+        for row, reply_tokens in enumerate(replies.tokens):
             text = settings.reply_prefix + tokenizer.decode(reply_tokens, skip_special_tokens=True)
             env_action, parser = None, None
             if legal[row]:
                 index, parser = self.plugins.parse_reply(self.agent, text, legal[row])
             else:
                 index, env_action = None, self._unnamed_action(text)
-            count = len(reply_tokens)
             turns.append(
                 Turn(
                     prompt_tokens=prompts[row],
                     legal_actions=legal[row],
                     action_index=index,
                     reply=text,
-                    logprobs=evaluation.logprobs[row, :count].tolist(),
-                    value=float(evaluation.values[row]),
+                    logprobs=replies.logprobs[row],
+                    value=replies.values[row],
                     action_tokens=reply_tokens,
                     valid=index is not None or env_action is not None,
                     temperature=temperature,

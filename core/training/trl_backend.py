@@ -49,6 +49,7 @@ from transformers import PrinterCallback, TrainerCallback
 from llamagym.config import RunConfig
 from llamagym.errors import ConfigError, LlamaGymError
 from llamagym.models.export import RUN_EXPORT
+from llamagym.models.policy import Replies, json_closed_at
 from llamagym.rollout.engine import RolloutEngine, Slot
 from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.rollout.transcripts import PER_UPDATE, TRANSCRIPTS, TranscriptLog, transcript
@@ -357,11 +358,9 @@ class _Sampler:
         self.eos_id = policy.eos_id
         self.max_context = policy.max_context
 
-    def generate(self, prompts: Sequence[Sequence[int]], **settings: Any) -> list[list[int]]:
+    def generate(self, prompts: Sequence[Sequence[int]], **settings: Any) -> Replies:
         if self.vllm is None:
             return self.policy.generate(prompts, **settings)
-        from llamagym.models.policy import json_closed_at
-
         # vLLM samples with the run's temperature, top-p and top-k (GRPOConfig's) for
         # max_new_tokens (its max_completion_length); a reply ends as the policy's do.
         _, completions, _, _ = self.vllm.generate(
@@ -373,16 +372,7 @@ class _Sampler:
             if self.eos_id in reply:
                 reply = reply[: reply.index(self.eos_id) + 1]
             replies.append(json_closed_at(self.tokenizer, reply, settings.get("reply_prefix", "")))
-        return replies
-
-    def evaluate_replies(self, prompts: Any, replies: Sequence[Sequence[int]]) -> Any:
-        import torch
-
-        from llamagym.models.policy import Evaluation
-
-        width = max((len(reply) for reply in replies), default=0)
-        zeros = torch.zeros(len(replies), width)
-        return Evaluation(zeros, zeros, zeros, torch.zeros(len(replies)))
+        return Replies.unscored(replies)
 
     def score(self, *args: Any, **kwargs: Any) -> Any:
         raise LlamaGymError("score mode does not run under the TRL backend")
