@@ -16,7 +16,9 @@ smollm2-135m --mode MODE --minutes M --seed S``) with the defaults a pretrained 
 then its final checkpoint's greedy policy is valued exactly over all 280 states
 (``llamagym_blackjack.exact``); the run's own final evaluation (20,000 greedy episodes)
 is kept beside it. The zero-shot model is measured the same way first (and, in generate
-mode, its invalid-reply rate greedy and sampled). Result: ``results/smollm2-blackjack-MODE.json``.
+mode, its invalid-reply rate greedy and sampled). Both record the policy's probability
+of hitting for hard hands by the player's sum (``hit_probability``), which shows whether
+it tells hands apart. Result: ``results/smollm2-blackjack-MODE.json``.
 
 memory: one process per mode loads the model, collects 32 episodes and runs one PPO
 update at minibatch 32 (one epoch), as shipped (micro-batches; Blackjack's generate
@@ -79,12 +81,37 @@ def _agent(model: str, mode: str, overrides: dict[str, Any] | None = None) -> An
     return BlackjackAgent(config=deep_merge(config, overrides or {}))
 
 
+def hit_probabilities(agent: Any) -> dict[str, dict[int, float]]:
+    """The policy's probability of hitting, over the two actions, for hard hands by the
+    player's sum against a dealer 10 and a dealer 6: score mode's softmax over the action
+    names after the prompt (after the reply prefix too in generate mode, where the first
+    reply token picks the action). A policy that tells hands apart varies along a row."""
+    import torch
+
+    engine, policy = agent.engine, agent.policy
+    names = list(agent.action_names)
+    candidates = [engine.candidate_tokens(name) for name in names]
+    prefix = engine.reply_prefix_tokens if agent.config.rollout.mode == "generate" else []
+    table = {}
+    for dealer in (10, 6):
+        totals = range(4, 21)
+        slots = [engine.new_slot((total, dealer, False), {}, None, None) for total in totals]
+        prompts = [prompt + prefix for prompt in engine.render_prompts(slots)[1]]
+        with torch.no_grad():
+            scores, _ = policy.score(prompts, [candidates] * len(prompts))
+        hit = policy.action_log_probs(scores).exp()[:, names.index("hit")]
+        row = zip(totals, hit.tolist(), strict=True)
+        table[f"dealer {dealer}"] = {total: round(p, 3) for total, p in row}
+    return table
+
+
 def zero_shot(spec: dict[str, Any]) -> dict[str, Any]:
     """The untrained model: exact greedy value and, in generate mode, invalid replies."""
     import torch
 
     agent = _agent(spec["model"], spec["mode"])
-    result: dict[str, Any] = {"exact": exact_greedy_value(agent)}
+    result: dict[str, Any] = {"exact": exact_greedy_value(agent),
+                              "hit_probability": hit_probabilities(agent)}
     if spec["mode"] == "generate":
         envs = [agent.make_env() for _ in range(16)]
         for greedy in (True, False):
@@ -110,6 +137,7 @@ def final_exact(spec: dict[str, Any]) -> dict[str, Any]:
     turns = agent.engine.decide(slots, greedy=True)
     return {
         "exact": exact_greedy_value(agent),
+        "hit_probability": hit_probabilities(agent),
         "transcript_greedy": [{"observation": t.user_text, "reply": t.reply, "valid": t.valid}
                               for t in turns],
     }
@@ -336,6 +364,7 @@ def train_seed(args: argparse.Namespace, seed: int, runs: Path) -> dict[str, Any
         "final_evaluation": {key: final.get(key) for key in
                              ("episodes", "mean", "ci95", "invalid_rate", "greedy")},
         "exact": exact["exact"],
+        "hit_probability": exact["hit_probability"],
         "transcript_greedy": exact["transcript_greedy"],
         "curve": [{"seconds": r["seconds"], "return_moving_average": r["return_moving_average"],
                    "invalid_rate": r["invalid_rate"], "entropy": r.get("entropy")}
