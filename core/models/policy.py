@@ -516,6 +516,7 @@ class Policy(nn.Module):
         finally:
             hook.remove()
         new_tokens = output.sequences[:, width:]
+        self.head_positions += new_tokens.shape[0] * len(output.logits)  # a row's last, per step
         token_logprobs = torch.stack(
             [
                 step.float().log_softmax(-1).gather(-1, new_tokens[:, t, None]).squeeze(-1)
