@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -164,6 +166,34 @@ def test_concurrent_builders_do_not_corrupt_each_other(tmp_path: Path, tiny_dir:
     assert (target / "model.safetensors").read_bytes() == (
         tiny_dir / "model.safetensors"
     ).read_bytes()
+
+
+_BUILD_AS_RANK = """
+import sys, torch.distributed as dist
+from llamagym.models.tiny import build_tiny_model
+rank, store, target = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2)
+build_tiny_model(__import__("pathlib").Path(target) / f"rank-{rank}")
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_every_rank_of_a_distributed_run_builds_a_whole_model(tmp_path: Path) -> None:
+    # transformers saves weights only on rank 0 once torch.distributed is up; each
+    # process of a multi-process run builds its own cache copy and must write them all.
+    store = tmp_path / "store"
+    ranks = [
+        subprocess.Popen([sys.executable, "-c", _BUILD_AS_RANK, str(r), str(store), str(tmp_path)])
+        for r in (0, 1)
+    ]
+    assert [process.wait(timeout=300) for process in ranks] == [0, 0]
+    for rank in (0, 1):
+        directory = tmp_path / f"rank-{rank}"
+        assert (directory / "config.json").is_file()
+        assert (directory / "model.safetensors").is_file()
+        assert AutoConfig.from_pretrained(directory).model_type == "llama"
 
 
 def test_tiny_loads_from_local_directory(tiny_dir: Path) -> None:

@@ -308,6 +308,29 @@ def load_gguf(gguf_path: Path) -> tuple[Any, Any]:
     return model, tokenizer
 
 
+def save_model_files(model: Any, tokenizer: Any, directory: Path) -> None:
+    """``save_pretrained`` of a model and its tokenizer into ``directory``, in every
+    process. Once torch.distributed is up, transformers writes a model's config and
+    weights only on rank 0; a cache build is each process's own, and a rank that
+    published a directory without them would leave an unloadable model in the cache."""
+    # An instance attribute shadows PreTrainedModel's method of that name; releases
+    # without the method write on every rank already.
+    model.should_save_on_this_rank = lambda is_main_process: True
+    try:
+        model.save_pretrained(directory)
+    finally:
+        del model.should_save_on_this_rank
+    tokenizer.save_pretrained(directory)
+    missing = [
+        name for name in ("config.json", "model.safetensors") if not (directory / name).is_file()
+    ]
+    if missing:
+        raise ModelLoadError(
+            f"saving the model into {directory} wrote no {' or '.join(missing)}; "
+            "nothing was cached"
+        )
+
+
 def _logits(model: Any, input_ids: list[int]) -> Any:
     import torch
 
@@ -340,8 +363,7 @@ def _convert_into(gguf_path: Path, out: Path) -> dict:
             f"converting {gguf_path.name} changed the model's outputs (largest logit "
             f"difference {gap:.3g}); nothing was cached"
         )
-    plain.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    save_model_files(plain, tokenizer, out)
     return {
         "text": CHECK_TEXT,
         "input_ids": input_ids,

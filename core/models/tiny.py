@@ -192,6 +192,8 @@ def _build_into(directory: Path, seed: int) -> None:
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
+    from llamagym.models.sources import save_model_files
+
     tokenizer = build_tokenizer()
     config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -213,8 +215,7 @@ def _build_into(directory: Path, seed: int) -> None:
         pad_token_id=tokenizer.pad_token_id,
     )
     with _no_transformers_progress_bars():
-        model.save_pretrained(directory)
-        tokenizer.save_pretrained(directory)
+        save_model_files(model, tokenizer, directory)
     # transformers 5 records its internal class name (TokenizersBackend);
     # PreTrainedTokenizerFast names the same thing and older releases know it.
     tokenizer_config_path = directory / "tokenizer_config.json"
