@@ -196,6 +196,16 @@ def test_every_rank_of_a_distributed_run_builds_a_whole_model(tmp_path: Path) ->
         assert AutoConfig.from_pretrained(directory).model_type == "llama"
 
 
+def test_a_save_without_weights_is_not_cached(tmp_path: Path, tiny_dir: Path) -> None:
+    from llamagym.models.sources import save_model_files
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    model.save_pretrained = lambda directory: model.config.save_pretrained(directory)
+    with pytest.raises(ModelLoadError, match="wrote no model.safetensors; nothing was cached"):
+        save_model_files(model, AutoTokenizer.from_pretrained(tiny_dir), tmp_path)
+    assert "should_save_on_this_rank" not in vars(model)  # transformers' own rule is back
+
+
 def test_tiny_loads_from_local_directory(tiny_dir: Path) -> None:
     model, tokenizer = load_model_and_tokenizer(str(tiny_dir), device="cpu")
     assert type(model).__name__ == "LlamaForCausalLM"
