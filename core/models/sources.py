@@ -321,9 +321,9 @@ def save_model_files(model: Any, tokenizer: Any, directory: Path) -> None:
     finally:
         del model.should_save_on_this_rank
     tokenizer.save_pretrained(directory)
+    missing = [] if (directory / "config.json").is_file() else ["config.json"]
     # A model past save_pretrained's shard size is written as shards and an index.
     weights = ("model.safetensors", "model.safetensors.index.json")
-    missing = [name for name in ("config.json",) if not (directory / name).is_file()]
     if not any((directory / name).is_file() for name in weights):
         missing.append(weights[0])
     if missing:
