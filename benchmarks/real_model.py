@@ -91,12 +91,15 @@ def hit_probabilities(agent: Any) -> dict[str, dict[int, float]]:
     engine, policy = agent.engine, agent.policy
     names = list(agent.action_names)
     candidates = [engine.candidate_tokens(name) for name in names]
-    prefix = engine.reply_prefix_tokens if agent.config.rollout.mode == "generate" else []
+    generate = agent.config.rollout.mode == "generate"
     table = {}
     for dealer in (10, 6):
         totals = range(4, 21)
         slots = [engine.new_slot((total, dealer, False), {}, None, None) for total in totals]
-        prompts = [prompt + prefix for prompt in engine.render_prompts(slots)[1]]
+        if generate:
+            prompts = engine.generation_prompts(slots)[0]
+        else:
+            prompts = engine.render_prompts(slots)[1]
         with torch.no_grad():
             scores, _ = policy.score(prompts, [candidates] * len(prompts))
         hit = policy.action_log_probs(scores).exp()[:, names.index("hit")]
@@ -232,7 +235,7 @@ def generation(spec: dict[str, Any]) -> dict[str, Any]:
     for seed in range(16):
         observation, info = agent.make_env().reset(seed=seed)
         slots.append(engine.new_slot(observation, info, seed, None))
-    prompts = [prompt + engine.reply_prefix_tokens for prompt in engine.render_prompts(slots)[1]]
+    prompts, prefixes = engine.generation_prompts(slots)
     shared_prefix_length = policy_module.shared_prefix_length
     result: dict[str, Any] = {"rows": len(prompts), "prompt_tokens": len(prompts[0]),
                               "shared_tokens": shared_prefix_length(prompts)}
@@ -247,7 +250,7 @@ def generation(spec: dict[str, Any]) -> dict[str, Any]:
                 replies[key] = policy.generate(
                     prompts, settings.max_new_tokens, top_k=0, greedy=greedy,
                     generator=torch.Generator().manual_seed(0),
-                    reply_prefix=settings.reply_prefix).tokens
+                    reply_prefix=prefixes).tokens
                 seconds.append(time.perf_counter() - started)
             result[f"{key}_seconds"] = min(seconds)
     policy_module.shared_prefix_length = shared_prefix_length

@@ -122,6 +122,14 @@ class Agent:
         """Return the action in ``response`` (an action index, or an action name), or None."""
         return None
 
+    def reply_fields(self, observation: Any) -> Mapping[str, Any]:
+        """Values a generate-mode ``rollout.reply_prefix`` can name as ``$name``: with
+        ``{"sum": $sum, "action": "`` and ``{"sum": 15}`` here, the reply starts with
+        ``{"sum": 15, "action": "``. A prefix that restates the part of the observation
+        the choice depends on puts it right before the model's first reply token.
+        Default: none (a prefix with no ``$`` needs none; ``$$`` is a dollar sign)."""
+        return {}
+
     def outcome(self, episode_return: float) -> str | None:
         """The named outcome of an episode that returned ``episode_return``: one of
         ``outcome_names``, or None for an episode that fits none of them.

@@ -163,17 +163,17 @@ class FakePolicy:
         top_k: int = 0,
         greedy: bool = False,
         generator: Any = None,  # the script decides; nothing is sampled
-        reply_prefix: str = "",
+        reply_prefix: str | Sequence[str] = "",
     ) -> Replies:
-        from llamagym.models.policy import Replies
+        from llamagym.models.policy import Replies, reply_prefixes
 
         self._count(len(prompts))
         replies = []
-        for prompt in prompts:
+        for prompt, prefix in zip(prompts, reply_prefixes(reply_prefix, len(prompts)), strict=True):
             text = self.llm.reply(self.tokenizer.decode(list(prompt)))
             # The prompt ends with the reply prefix: a scripted reply written in full
             # continues after it.
-            text = text.removeprefix(reply_prefix) if reply_prefix else text
+            text = text.removeprefix(prefix) if prefix else text
             tokens = self.tokenizer(text, add_special_tokens=False)["input_ids"]
             # A real model cannot say more than max_new_tokens either.
             replies.append((list(tokens) + [self.eos_id])[:max_new_tokens])

@@ -447,7 +447,7 @@ class Policy(nn.Module):
         top_k: int = 0,
         greedy: bool = False,
         generator: torch.Generator | None = None,
-        reply_prefix: str = "",
+        reply_prefix: str | Sequence[str] = "",
     ) -> Replies:
         """Sample one reply per prompt in one batched ``generate`` (left padding), with
         the log-probabilities and values the rollout keeps, from the same passes.
@@ -456,7 +456,8 @@ class Policy(nn.Module):
         repeat with its seed. The model's own sampling settings (a chat model's
         temperature or top-p) do not apply: the rollout settings are the one source.
         A reply ends at the end-of-turn token, or where it closes the JSON object that
-        it (or ``reply_prefix``, which the prompts already end with) opened.
+        it (or ``reply_prefix``, which the prompts already end with: one for all, or one
+        per prompt) opened.
 
         The tokens all prompts start with (system prompt, chat template) run once, as a
         cache copied to every row; each row's own tokens follow after its padding, so
@@ -467,6 +468,7 @@ class Policy(nn.Module):
         """
         from transformers import LogitsProcessorList, StoppingCriteriaList
 
+        prefixes = reply_prefixes(reply_prefix, len(prompts))
         shared, cache = shared_prefix_length(prompts), None
         if shared:
             prefix = torch.tensor([prompts[0][:shared]])
@@ -508,7 +510,7 @@ class Policy(nn.Module):
                 pad_token_id=self.pad_id,
                 eos_token_id=self.eos_id,
                 stopping_criteria=StoppingCriteriaList(
-                    [JsonClosed(self.tokenizer, width, reply_prefix)]
+                    [JsonClosed(self.tokenizer, width, prefixes)]
                 ),
                 return_dict_in_generate=True,
                 output_logits=True,  # before any processor: the policy's own
@@ -525,13 +527,13 @@ class Policy(nn.Module):
             dim=1,
         ).tolist()
         replies = []
-        for row in new_tokens.tolist():
+        for row, prefix in zip(new_tokens.tolist(), prefixes, strict=True):
             reply = []
             for token in row:
                 reply.append(token)
                 if token == self.eos_id:
                     break  # the end-of-turn token is part of the action: it learns to stop
-            replies.append(json_closed_at(self.tokenizer, reply, reply_prefix))
+            replies.append(json_closed_at(self.tokenizer, reply, prefix))
         return Replies(
             tokens=replies,
             logprobs=[row[: len(r)] for row, r in zip(token_logprobs, replies, strict=True)],
@@ -543,6 +545,15 @@ def closes_json(text: str) -> bool:
     """Whether ``text`` opened a JSON object and closed it (an action reply is flat)."""
     opened = text.find("{")
     return opened >= 0 and text.find("}", opened) >= 0
+
+
+def reply_prefixes(reply_prefix: str | Sequence[str], rows: int) -> list[str]:
+    """One reply prefix per row, from one for all rows or one per row."""
+    if isinstance(reply_prefix, str):
+        return [reply_prefix] * rows
+    if len(reply_prefix) != rows:
+        raise ValueError(f"{len(reply_prefix)} reply prefixes for {rows} prompts")
+    return list(reply_prefix)
 
 
 def json_closed_at(tokenizer, reply: list[int], prefix: str) -> list[int]:
@@ -558,12 +569,13 @@ def json_closed_at(tokenizer, reply: list[int], prefix: str) -> list[int]:
 class JsonClosed:
     """A stopping criterion: a row is done once its reply has closed its JSON object."""
 
-    def __init__(self, tokenizer, width: int, prefix: str):
-        self.tokenizer, self.width, self.prefix = tokenizer, width, prefix
+    def __init__(self, tokenizer, width: int, prefixes: Sequence[str]):
+        self.tokenizer, self.width, self.prefixes = tokenizer, width, prefixes
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
         texts = self.tokenizer.batch_decode(input_ids[:, self.width :], skip_special_tokens=True)
-        done = [closes_json(self.prefix + text) for text in texts]
+        pairs = zip(self.prefixes, texts, strict=True)
+        done = [closes_json(prefix + text) for prefix, text in pairs]
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import string
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -64,7 +65,7 @@ class RolloutPolicy(Protocol):
         top_k: int = 0,
         greedy: bool = False,
         generator: torch.Generator | None = None,
-        reply_prefix: str = "",
+        reply_prefix: str | Sequence[str] = "",
     ) -> Replies: ...
 
 
@@ -119,7 +120,7 @@ class RolloutEngine:
         self.generator = torch.Generator().manual_seed(seed)
         self.stats = RolloutStats()
         self._candidate_cache: dict[str, list[int]] = {}
-        self._reply_prefix_tokens: list[int] | None = None
+        self._reply_prefix_tokens: dict[str, list[int]] = {}
         self._greedy_memo: dict[tuple, Turn] | None = None
         self._prompt_cache: dict[tuple, list[int]] = {}
         self._prompt_cache_tokens = 0
@@ -172,12 +173,14 @@ class RolloutEngine:
             for slot, text, history in zip(slots, user_texts, histories, strict=True)
         ]
         ids = self.prompt_tokens(conversations)
-        budget = self.policy.max_context - (
-            self.reply_room if self.settings.mode == "generate" else 16
+        rooms = (
+            [self.reply_room(prefix) for prefix in self.reply_prefixes(slots)]
+            if self.settings.mode == "generate"
+            else [16] * len(slots)
         )
         for row, prompt in enumerate(ids):
             # Never cut the system prompt or the current observation: drop old turns.
-            while len(prompt) > budget and histories[row]:
+            while len(prompt) > self.policy.max_context - rooms[row] and histories[row]:
                 histories[row] = histories[row][2:]
                 conversations[row] = self._messages(slots[row], user_texts[row], histories[row])
                 [prompt] = self.prompt_tokens([conversations[row]])
@@ -218,21 +221,54 @@ class RolloutEngine:
         """The sampling temperature now (the schedule's)."""
         return self.schedule.temperature()
 
-    @property
-    def reply_prefix_tokens(self) -> list[int]:
-        """The tokens of ``rollout.reply_prefix``, which follow every generate-mode prompt."""
-        if self._reply_prefix_tokens is None:
-            prefix = self.settings.reply_prefix
-            tokenizer = self.policy.tokenizer
-            self._reply_prefix_tokens = (
-                tokenizer(prefix, add_special_tokens=False)["input_ids"] if prefix else []
-            )
-        return self._reply_prefix_tokens
+    def reply_prefixes(self, slots: Sequence[Slot]) -> list[str]:
+        """Each slot's reply prefix: ``rollout.reply_prefix`` with the ``$name`` fields
+        of the agent's :meth:`~llamagym.agent.Agent.reply_fields` filled in."""
+        template = self.settings.reply_prefix
+        if "$" not in template:
+            return [template] * len(slots)
+        prefixes = []
+        for slot in slots:
+            fields = self.agent.reply_fields(slot.observation)
+            try:
+                prefixes.append(string.Template(template).substitute(fields))
+            except KeyError as missing:
+                raise LlamaGymError(
+                    f"rollout.reply_prefix {template!r} names ${missing.args[0]}, which "
+                    f"{type(self.agent).__name__}.reply_fields does not give (it gives "
+                    f"{sorted(fields) or 'none'}): name one of those, or write $$ for a "
+                    "dollar sign"
+                ) from None
+            except ValueError as error:
+                raise LlamaGymError(
+                    f"rollout.reply_prefix {template!r}: {error}; a $ starts a field "
+                    "name ($sum), write $$ for a dollar sign"
+                ) from None
+        return prefixes
 
-    @property
-    def reply_room(self) -> int:
-        """Context positions a generate-mode reply needs after the prompt."""
-        return len(self.reply_prefix_tokens) + self.settings.max_new_tokens
+    def generation_prompts(self, slots: Sequence[Slot]) -> tuple[list[list[int]], list[str]]:
+        """Each slot's generate-mode context, its prompt followed by its reply prefix's
+        tokens, and the reply prefix (which the model's reply continues)."""
+        prefixes = self.reply_prefixes(slots)
+        prompts = [
+            prompt + self.reply_prefix_tokens(prefix)
+            for prompt, prefix in zip(self.render_prompts(slots)[1], prefixes, strict=True)
+        ]
+        return prompts, prefixes
+
+    def reply_prefix_tokens(self, prefix: str) -> list[int]:
+        """The tokens of one reply prefix, which follow its generate-mode prompt."""
+        tokens = self._reply_prefix_tokens.get(prefix)
+        if tokens is None:
+            tokenizer = self.policy.tokenizer
+            tokens = tokenizer(prefix, add_special_tokens=False)["input_ids"] if prefix else []
+            if len(self._reply_prefix_tokens) < 100_000:
+                self._reply_prefix_tokens[prefix] = tokens
+        return tokens
+
+    def reply_room(self, prefix: str) -> int:
+        """Context positions a generate-mode reply needs after its prompt."""
+        return len(self.reply_prefix_tokens(prefix)) + self.settings.max_new_tokens
 
     def candidate_tokens(self, name: str) -> list[int]:
         tokens = self._candidate_cache.get(name)
@@ -267,7 +303,11 @@ class RolloutEngine:
         # A random fallback for an unparsable reply must stay random: no memo then.
         random_fallback = self.settings.invalid_action.policy == "random"
         memo = self._greedy_memo if greedy and not random_fallback else None
-        keys = [(tuple(p), tuple(actions)) for p, actions in zip(prompts, legal, strict=True)]
+        prefixes = self.reply_prefixes(slots) if self.settings.mode == "generate" else []
+        keys = [
+            (tuple(p), tuple(actions), prefixes[row] if prefixes else "")
+            for row, (p, actions) in enumerate(zip(prompts, legal, strict=True))
+        ]
         new = [row for row, key in enumerate(keys) if memo is None or key not in memo]
         fresh: list[Turn] = []
         if new:
@@ -275,6 +315,7 @@ class RolloutEngine:
                 [prompts[row] for row in new],
                 [legal[row] for row in new],
                 [conversations[row] for row in new],
+                [prefixes[row] for row in new] if prefixes else [],
                 greedy,
             )
         self.stats.seconds_model += time.perf_counter() - started
@@ -303,13 +344,14 @@ class RolloutEngine:
         prompts: list[list[int]],
         legal: list[list[str]],
         conversations: list[list[dict[str, str]]],
+        prefixes: list[str],
         greedy: bool,
     ) -> list[Turn]:
         if self.settings.mode == "score":
             return self._decide_by_score(prompts, legal, greedy)
-        turns = self._decide_by_generation(prompts, legal, greedy)
+        turns = self._decide_by_generation(prompts, legal, prefixes, greedy)
         if self.settings.invalid_action.policy == "reprompt":
-            self._reprompt(turns, conversations, greedy)
+            self._reprompt(turns, conversations, prefixes, greedy)
         for turn in turns:
             if not turn.valid:
                 self._apply_invalid_action_policy(turn)
@@ -343,11 +385,14 @@ class RolloutEngine:
         return turns
 
     def _decide_by_generation(
-        self, prompts: list[list[int]], legal: list[list[str]], greedy: bool
+        self, prompts: list[list[int]], legal: list[list[str]], prefixes: list[str], greedy: bool
     ) -> list[Turn]:
         settings = self.settings
         # The reply prefix is context: the model continues it, the parsers read both.
-        prompts = [prompt + self.reply_prefix_tokens for prompt in prompts]
+        prompts = [
+            prompt + self.reply_prefix_tokens(prefix)
+            for prompt, prefix in zip(prompts, prefixes, strict=True)
+        ]
         temperature = self.temperature
         replies = self.policy.generate(
             prompts,
@@ -357,12 +402,12 @@ class RolloutEngine:
             top_k=settings.top_k,
             greedy=greedy,
             generator=self.generator,
-            reply_prefix=settings.reply_prefix,
+            reply_prefix=prefixes,
         )
         tokenizer = self.policy.tokenizer
         turns = []
         for row, reply_tokens in enumerate(replies.tokens):
-            text = settings.reply_prefix + tokenizer.decode(reply_tokens, skip_special_tokens=True)
+            text = prefixes[row] + tokenizer.decode(reply_tokens, skip_special_tokens=True)
             env_action, parser = None, None
             if legal[row]:
                 index, parser = self.plugins.parse_reply(self.agent, text, legal[row])
@@ -400,7 +445,11 @@ class RolloutEngine:
         return value
 
     def _reprompt(
-        self, turns: list[Turn], conversations: list[list[dict[str, str]]], greedy: bool
+        self,
+        turns: list[Turn],
+        conversations: list[list[dict[str, str]]],
+        prefixes: list[str],
+        greedy: bool,
     ) -> None:
         """Ask again, up to ``max_reprompts`` times, the envs whose reply had no legal
         action; the failed reply and the feedback stay in the conversation."""
@@ -419,10 +468,14 @@ class RolloutEngine:
                     {"role": "user", "content": failed.feedback},
                 ]
                 prompts += self.prompt_tokens([conversations[row]])
-            if max(map(len, prompts)) > self.policy.max_context - self.reply_room:
+            pending_prefixes = [prefixes[row] for row in pending]
+            if any(
+                len(prompt) > self.policy.max_context - self.reply_room(prefix)
+                for prompt, prefix in zip(prompts, pending_prefixes, strict=True)
+            ):
                 return  # no room left to ask again: the fallback applies
             legal = [turns[row].legal_actions for row in pending]
-            retried = self._decide_by_generation(prompts, legal, greedy)
+            retried = self._decide_by_generation(prompts, legal, pending_prefixes, greedy)
             for row, turn in zip(pending, retried, strict=True):
                 turn.retries = [*turns[row].retries, turns[row]]
                 turns[row].retries = []

@@ -49,7 +49,7 @@ from transformers import PrinterCallback, TrainerCallback
 from llamagym.config import RunConfig
 from llamagym.errors import ConfigError, LlamaGymError
 from llamagym.models.export import RUN_EXPORT
-from llamagym.models.policy import Replies, json_closed_at
+from llamagym.models.policy import Replies, json_closed_at, reply_prefixes
 from llamagym.rollout.engine import RolloutEngine, Slot
 from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.rollout.transcripts import PER_UPDATE, TRANSCRIPTS, TranscriptLog, transcript
@@ -366,12 +366,13 @@ class _Sampler:
         _, completions, _, _ = self.vllm.generate(
             prompts=[list(prompt) for prompt in prompts], images=None, num_generations=1
         )
+        prefixes = reply_prefixes(settings.get("reply_prefix", ""), len(prompts))
         replies = []
-        for completion in completions:
+        for completion, prefix in zip(completions, prefixes, strict=True):
             reply = list(completion)
             if self.eos_id in reply:
                 reply = reply[: reply.index(self.eos_id) + 1]
-            replies.append(json_closed_at(self.tokenizer, reply, settings.get("reply_prefix", "")))
+            replies.append(json_closed_at(self.tokenizer, reply, prefix))
         return Replies.unscored(replies)
 
     def score(self, *args: Any, **kwargs: Any) -> Any:

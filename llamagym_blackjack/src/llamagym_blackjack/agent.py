@@ -105,7 +105,7 @@ class BlackjackAgent(Agent):
         },
         "generate": {
             "model": {"gradient_checkpointing": False},
-            "rollout": {"top_k": 2},
+            "rollout": {"top_k": 2, "reply_prefix": '{"sum": $sum, "action": "'},
             "algorithm": {
                 "name": "grpo",
                 "group_size": 8,
@@ -128,6 +128,10 @@ class BlackjackAgent(Agent):
         total, dealer, usable_ace = observation
         ace = "yes" if usable_ace else "no"
         return f"Sum {int(total)}, dealer {int(dealer)}, usable ace {ace}."
+
+    def reply_fields(self, observation: Any) -> dict[str, Any]:
+        total, dealer, usable_ace = observation
+        return {"sum": int(total), "dealer": int(dealer), "usable_ace": bool(usable_ace)}
 
     def outcome(self, episode_return: float) -> str:
         if episode_return > 0:
