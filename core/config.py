@@ -133,7 +133,9 @@ class RolloutSettings(Settings):
         max_length=200,
         description="Generate mode: text the assistant's reply starts with, e.g. "
         "'{\"action\": \"'. It is part of the prompt (context, not trained); the "
-        "parsers read it together with the reply.",
+        "parsers read it together with the reply. $name is filled each turn from the "
+        "agent's reply_fields(observation), e.g. '{\"sum\": $sum, \"action\": \"'; "
+        "$$ is a dollar sign.",
     )
     temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
     final_temperature: float | None = Field(

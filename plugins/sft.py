@@ -40,6 +40,7 @@ import dataclasses
 import heapq
 import json
 import logging
+import string
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -225,6 +226,14 @@ def demonstration_turns(
     rollout, and the target is the rest of the JSON reply: a response given as a bare
     action (``stick``) becomes ``stick"}``, one given in full loses the prefix.
     """
+    template = string.Template(reply_prefix)
+    if template.get_identifiers():
+        raise ConfigError(
+            f"rollout.reply_prefix {reply_prefix!r} names fields of an observation, and "
+            "demonstrations are text without one to fill them from: set a prefix "
+            "without $fields (e.g. '{\"action\": \"') for a run with demonstrations"
+        )
+    reply_prefix = template.substitute({})  # $$ is a dollar sign
     prefix_tokens = tokenizer(reply_prefix, add_special_tokens=False)["input_ids"]
     closing = '"}' if reply_prefix.rstrip().endswith('"') else "}"
     turns, too_long = [], 0

@@ -21,7 +21,7 @@ from llamagym.errors import ConfigError
 from llamagym.plugins.grpo import GRPO
 from llamagym.plugins.ppo import PPO
 from llamagym.plugins.rloo import REINFORCE, RLOO
-from llamagym.plugins.sft import ReplayBuffer, load_demonstrations
+from llamagym.plugins.sft import ReplayBuffer, demonstration_turns, load_demonstrations
 from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.testing import BanditAgent, action_probabilities, tiny_agent
 from llamagym.training.algorithm import nest_warm_start_keys
@@ -346,6 +346,19 @@ def test_demonstrations_loader_names_the_bad_line(
     path = write_lines(tmp_path / "demos.jsonl", [good, good, bad_line, good])
     with pytest.raises(ConfigError, match=message):
         load_demonstrations(path)
+
+
+def test_demonstrations_refuse_a_reply_prefix_with_observation_fields() -> None:
+    tokenizer = tiny_agent().policy.tokenizer
+    conversation = [{"role": "user", "content": "Which lever?"},
+                    {"role": "assistant", "content": "right"}]
+    with pytest.raises(ConfigError, match=r"names fields.*without \$fields"):
+        demonstration_turns([conversation], tokenizer, 512, '{"sum": $sum, "action": "')
+    # $$ is a dollar sign, as in a rollout: the prompt ends with '{"cost": "$1", "action": "'.
+    [turn] = demonstration_turns([conversation], tokenizer, 512, '{"cost": "$$1", "action": "')
+    prefix = tokenizer('{"cost": "$1", "action": "', add_special_tokens=False)["input_ids"]
+    assert turn.prompt_tokens[-len(prefix) :] == prefix
+    assert tokenizer.decode(turn.action_tokens) == 'right"}'
 
 
 def test_demonstrations_warm_start_before_rl(tmp_path: Path) -> None:

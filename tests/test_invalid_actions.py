@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
+from llamagym.errors import LlamaGymError
 from llamagym.models.policy import Policy, Replies
 from llamagym.testing import BanditAgent, tiny_agent
 
@@ -149,3 +151,61 @@ def test_a_reply_ends_where_its_json_object_closes() -> None:
     assert json_closed_at(tokenizer, reply, "") == reply  # no object was opened
     assert closes_json('{"action": "hit"}') and not closes_json('{"action": "hi')
     assert not closes_json("} {")
+
+
+class LeverBandit(CountingBandit):
+    """Names the lever count in its reply prefix, as Blackjack names the player's sum."""
+
+    def reply_fields(self, observation):
+        return {"levers": len(self.action_names), "seen": int(observation)}
+
+
+def test_a_reply_prefix_names_fields_the_agent_fills_from_each_observation() -> None:
+    prefix = '{"levers": $levers, "seen": $seen, "cost": "$$1", "action": "'
+    agent = tiny_agent(
+        LeverBandit,
+        rollout={
+            "mode": "generate",
+            "num_envs": 1,
+            "reply_prefix": prefix,
+            "invalid_action": {"policy": "reprompt", "max_reprompts": 1},
+        },
+    )
+    real = agent.policy
+    agent._policy = ScriptedPolicy(real.model, real.tokenizer, ["maybe", 'right"}'])
+    observation, _ = agent.make_env().reset(seed=0)
+    filled = f'{{"levers": 2, "seen": {int(observation)}, "cost": "$1", "action": "'
+    [episode] = run_episodes(agent, 1)
+    asked, turn = episode.turns  # the reply asked again for, then the one that counted
+    filled_tokens = real.tokenizer(filled, add_special_tokens=False)["input_ids"]
+    # The first reply and the one asked again both continue the filled prefix.
+    assert len(agent._policy.prompts_seen) == 2
+    for prompt in agent._policy.prompts_seen:
+        assert prompt[-len(filled_tokens) :] == filled_tokens
+    assert asked.reply == filled + "maybe" and not asked.valid
+    assert turn.reply == filled + 'right"}' and turn.valid
+    assert turn.legal_actions[turn.action_index] == "right"
+
+
+def test_a_reply_prefix_naming_a_field_the_agent_does_not_give_says_which() -> None:
+    agent = tiny_agent(
+        LeverBandit, rollout={"mode": "generate", "num_envs": 1, "reply_prefix": '{"sum": $sum'}
+    )
+    with pytest.raises(LlamaGymError, match=r"names \$sum.*gives \['levers', 'seen'\]"):
+        run_episodes(agent, 1)
+    agent = tiny_agent(
+        LeverBandit, rollout={"mode": "generate", "num_envs": 1, "reply_prefix": "costs $5"}
+    )
+    with pytest.raises(LlamaGymError, match=r"write \$\$ for a dollar sign"):
+        run_episodes(agent, 1)
+
+
+def test_generation_stops_each_row_where_its_own_prefix_and_reply_close_the_json() -> None:
+    from llamagym.models.policy import JsonClosed
+
+    tokenizer = tiny_agent(rollout={"mode": "generate"}).policy.tokenizer
+    reply = tokenizer('hit"}', add_special_tokens=False)["input_ids"]
+    rows = torch.tensor([reply, reply])
+    # The same reply closes the object its row's prefix opened; without one it opens none.
+    stop = JsonClosed(tokenizer, 0, ['{"action": "', ""])
+    assert stop(rows, torch.zeros(2, 1)).tolist() == [True, False]

@@ -185,6 +185,8 @@ def model_card(
             if mode == "score"
             else "Generate mode: the reply is sampled (settings in generation_config.json)"
             + (f" after the prefix {config.rollout.reply_prefix!r}"
+               + (" ($fields filled from each observation by the agent's reply_fields)"
+                  if "$" in config.rollout.reply_prefix else "")
                if config.rollout.reply_prefix else "")
             + " and parsed for an action (JSON first, then the action names)."
         ),
