@@ -527,13 +527,13 @@ class Policy(nn.Module):
             dim=1,
         ).tolist()
         replies = []
-        for row, prefix in zip(new_tokens.tolist(), prefixes, strict=True):
+        for row, opened in zip(new_tokens.tolist(), prefixes, strict=True):
             reply = []
             for token in row:
                 reply.append(token)
                 if token == self.eos_id:
                     break  # the end-of-turn token is part of the action: it learns to stop
-            replies.append(json_closed_at(self.tokenizer, reply, prefix))
+            replies.append(json_closed_at(self.tokenizer, reply, opened))
         return Replies(
             tokens=replies,
             logprobs=[row[: len(r)] for row, r in zip(token_logprobs, replies, strict=True)],

@@ -11,6 +11,7 @@ from llamagym_blackjack.agent import BlackjackAgent, basic_strategy, hit_below_1
 from llamagym import Agent, load_model_and_tokenizer
 from llamagym.plugin_manager import get_plugins
 from llamagym.rollout.evaluation import evaluate_baseline
+from llamagym.testing import tiny_agent
 
 
 def test_registered_through_the_plugin() -> None:
@@ -25,6 +26,18 @@ def test_prompt_text() -> None:
     assert text == "Sum 14, dealer 10, usable ace yes."
     assert "stick" in agent.get_system_prompt() and "hit" in agent.get_system_prompt()
 
+
+
+def test_a_pretrained_model_restates_the_sum_at_the_start_of_its_reply() -> None:
+    prefix = BlackjackAgent.pretrained_defaults["generate"]["rollout"]["reply_prefix"]
+    agent = tiny_agent(BlackjackAgent, rollout={"mode": "generate", "reply_prefix": prefix})
+    engine = agent.engine
+    slot = engine.new_slot((np.int64(14), np.int64(10), np.int64(1)), {}, None, None)
+    [prompt], [filled] = engine.generation_prompts([slot])
+    assert filled == '{"sum": 14, "action": "'
+    tail = agent.policy.tokenizer.decode(prompt[-len(engine.reply_prefix_tokens(filled)) :])
+    assert tail == filled
+    assert "Sum 14, dealer 10" in agent.policy.tokenizer.decode(prompt)
 
 @pytest.mark.parametrize(
     ("reply", "action"),

@@ -86,13 +86,15 @@ class BlackjackAgent(Agent):
     # GRPO compares episodes dealt the same cards (a seed group), so each group says
     # which action was better for that very hand; with KL to the untrained model and a
     # small entropy bonus it reached -0.084 (basic strategy -0.047).
-    # Generate mode samples from the model's two most likely tokens (zero-shot one of
-    # them is often not an action: 23% invalid replies at the first update, none later),
-    # and its entropy bonus, over the two action names, is doubled: at 0.05 the replies
-    # became `stick` in every state. Short replies leave room for the update's
-    # activations without gradient checkpointing (25% faster). These are the best tried,
-    # not good: after 30 minutes the greedy policy still sticks everywhere, as it did
-    # with every generate-mode setting tried (README, Real models).
+    # Generate mode samples from the model's two most likely tokens, and its reply starts
+    # by restating the player's sum: after '{"action": "' alone, one of those two tokens
+    # was often not an action (22% of sampled replies zero-shot), after the sum both are
+    # (none), and the choice varies a little with the hand. The entropy bonus, over the
+    # two action names, is doubled: at 0.05 the replies became `stick` in every state.
+    # Short replies leave room for the update's activations without gradient
+    # checkpointing (25% faster). These are the best tried, not good: after 30 minutes
+    # the greedy policy still sticks everywhere, as it did with every generate-mode
+    # setting tried (README, Real models).
     pretrained_defaults = {
         "score": {
             "algorithm": {
