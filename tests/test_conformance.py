@@ -121,6 +121,10 @@ class Silent(CorridorAgent):
         return "  "
 
 
+class UnfilledPrefix(CorridorAgent):
+    defaults = {"rollout": {"reply_prefix": '{"steps": $steps, "action": "'}}
+
+
 class BadBaseline(CorridorAgent):
     baselines = {"sideways": lambda *_: "sideways"}
 
@@ -168,6 +172,15 @@ def test_each_flaw_fails_its_check_with_a_fix(agent_class, check, says, monkeypa
         )
     with pytest.raises(AssertionError, match=check):
         assert_agent_conforms(agent_class, episodes=1)
+
+
+def test_a_reply_prefix_field_the_agent_does_not_fill_fails_the_prompt_check() -> None:
+    results = {r.name: r for r in check_agent(UnfilledPrefix, episodes=1)}
+    prompts = results["prompts"]
+    assert prompts.failed and "names $steps" in prompts.detail
+    assert "reply_fields" in prompts.fix
+    # The episodes then stop at the same prefix, with the same message.
+    assert "names $steps" in results["episodes"].detail
 
 
 def test_a_sound_agent_passes_every_check() -> None:

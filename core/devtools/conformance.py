@@ -442,6 +442,16 @@ def check_prompts(ctx: CheckContext) -> str:
                 f"format_observation gave empty text for {_describe(sample.observation, 60)}",
                 "return a description of the observation the model can read",
             )
+        if "$" in rollout.reply_prefix:
+            from llamagym.errors import LlamaGymError
+            from llamagym.rollout.engine import fill_reply_prefix
+
+            try:
+                fill_reply_prefix(rollout.reply_prefix, agent, sample.observation)
+            except LlamaGymError as error:
+                raise CheckFailure(
+                    str(error), "reply_fields must give every field the reply prefix names"
+                ) from error
         messages = [{"role": "system", "content": system}] if system else []
         messages.append({"role": "user", "content": text})
         rendered = tokenizer.apply_chat_template(

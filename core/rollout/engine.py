@@ -69,6 +69,32 @@ class RolloutPolicy(Protocol):
     ) -> Replies: ...
 
 
+def fill_reply_prefix(template: str, agent: Agent, observation: Any) -> str:
+    """``template`` (a ``rollout.reply_prefix``) with its ``$name`` fields filled from
+    ``agent.reply_fields(observation)``; ``$$`` is a dollar sign."""
+    try:
+        fields = agent.reply_fields(observation)
+    except Exception as error:
+        raise LlamaGymError(
+            f"{type(agent).__name__}.reply_fields raised {type(error).__name__}: {error} for "
+            f"the observation {observation!r}; rollout.reply_prefix {template!r} needs it "
+            "for every observation"
+        ) from error
+    try:
+        return string.Template(template).substitute(fields)
+    except KeyError as missing:
+        raise LlamaGymError(
+            f"rollout.reply_prefix {template!r} names ${missing.args[0]}, which "
+            f"{type(agent).__name__}.reply_fields does not give (it gives "
+            f"{sorted(fields) or 'none'}): name one of those, or write $$ for a dollar sign"
+        ) from None
+    except ValueError as error:
+        raise LlamaGymError(
+            f"rollout.reply_prefix {template!r}: {error}; a $ starts a field name ($sum), "
+            "write $$ for a dollar sign"
+        ) from None
+
+
 @dataclass
 class Slot:
     """One environment's episode in progress."""
@@ -227,24 +253,7 @@ class RolloutEngine:
         template = self.settings.reply_prefix
         if "$" not in template:
             return [template] * len(slots)
-        prefixes = []
-        for slot in slots:
-            fields = self.agent.reply_fields(slot.observation)
-            try:
-                prefixes.append(string.Template(template).substitute(fields))
-            except KeyError as missing:
-                raise LlamaGymError(
-                    f"rollout.reply_prefix {template!r} names ${missing.args[0]}, which "
-                    f"{type(self.agent).__name__}.reply_fields does not give (it gives "
-                    f"{sorted(fields) or 'none'}): name one of those, or write $$ for a "
-                    "dollar sign"
-                ) from None
-            except ValueError as error:
-                raise LlamaGymError(
-                    f"rollout.reply_prefix {template!r}: {error}; a $ starts a field "
-                    "name ($sum), write $$ for a dollar sign"
-                ) from None
-        return prefixes
+        return [fill_reply_prefix(template, self.agent, slot.observation) for slot in slots]
 
     def generation_prompts(self, slots: Sequence[Slot]) -> tuple[list[list[int]], list[str]]:
         """Each slot's generate-mode context, its prompt followed by its reply prefix's
