@@ -45,9 +45,12 @@ def test_one_ppo_update_on_smollm2_changes_only_the_adapter_and_the_value_head(
     batch = agent.engine.collect(envs, 4)
     turns = [turn for episode in batch for turn in episode.turns]
     if mode == "generate":
-        # The reply prefix and the format in the system prompt: greedy or not, the
-        # untrained model's replies are JSON that stops where the object closes.
-        assert all(turn.reply.startswith('{"action": "') for turn in turns)
+        # The reply prefix (the hand's sum restated) and the format in the system
+        # prompt: the untrained model's replies are JSON that stops where it closes.
+        for turn in turns:
+            total = turn.user_text.split(",")[0].removeprefix("Sum ")
+            assert turn.reply.startswith(f'{{"sum": {total}, "action": "')
+            assert turn.reply.endswith("}") and turn.valid
         assert all(len(turn.action_tokens) <= 8 for turn in turns)
     positions = policy.head_positions
     metrics = agent.algorithm.update(batch)
