@@ -186,9 +186,11 @@ class RolloutEngine:
         return list(slot.history[len(slot.history) - 2 * keep :]) if keep else []
 
     def render_prompts(
-        self, slots: Sequence[Slot]
+        self, slots: Sequence[Slot], prefixes: Sequence[str] | None = None
     ) -> tuple[list[str], list[list[int]], list[list[dict[str, str]]]]:
-        """User texts and prompt token ids; the oldest history turns go first if too long."""
+        """User texts and prompt token ids; the oldest history turns go first if too long.
+        In generate mode each prompt leaves room for its reply prefix (``prefixes``, the
+        slots' :meth:`reply_prefixes` when the caller has them already) and the reply."""
         user_texts = [
             self.plugins.format_observation(self.agent, slot.observation, slot.info)
             for slot in slots
@@ -199,11 +201,12 @@ class RolloutEngine:
             for slot, text, history in zip(slots, user_texts, histories, strict=True)
         ]
         ids = self.prompt_tokens(conversations)
-        rooms = (
-            [self.reply_room(prefix) for prefix in self.reply_prefixes(slots)]
-            if self.settings.mode == "generate"
-            else [16] * len(slots)
-        )
+        if self.settings.mode == "generate":
+            if prefixes is None:
+                prefixes = self.reply_prefixes(slots)
+            rooms = [self.reply_room(prefix) for prefix in prefixes]
+        else:
+            rooms = [16] * len(slots)
         for row, prompt in enumerate(ids):
             # Never cut the system prompt or the current observation: drop old turns.
             while len(prompt) > self.policy.max_context - rooms[row] and histories[row]:
@@ -261,7 +264,9 @@ class RolloutEngine:
         prefixes = self.reply_prefixes(slots)
         prompts = [
             prompt + self.reply_prefix_tokens(prefix)
-            for prompt, prefix in zip(self.render_prompts(slots)[1], prefixes, strict=True)
+            for prompt, prefix in zip(
+                self.render_prompts(slots, prefixes)[1], prefixes, strict=True
+            )
         ]
         return prompts, prefixes
 
@@ -290,7 +295,8 @@ class RolloutEngine:
     # -- one decision for every active env --------------------------------------------
     @torch.no_grad()
     def decide(self, slots: Sequence[Slot], greedy: bool = False) -> list[Turn]:
-        user_texts, prompts, conversations = self.render_prompts(slots)
+        prefixes = self.reply_prefixes(slots) if self.settings.mode == "generate" else []
+        user_texts, prompts, conversations = self.render_prompts(slots, prefixes or None)
         named = [self.agent.legal_actions(s.observation, s.info) for s in slots]
         # An empty list below stands for actions the agent does not name (None):
         # extract_action's value then goes to the env as it is (generate mode only).
@@ -312,7 +318,6 @@ class RolloutEngine:
         # A random fallback for an unparsable reply must stay random: no memo then.
         random_fallback = self.settings.invalid_action.policy == "random"
         memo = self._greedy_memo if greedy and not random_fallback else None
-        prefixes = self.reply_prefixes(slots) if self.settings.mode == "generate" else []
         keys = [
             (tuple(p), tuple(actions), prefixes[row] if prefixes else "")
             for row, (p, actions) in enumerate(zip(prompts, legal, strict=True))

@@ -267,9 +267,9 @@ class SequenceEngine(RolloutEngine):
         self._rendered: list[str] = []
 
     def render_prompts(
-        self, slots: Sequence[Slot]
+        self, slots: Sequence[Slot], prefixes: Sequence[str] | None = None
     ) -> tuple[list[str], list[list[int]], list[list[dict[str, str]]]]:
-        user_texts, ids, conversations = super().render_prompts(slots)
+        user_texts, ids, conversations = super().render_prompts(slots, prefixes)
         tokenizer = self.policy.tokenizer
         texts = tokenizer.apply_chat_template(
             conversations, add_generation_prompt=True, tokenize=False
