@@ -10,12 +10,24 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.util
+import logging
 import sys
 from typing import Any
 
 from llamagym.hookspecs import hookimpl
 
 __version__ = "0.2.0"
+
+
+def _without_cpu_kernel_notice(record: logging.LogRecord) -> bool:
+    """peft imports bitsandbytes whenever it is installed, and bitsandbytes then warns, on
+    a machine without the optional ``kernels`` package, that its fast 4-bit CPU matmul is
+    missing: on every run, although only a quantized model uses it (the loader says so
+    then)."""
+    return "kernels" not in record.getMessage()
+
+
+logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_without_cpu_kernel_notice)
 
 _LAZY = {
     "Agent": "llamagym.agent",

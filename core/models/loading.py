@@ -491,6 +491,11 @@ def load_model_and_tokenizer(
         )
     elif quantize == "8bit":
         model_kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
+    if quantize == "4bit" and resolved_device == "cpu" and not importlib.util.find_spec("kernels"):
+        logger.info(
+            "4-bit matmuls on the CPU use bitsandbytes' plain fallback; its faster kernels "
+            "come with the 'kernels' package (pip install kernels; fetched from the Hub)"
+        )
     if quantize is not None or resolved_device != "cpu":
         # Quantized weights must be created on their final device; for GPUs
         # this also avoids a full copy in host memory first.
