@@ -208,8 +208,11 @@ def test_micro_batches_take_the_steps_whole_minibatches_take(name: str) -> None:
     assert sum(whole) == sum(pieces)
     assert metrics_in_pieces == pytest.approx(metrics, rel=1e-4, abs=1e-6)
     assert metrics["policy_steps"] > 1
+    # Summing in pieces reorders float additions; Adam divides each step by the root of
+    # its second moment, which turns that rounding into ~1e-6 where a gradient is near 0.
+    # A wrong split (a piece weighted by its own size, a lost piece) moves weights by ~lr.
     for key, value in weights.items():
-        torch.testing.assert_close(weights_in_pieces[key], value, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(weights_in_pieces[key], value, rtol=1e-3, atol=1e-5)
 
 
 def test_without_a_target_kl_every_epoch_runs() -> None:

@@ -339,6 +339,18 @@ def _choose_lora_targets(model: Any, entry: ModelEntry | None, name: str) -> lis
     return targets
 
 
+def _keep_unpackable_layers_unpacked(model: Any) -> None:
+    """bitsandbytes (0.50) repacks a 4-bit layer's weights for its AVX-512 CPU kernel the
+    first time the layer runs in inference, and fails on a layer whose output size is not
+    a multiple of 32 or whose input size is not one of its quantization block (64). Such
+    layers keep the plain path."""
+    from bitsandbytes.nn import Linear4bit
+
+    for module in model.modules():
+        if isinstance(module, Linear4bit) and (module.out_features % 32 or module.in_features % 64):
+            module.support_avx512bf16_for_cpu = False
+
+
 def _count_parameters(model: Any) -> int:
     try:
         return int(model.num_parameters())
@@ -513,6 +525,8 @@ def load_model_and_tokenizer(
     n_params = _count_parameters(model)
     use_lora = lora if lora is not None else uses_lora_by_default(model, quantize is not None)
 
+    if quantize == "4bit" and resolved_device == "cpu":
+        _keep_unpackable_layers_unpacked(model)
     if quantize is not None:
         from peft import prepare_model_for_kbit_training
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import inspect
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -224,15 +225,15 @@ class Policy(nn.Module):
             cache = None
             if shared:
                 prefix = torch.tensor([distinct[0][:shared]], device=self.device)
-                prefix_cache = decoder(input_ids=prefix, use_cache=True).past_key_values
+                prefix_cache = _new_cache(decoder(input_ids=prefix, use_cache=True))
                 cache = _prefix_cache_class()(prefix_cache)
             with self._checkpointing(torch.is_grad_enabled() and not reference):
                 hidden = decoder(
                     input_ids=input_ids.to(self.device),
                     attention_mask=self._attention_mask(allowed.to(self.device)),
                     position_ids=position_ids.to(self.device),
-                    past_key_values=cache,
                     use_cache=False,
+                    **{_cache_keyword(decoder): cache},
                 ).last_hidden_state
             # The LM head runs only where a log-probability is needed: token t of pair k
             # is predicted at its prompt's last column for t = 0, and at the column of
@@ -473,7 +474,7 @@ class Policy(nn.Module):
         if shared:
             prefix = torch.tensor([prompts[0][:shared]])
             # None where the model keeps no cache: then the whole prompts run as rows.
-            cache = self.model(input_ids=prefix.to(self.device), use_cache=True).past_key_values
+            cache = _new_cache(self.model(input_ids=prefix.to(self.device), use_cache=True))
         input_ids, attention_mask = self._left_padded(
             [prompt[shared if cache is not None else 0 :] for prompt in prompts]
         )
@@ -501,8 +502,8 @@ class Policy(nn.Module):
             output = self.model.generate(  # type: ignore[operator]
                 input_ids=input_ids.to(self.device),
                 attention_mask=attention_mask.to(self.device),
-                past_key_values=cache,
                 max_new_tokens=max_new_tokens,
+                **{_cache_keyword(decoder): cache},
                 # HF's greedy step picks the one token the sampling processor leaves
                 # standing; with sampling off, HF adds no temperature/top-k/top-p warpers.
                 do_sample=False,
@@ -660,6 +661,19 @@ def _checkpointable_layers(model: nn.Module) -> list[GradientCheckpointingLayer]
     except ImportError:  # transformers before 4.52
         return []
     return [module for module in model.modules() if isinstance(module, GradientCheckpointingLayer)]
+
+
+def _cache_keyword(decoder: nn.Module) -> str:
+    """The name a decoder's forward (and so generate) takes a key/value cache by:
+    ``cache`` since transformers 5.24, ``past_key_values`` before (the old name warns)."""
+    return "cache" if "cache" in inspect.signature(type(decoder).forward).parameters else (
+        "past_key_values"
+    )
+
+
+def _new_cache(output: Any) -> Any:
+    """The cache a forward with ``use_cache=True`` returned (None if the model keeps none)."""
+    return output.get("cache", output.get("past_key_values"))
 
 
 def _cache_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
