@@ -673,7 +673,7 @@ def _cache_keyword(decoder: nn.Module) -> str:
 
 def _new_cache(output: Any) -> Any:
     """The cache a forward with ``use_cache=True`` returned (None if the model keeps none)."""
-    return output.get("cache", output.get("past_key_values"))
+    return output["cache"] if "cache" in output else output.get("past_key_values")
 
 
 def _cache_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
