@@ -339,13 +339,20 @@ def _choose_lora_targets(model: Any, entry: ModelEntry | None, name: str) -> lis
     return targets
 
 
-def _keep_unpackable_layers_unpacked(model: Any) -> None:
+def _prepare_4bit_on_cpu(model: Any) -> None:
     """bitsandbytes (0.50) repacks a 4-bit layer's weights for its AVX-512 CPU kernel the
     first time the layer runs in inference, and fails on a layer whose output size is not
     a multiple of 32 or whose input size is not one of its quantization block (64). Such
-    layers keep the plain path."""
+    layers keep the plain path. Its faster 4-bit matmul needs the optional ``kernels``
+    package; one line says so here (bitsandbytes' own warning is filtered, as it
+    printed on every run, quantized or not)."""
     from bitsandbytes.nn import Linear4bit
 
+    if not importlib.util.find_spec("kernels"):
+        logger.info(
+            "4-bit matmuls on the CPU use bitsandbytes' plain fallback; its faster kernels "
+            "come with the 'kernels' package (pip install kernels; fetched from the Hub)"
+        )
     for module in model.modules():
         if isinstance(module, Linear4bit) and (module.out_features % 32 or module.in_features % 64):
             module.support_avx512bf16_for_cpu = False
@@ -503,11 +510,6 @@ def load_model_and_tokenizer(
         )
     elif quantize == "8bit":
         model_kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
-    if quantize == "4bit" and resolved_device == "cpu" and not importlib.util.find_spec("kernels"):
-        logger.info(
-            "4-bit matmuls on the CPU use bitsandbytes' plain fallback; its faster kernels "
-            "come with the 'kernels' package (pip install kernels; fetched from the Hub)"
-        )
     if quantize is not None or resolved_device != "cpu":
         # Quantized weights must be created on their final device; for GPUs
         # this also avoids a full copy in host memory first.
@@ -526,7 +528,7 @@ def load_model_and_tokenizer(
     use_lora = lora if lora is not None else uses_lora_by_default(model, quantize is not None)
 
     if quantize == "4bit" and resolved_device == "cpu":
-        _keep_unpackable_layers_unpacked(model)
+        _prepare_4bit_on_cpu(model)
     if quantize is not None:
         from peft import prepare_model_for_kbit_training
 

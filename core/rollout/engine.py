@@ -296,7 +296,7 @@ class RolloutEngine:
     @torch.no_grad()
     def decide(self, slots: Sequence[Slot], greedy: bool = False) -> list[Turn]:
         prefixes = self.reply_prefixes(slots) if self.settings.mode == "generate" else []
-        user_texts, prompts, conversations = self.render_prompts(slots, prefixes or None)
+        user_texts, prompts, conversations = self.render_prompts(slots, prefixes)
         named = [self.agent.legal_actions(s.observation, s.info) for s in slots]
         # An empty list below stands for actions the agent does not name (None):
         # extract_action's value then goes to the env as it is (generate mode only).
