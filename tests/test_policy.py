@@ -296,6 +296,34 @@ def test_the_lm_head_runs_only_at_the_scored_positions() -> None:
     assert policy.head_positions == 9 + 2 + 1 + 4
 
 
+def test_a_reply_repeated_after_the_same_prompt_is_computed_once() -> None:
+    """A seed group's turns repeat (prompt, reply) pairs: each distinct pair goes through
+    the LM head once, and every repeat still gets its numbers, in the order asked, and
+    its share of the gradient (the sum of the pairs evaluated one at a time)."""
+    model, tokenizer = load_model_and_tokenizer("tiny", lora=True)
+    policy = Policy(model, tokenizer)
+    prompts = [[5, 6, 7], [8, 9], [5, 6, 7], [5, 6, 7], [8, 9]]
+    replies = [[20, 21], [20, 21], [22], [20, 21], [20, 21]]
+    with torch.no_grad():
+        one_by_one = [
+            policy.evaluate_replies([p], [r]) for p, r in zip(prompts, replies, strict=True)
+        ]
+    before = policy.head_positions
+    with torch.no_grad():
+        together = policy.evaluate_replies(prompts, replies)
+    assert policy.head_positions - before == 2 + 2 + 1  # (567, 20 21), (89, 20 21), (567, 22)
+    for row, alone in enumerate(one_by_one):
+        width = alone.logprobs.shape[1]
+        assert torch.allclose(together.logprobs[row, :width], alone.logprobs[0], atol=1e-5)
+        assert torch.allclose(together.values[row], alone.values[0], atol=1e-5)
+    alone_grads = [_gradients(policy, [p], [r])[0] for p, r in zip(prompts, replies, strict=True)]
+    expected = [sum(parts) for parts in zip(*alone_grads, strict=True)]
+    grads, _ = _gradients(policy, prompts, replies)
+    assert len(grads) == len(expected) > 0
+    for got, want in zip(grads, expected, strict=True):
+        assert torch.allclose(got, want, atol=1e-5)
+
+
 @pytest.mark.parametrize("mode", ["score", "generate"])
 def test_a_4bit_model_evaluates_trains_and_scores_again(mode: str) -> None:
     """Evaluation switches the policy to eval mode and back; the quantized model (and

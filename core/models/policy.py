@@ -184,16 +184,25 @@ class Policy(nn.Module):
         (if asked) and the hidden state at each pair's last prompt token [P, H].
 
         One forward pass does it all. Each distinct prompt is one row, left-padded so
-        all prompts end in the same column, and the continuations of that prompt follow
-        it side by side, each attending to its prompt and its own earlier tokens only
-        (a block of the attention mask). Scoring A candidates costs one row, not A, and
-        a prompt met in many turns (a small state space such as Blackjack's repeats
-        prompts all the time) is computed once. The tokens every prompt starts with
-        (system prompt, chat template...) run once for the whole batch, as a cache.
+        all prompts end in the same column, and the distinct continuations of that
+        prompt follow it side by side, each attending to its prompt and its own earlier
+        tokens only (a block of the attention mask). Scoring A candidates costs one row,
+        not A, and a prompt met in many turns (a small state space such as Blackjack's
+        repeats prompts all the time; a seed group's episodes all start from one) is
+        computed once, as is a continuation met after it more than once (the same reply,
+        the same candidate): the pairs that repeat it share its numbers, and gradients.
+        The tokens every prompt starts with (system prompt, chat template...) run once
+        for the whole batch, as a cache.
         """
         slot_of: dict[tuple[int, ...], int] = {}
         pair_rows = [slot_of.setdefault(tuple(prompts[i]), len(slot_of)) for i, _ in pairs]
         distinct = list(slot_of)
+        unique_of: dict[tuple[int, tuple[int, ...]], int] = {}
+        pair_unique = [
+            unique_of.setdefault((row, tuple(tokens)), len(unique_of))
+            for row, (_, tokens) in zip(pair_rows, pairs, strict=True)
+        ]
+        unique = list(unique_of)
         shared = shared_prefix_length(distinct)
         prompt_ids, prompt_mask = self._left_padded([prompt[shared:] for prompt in distinct])
         width = prompt_ids.shape[1]
@@ -204,7 +213,7 @@ class Policy(nn.Module):
         segments: list[list[int]] = [[] for _ in distinct]
         positions: list[list[int]] = [[] for _ in distinct]
         starts = []
-        for k, (row, (_, tokens)) in enumerate(zip(pair_rows, pairs, strict=True)):
+        for k, (row, tokens) in enumerate(unique):
             n = max(len(tokens) - 1, 0)
             starts.append(len(tails[row]))
             tails[row] += tokens[:n]
@@ -240,20 +249,20 @@ class Policy(nn.Module):
             # its own previous token (width + start_k + t - 1) after that.
             where = [
                 (k, t, width - 1 if t == 0 else width + start + t - 1, token)
-                for k, (start, (_, tokens)) in enumerate(zip(starts, pairs, strict=True))
+                for k, (start, (_, tokens)) in enumerate(zip(starts, unique, strict=True))
                 for t, token in enumerate(tokens)
             ]
-            pair_of, step_of, column_of, target_of = (
+            unique_of_t, step_of, column_of, target_of = (
                 torch.tensor(values, device=self.device) for values in zip(*where, strict=True)
             )
-            rows_t = torch.tensor(pair_rows, device=self.device)
+            unique_rows = torch.tensor([row for row, _ in unique], device=self.device)
             self.head_positions += len(where)
             chosen, chosen_entropy = self._head_logprobs(
-                head, hidden[rows_t[pair_of], column_of], target_of, entropy
+                head, hidden[unique_rows[unique_of_t], column_of], target_of, entropy
             )
         keep = max(len(tokens) for _, tokens in pairs)
-        shape = (len(pairs), keep)
-        at = (pair_of, step_of)
+        shape = (len(unique), keep)
+        at = (unique_of_t, step_of)
         mask = torch.zeros(shape, device=self.device).index_put(
             at, torch.ones((), device=self.device)
         )
@@ -261,6 +270,12 @@ class Policy(nn.Module):
         token_entropy = None
         if chosen_entropy is not None:  # asked for (entropy)
             token_entropy = torch.zeros(shape, device=self.device).index_put(at, chosen_entropy)
+        # Back from the distinct pairs to the pairs as asked, in their order.
+        order = torch.tensor(pair_unique, device=self.device)
+        token_logprobs, mask = token_logprobs[order], mask[order]
+        if token_entropy is not None:
+            token_entropy = token_entropy[order]
+        rows_t = torch.tensor(pair_rows, device=self.device)
         state_hidden = None if reference else hidden[rows_t, width - 1]
         return token_logprobs, mask, token_entropy, state_hidden
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import inspect
 import math
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
@@ -444,14 +444,14 @@ class Algorithm:
 
     def reference_logprob_lists(self, turns: Sequence[Turn], chunk: int) -> list[list[float]]:
         """Reference log-probabilities of every turn, once per update (the reference
-        never changes, so epochs reuse them), ``chunk`` turns per forward pass."""
-        lists: list[list[float]] = []
-        for start in range(0, len(turns), chunk):
-            batch = turns[start : start + chunk]
-            table = self.reference_logprobs(batch).cpu()
-            for row, turn in enumerate(batch):
-                units = 1 if turn.candidates else len(turn.action_tokens)
-                lists.append(table[row, :units].tolist())
+        never changes, so epochs reuse them), ``chunk`` turns per forward pass, those
+        that share a prompt in the same pass."""
+        lists: list[list[float]] = [[] for _ in turns]
+        for piece in prompt_pieces(turns, range(len(turns)), chunk):
+            table = self.reference_logprobs([turns[i] for i in piece]).cpu()
+            for row, i in enumerate(piece):
+                units = 1 if turns[i].candidates else len(turns[i].action_tokens)
+                lists[i] = table[row, :units].tolist()
         return lists
 
     def model_parameters(self) -> list[torch.nn.Parameter]:
@@ -603,7 +603,7 @@ class Algorithm:
         optimizer = cast(torch.optim.Optimizer, self.optimizer)
         optimizer.zero_grad(set_to_none=True)
         size = getattr(settings, "microbatch_size", None) or len(index)
-        pieces = [index[start : start + size] for start in range(0, len(index), size)]
+        pieces = prompt_pieces(turns, index, size)
         values = zero_metrics(extra_losses)
         finite = True
         for number, piece in enumerate(pieces):
@@ -666,6 +666,16 @@ class Algorithm:
             skipped_steps=float(self.skipped_updates),
         )
         return metrics
+
+
+def prompt_pieces(turns: Sequence[Turn], index: Iterable[int], size: int) -> list[list[int]]:
+    """``index`` (positions in ``turns``) cut into forward passes of at most ``size``
+    turns, in the order of their prompts, so turns that share a prompt go through the
+    same pass: the policy computes a prompt, and a reply repeated after it, once per
+    pass (a seed group's episodes all start from one prompt, and a small action space
+    repeats replies)."""
+    ordered = sorted(index, key=lambda i: turns[i].prompt_tokens)
+    return [ordered[start : start + size] for start in range(0, len(ordered), size)]
 
 
 # -- losses ---------------------------------------------------------------------------

@@ -159,4 +159,9 @@ def test_greedy_evaluation_reuses_decisions_and_plays_the_same_episodes(mode: st
     returns = [e.env_return for e in fresh]
     assert result.episodes == len(returns) == 300
     assert result.mean == pytest.approx(sum(returns) / len(returns), abs=1e-12)
-    assert policy.head_positions - memo_positions > 2 * memo_positions  # far fewer lookups
+    # The memo looks each distinct prompt up once in the whole evaluation; the engine
+    # once per batch it meets it in.
+    distinct = {tuple(turn.prompt_tokens) for episode in fresh for turn in episode.turns}
+    if mode == "score":  # one LM-head position per single-token action name
+        assert memo_positions == len(agent.action_names) * len(distinct)
+    assert policy.head_positions - memo_positions > 1.5 * memo_positions
