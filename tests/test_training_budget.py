@@ -165,12 +165,12 @@ def saved_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
     return load_file(str(checkpoint / checkpoints.WEIGHTS))
 
 
-class TerminateAfterSteps:
-    """Wraps ``Algorithm.apply_gradients``: sends this process SIGTERM after optimizer step
-    ``after`` of update ``update`` (counted from 1), like `kill` during a long update."""
+class AfterSteps:
+    """Wraps ``Algorithm.apply_gradients``: calls ``action`` after optimizer step ``after``
+    of update ``update`` (counted from 1), like `kill` or the deadline during an update."""
 
-    def __init__(self, update: int, after: int):
-        self.update, self.after = update, after
+    def __init__(self, update: int, after: int, action):
+        self.update, self.after, self.action = update, after, action
         self.updates_done = 0
         self.steps = 0
 
@@ -184,29 +184,33 @@ class TerminateAfterSteps:
             if self.updates_done == self.update - 1:
                 self.steps += 1
                 if self.steps == self.after:
-                    os.kill(os.getpid(), signal.SIGTERM)
+                    self.action()
             return result
 
         return counted
+
+
+def bandit_run(algorithm: str, tmp_path: Path, **training_settings):
+    """16 one-turn episodes per update in minibatches of 4 over 3 epochs: 12 steps (GRPO
+    keeps the turns of groups without signal for the entropy bonus, so it has all 16)."""
+    from llamagym.testing import BanditAgent, tiny_agent
+
+    return tiny_agent(
+        BanditAgent,
+        training={"threads": 1, "eval_episodes": 8, **training_settings},
+        rollout={"num_envs": 4},
+        algorithm={"name": algorithm, "episodes_per_update": 16, "minibatch_size": 4,
+                   "epochs": 3, "anneal_lr": False, "entropy_coef": 0.01},
+        output={"dir": str(tmp_path), "quiet": True},
+    )
 
 
 @pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
 def test_sigterm_during_an_update_ends_it_at_a_minibatch_boundary(
     algorithm, tmp_path, monkeypatch
 ) -> None:
-    from llamagym.testing import BanditAgent, tiny_agent
-
-    # 16 one-turn episodes per update in minibatches of 4 over 3 epochs: 12 steps (GRPO
-    # keeps the turns of groups without signal for the entropy bonus, so it has all 16).
-    agent = tiny_agent(
-        BanditAgent,
-        training={"threads": 1, "episodes": 64, "eval_episodes": 8},
-        rollout={"num_envs": 4},
-        algorithm={"name": algorithm, "episodes_per_update": 16, "minibatch_size": 4,
-                   "epochs": 3, "anneal_lr": False, "entropy_coef": 0.01},
-        output={"dir": str(tmp_path), "quiet": True},
-    )
-    terminate = TerminateAfterSteps(update=2, after=2)
+    agent = bandit_run(algorithm, tmp_path, episodes=64)
+    terminate = AfterSteps(update=2, after=2, action=lambda: os.kill(os.getpid(), signal.SIGTERM))
     monkeypatch.setattr(Algorithm, "apply_gradients", terminate.wrap(Algorithm.apply_gradients))
     previous_handler = signal.getsignal(signal.SIGTERM)
     with temporary_plugin(terminate, "terminate"):
@@ -227,6 +231,31 @@ def test_sigterm_during_an_update_ends_it_at_a_minibatch_boundary(
     assert saved.keys() == current.keys()
     assert all(torch.equal(saved[k], current[k]) for k in saved)
     assert checkpoints.read_meta(summary.checkpoint)["counters"]["episodes"] == 32
+
+
+def test_the_time_budget_ends_the_first_update_at_a_minibatch_boundary(
+    tmp_path, monkeypatch
+) -> None:
+    """A long update does not overrun the budget: it stops after the step in which time
+    ran out, keeps those steps' weights, and the run then evaluates as usual."""
+    agent = bandit_run("ppo", tmp_path, episodes=64, minutes=1000)
+    clock = FakeClock()
+    monkeypatch.setattr(training, "time", clock)
+    deadline = AfterSteps(update=1, after=3, action=lambda: setattr(clock, "offset", 1e9))
+    monkeypatch.setattr(Algorithm, "apply_gradients", deadline.wrap(Algorithm.apply_gradients))
+    with temporary_plugin(deadline, "deadline"):
+        summary = training.Trainer(agent).run()
+
+    assert summary.interrupted is None and summary.updates == 1 and summary.episodes == 16
+    assert summary.evaluation is not None and summary.evaluation.episodes == 8
+    [update] = [r for r in read_records(tmp_path / "metrics.jsonl") if r["kind"] == "update"]
+    # 12 steps were due (16 turns in minibatches of 4, 3 epochs); the fourth never started.
+    assert update["update_interrupted"] == 1.0 and update["policy_steps"] == 3.0
+    assert summary.checkpoint is not None
+    saved = saved_weights(summary.checkpoint)
+    current = checkpoints.trainable_state(agent.policy)
+    assert saved.keys() == current.keys()
+    assert all(torch.equal(saved[k], current[k]) for k in saved)
 
 
 def test_algorithm_without_a_stop_check_runs_every_step() -> None:

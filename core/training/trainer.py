@@ -7,9 +7,10 @@ SIGINT (Ctrl-C) and SIGTERM stop the run within seconds, write a checkpoint and 
 a second signal aborts at once. A signal (or the time budget running out) during a
 collection drops that unfinished batch: its finished episodes are not trained on, and
 the engine's and the global random states go back to where the last update left them,
-so the checkpoint is exactly the last completed update's. A signal during an update
-ends it at the next minibatch boundary (the run's ``Control.should_stop``); the weights after
-the steps taken are kept, and the update's metrics say ``update_interrupted: 1``.
+so the checkpoint is exactly the last completed update's. A signal, or the time budget
+running out, during an update ends it at the next minibatch boundary (the run's
+``Control.should_stop``); the weights after the steps taken are kept, and the update's
+metrics say ``update_interrupted: 1``. A run out of time then evaluates as usual.
 
 With several processes (:mod:`llamagym.training.distributed`) every process runs this loop on its
 own environments and episodes; after each update they exchange a small summary (their
@@ -325,6 +326,7 @@ class Trainer:
         self._config_dict: dict[str, Any] = {}
         self._config_yaml = ""
         self._time_used: Callable[[], float] = lambda: 0.0  # the run's clock, once it runs
+        self._time_budget: float | None = None  # seconds, once the run has started
         self._transcripts = TranscriptLog(None)  # the run directory's, once it is ready
         #: the plugins a resumed checkpoint recorded; compared after the first update
         self._resumed_plugins: list[dict[str, Any]] | None = None
@@ -435,8 +437,11 @@ class Trainer:
         self._show_phase(f"update epoch {epoch}/{epochs}")
 
     def _stop_requested(self) -> bool:
-        """What the algorithm checks between minibatches (one process only)."""
-        return self._signal_received is not None
+        """What the algorithm checks between minibatches (one process only): a signal
+        was received or the time budget is used up."""
+        if self._signal_received is not None:
+            return True
+        return self._time_budget is not None and self._time_used() >= self._time_budget
 
     def _checkpoint(self, counters: Counters) -> Path:
         """Rank 0 writes the checkpoint; every process returns its path."""
@@ -537,7 +542,7 @@ class Trainer:
             """Training time so far, the same clock as ``counters.seconds``."""
             return seconds_before + time.perf_counter() - started
 
-        self._time_used = time_used
+        self._time_used, self._time_budget = time_used, time_budget
         show_phase = self._show_phase
         seconds_used: float | None = None  # set when a collection is cut short
         dropped = 0
@@ -672,9 +677,12 @@ class Trainer:
                         self._resumed_plugins = None
                     if metrics.get("update_interrupted"):
                         logger.warning(
-                            "update %d was cut short at a minibatch boundary by the stop "
-                            "request; the weights after the steps it took are kept",
+                            "update %d was cut short at a minibatch boundary (%s); the "
+                            "weights after the steps it took are kept",
                             counters.updates,
+                            f"{self._signal_received} received"
+                            if self._signal_received
+                            else "time budget used up",
                         )
                     if config.output.rank_records:
                         self._record_rank(counters.updates, batch)
