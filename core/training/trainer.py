@@ -255,6 +255,16 @@ class RandomState:
         engine.stats.env_steps, engine.stats.env_failures = self.env_steps, self.env_failures
 
 
+TIME_BUDGET = "time budget"  # the stop reason when --minutes is used up
+
+
+def stop_cause(reason: str | None) -> str:
+    """A stop reason as the warnings say it: "time budget used up", "SIGTERM received"."""
+    if reason is None:
+        return "stop requested"
+    return "time budget used up" if reason == TIME_BUDGET else f"{reason} received"
+
+
 class CollectionWatch:
     """Handed to :meth:`RolloutEngine.collect` for one update's batch: counts the
     finished episodes for the progress bar and, after every env step, moves the bar's
@@ -266,12 +276,9 @@ class CollectionWatch:
         self,
         trainer: Trainer,
         wanted: int,
-        time_used: Callable[[], float],
-        time_budget: float | None,
         may_stop: bool,
     ):
-        self.trainer, self.wanted = trainer, wanted
-        self.time_used, self.time_budget, self.may_stop = time_used, time_budget, may_stop
+        self.trainer, self.wanted, self.may_stop = trainer, wanted, may_stop
         self.finished = 0
         #: why the collection was cut short ("time budget", "SIGTERM"...), else None
         self.reason: str | None = None
@@ -280,7 +287,8 @@ class CollectionWatch:
         progress = self.trainer.progress
         if progress is not None and hasattr(progress, "phase"):
             progress.phase(
-                f"collecting {self.finished:,}/{self.wanted:,} episodes", self.time_used()
+                f"collecting {self.finished:,}/{self.wanted:,} episodes",
+                self.trainer._time_used(),
             )
 
     def on_episode(self, episode: Any) -> None:
@@ -289,12 +297,8 @@ class CollectionWatch:
 
     def should_stop(self) -> bool:
         self.show()
-        if not self.may_stop or self.reason is not None:
-            return self.reason is not None
-        if self.trainer._signal_received is not None:
-            self.reason = self.trainer._signal_received
-        elif self.time_budget is not None and self.time_used() >= self.time_budget:
-            self.reason = "time budget"
+        if self.may_stop and self.reason is None:
+            self.reason = self.trainer._stop_reason()
         return self.reason is not None
 
 
@@ -436,12 +440,18 @@ class Trainer:
     def _show_epoch(self, epoch: int, epochs: int) -> None:
         self._show_phase(f"update epoch {epoch}/{epochs}")
 
-    def _stop_requested(self) -> bool:
-        """What the algorithm checks between minibatches (one process only): a signal
-        was received or the time budget is used up."""
+    def _stop_reason(self) -> str | None:
+        """Why this process should stop now (one process only): the signal received
+        ("SIGTERM"...), else "time budget" once it is used up, else None."""
         if self._signal_received is not None:
-            return True
-        return self._time_budget is not None and self._time_used() >= self._time_budget
+            return self._signal_received
+        if self._time_budget is not None and self._time_used() >= self._time_budget:
+            return TIME_BUDGET
+        return None
+
+    def _stop_requested(self) -> bool:
+        """What the algorithm checks between minibatches."""
+        return self._stop_reason() is not None
 
     def _checkpoint(self, counters: Counters) -> Path:
         """Rank 0 writes the checkpoint; every process returns its path."""
@@ -567,7 +577,7 @@ class Trainer:
                         budget_fraction(counters, episode_budget, time_budget)
                     )
                     wanted = algorithm.episodes_per_update
-                    watch = CollectionWatch(self, wanted, time_used, time_budget, not several)
+                    watch = CollectionWatch(self, wanted, not several)
                     before = None if several else RandomState.capture(engine)
                     watch.show()
                     try:
@@ -599,9 +609,7 @@ class Trainer:
                             "%s during the collection of update %d: its %d finished "
                             "episode(s) (of %d) are dropped, not trained on; the run ends "
                             "at update %d",
-                            "time budget used up"
-                            if watch.reason == "time budget"
-                            else f"{watch.reason} received",
+                            stop_cause(watch.reason),
                             counters.updates + 1,
                             dropped,
                             wanted,
@@ -680,9 +688,7 @@ class Trainer:
                             "update %d was cut short at a minibatch boundary (%s); the "
                             "weights after the steps it took are kept",
                             counters.updates,
-                            f"{self._signal_received} received"
-                            if self._signal_received
-                            else "time budget used up",
+                            stop_cause(self._stop_reason()),
                         )
                     if config.output.rank_records:
                         self._record_rank(counters.updates, batch)
