@@ -39,6 +39,7 @@ from llamagym.training.algorithm import (
     check_group_divides_batch,
     microbatch_size_field,
     seed_groups,
+    warmup_steps_field,
 )
 from llamagym.training.credit import (
     RULES_WITHOUT_VALUES,
@@ -66,6 +67,7 @@ class CriticFreeConfig(AlgorithmConfig):
     epochs: int = Field(2, ge=1, description="Passes over each batch.")
     minibatch_size: int = Field(64, ge=1, description="Turns per gradient step.")
     microbatch_size: int | None = microbatch_size_field()
+    warmup_steps: int = warmup_steps_field()
     clip_range: float = Field(0.2, gt=0, description="Ratio clip epsilon.")
     entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
     kl_coef: float = Field(0.0, ge=0, description="Weight of KL to the reference (0 = off).")
@@ -214,5 +216,6 @@ class GRPO(Algorithm):
                 "trained_turns": float(len(turns)),
             },
         )
-        metrics["lr"] = lr
+        # The rate of the update's last step (the warmup's share of the scheduled one).
+        metrics["lr"] = lr * self.warmup_share(self.optimizer_steps)
         return metrics

@@ -23,6 +23,7 @@ from llamagym.training.algorithm import (
     LossTerm,
     check_adaptive_kl,
     microbatch_size_field,
+    warmup_steps_field,
 )
 from llamagym.training.credit import CREDIT_RULES, CreditRule, gae, turn_returns
 from llamagym.training.schedule import Control, Schedule
@@ -37,6 +38,7 @@ class PPOConfig(AlgorithmConfig):
     epochs: int = Field(4, ge=1, description="Passes over each batch.")
     minibatch_size: int = Field(64, ge=1, description="Turns per gradient step.")
     microbatch_size: int | None = microbatch_size_field()
+    warmup_steps: int = warmup_steps_field()
     clip_range: float = Field(0.2, gt=0, description="PPO ratio clip epsilon.")
     value_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
     entropy_coef: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
@@ -119,5 +121,7 @@ class PPO(Algorithm):
         result = self.optimise(turns, advantages_t, extra_losses=[value_term])
         # 3. Optional supervised steps on the best episodes seen so far; the metrics.
         metrics = self.finish_update(episodes, result)
+        # The rate of the update's last step (the warmup's share of the scheduled one).
+        lr *= self.warmup_share(self.optimizer_steps)
         metrics.update(value_mean=float(returns_t.mean()), lr=lr)
         return metrics

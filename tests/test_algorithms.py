@@ -215,6 +215,45 @@ def test_micro_batches_take_the_steps_whole_minibatches_take(name: str) -> None:
         torch.testing.assert_close(weights_in_pieces[key], value, rtol=1e-3, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["ppo", "grpo"])
+def test_warmup_steps_take_a_rising_share_of_the_learning_rate(name: str) -> None:
+    """With warmup_steps=4, steps 1-4 take 1/4, 2/4, 3/4 and all of the rate, and a resumed
+    run goes on counting. Adam's first step moves every weight with a gradient by the
+    whole rate it is given (its gradient over its own size), so the largest change of
+    step 1 is a quarter of lr: without the warmup it would be lr."""
+    lr = 1e-3
+    settings = {"epochs": 2, "minibatch_size": 4, "lr": lr, "anneal_lr": False,
+                "entropy_coef": 0.01, "warmup_steps": 4}
+    agent = agent_for(name, **settings)
+    algorithm = agent.algorithm
+    optimizer, rates, first_change = algorithm.optimizer, [], []
+    step = optimizer.step
+
+    def recording_step(*args, **kwargs):
+        before = trained_parameters(algorithm)
+        result = step(*args, **kwargs)
+        rates.append(optimizer.param_groups[0]["lr"])
+        if not first_change:
+            after = dict(algorithm.policy.named_parameters())
+            first_change.append(
+                max((after[n].detach() - value).abs().max().item() for n, value in before.items())
+            )
+        return result
+
+    optimizer.step = recording_step
+    metrics = algorithm.update(collect(agent, 16))
+    assert metrics["policy_steps"] == 8
+    assert rates == pytest.approx([lr / 4, lr / 2, 3 * lr / 4] + [lr] * 5)
+    assert first_change[0] == pytest.approx(lr / 4, rel=1e-3)
+    assert optimizer.param_groups[0]["lr"] == lr and metrics["lr"] == lr
+    assert algorithm.state_dict()["counters"]["optimizer_steps"] == 8
+    resumed = agent_for(name, **settings).algorithm
+    resumed.load_state_dict(algorithm.state_dict())
+    assert resumed.warmup_share(resumed.optimizer_steps + 1) == 1.0
+    fresh = agent_for(name, **settings).algorithm
+    assert fresh.warmup_share(fresh.optimizer_steps + 1) == 0.25
+
+
 def test_without_a_target_kl_every_epoch_runs() -> None:
     agent = agent_for("grpo", epochs=3, minibatch_size=8)
     metrics = agent.algorithm.update(collect(agent, 16))

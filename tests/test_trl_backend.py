@@ -297,7 +297,7 @@ def test_settings_map_onto_grpo_config(tmp_path) -> None:
     agent = small_agent(
         tmp_path,
         algorithm={"lr": 3e-4, "kl_coef": 0.05, "clip_range": 0.3, "epochs": 2,
-                   "microbatch_size": 4},
+                   "microbatch_size": 4, "warmup_steps": 3},
         trl={"use_vllm": True, "vllm_mode": "server", "loss_type": "grpo"},
     )
     args = grpo_args(agent.resolved, tmp_path, world_size=1, use_cpu=True)
@@ -310,6 +310,7 @@ def test_settings_map_onto_grpo_config(tmp_path) -> None:
         2,
     )
     assert (args.num_generations, args.generation_batch_size) == (4, 16)
+    assert args.warmup_steps == 3
     assert (args.use_vllm, args.vllm_mode, args.loss_type) == (True, "server", "grpo")
     # 32 episodes = 2 updates of 16; each update is 2 minibatches of 8, twice.
     assert args.max_steps == 8

@@ -145,6 +145,17 @@ def microbatch_size_field() -> Any:
     )
 
 
+def warmup_steps_field() -> Any:
+    """The ``warmup_steps`` setting of a config whose algorithm steps with Adam."""
+    return Field(
+        0,
+        ge=0,
+        description="Optimizer steps over which the learning rate rises linearly to its "
+        "value (0 = none). Adam's first step moves every weight by the whole rate, "
+        "whatever its gradient's size.",
+    )
+
+
 def check_group_divides_batch(group_size: int, info: ValidationInfo) -> int:
     """Field validator body for ``group_size`` (declared after ``episodes_per_update``, so
     that is validated first): a batch must hold whole seed groups."""
@@ -244,6 +255,8 @@ class Algorithm:
         self.skipped_updates = 0
         self.updates = 0
         self.target_kl_stops = 0
+        #: Steps taken by ``self.optimizer`` (the learning-rate warmup counts them).
+        self.optimizer_steps = 0
         # Minibatch order and replay sampling; seeded from torch so a seeded run repeats.
         self.rng = random.Random(torch.initial_seed())
         self.optimizer: torch.optim.Optimizer | None = None  # set by each algorithm
@@ -324,6 +337,7 @@ class Algorithm:
                 "updates": self.updates,
                 "skipped_updates": self.skipped_updates,
                 "target_kl_stops": self.target_kl_stops,
+                "optimizer_steps": self.optimizer_steps,
             },
             "rng": rng_state(self.rng),
         }
@@ -339,6 +353,7 @@ class Algorithm:
         self.updates = counters.get("updates", 0)
         self.skipped_updates = counters.get("skipped_updates", 0)
         self.target_kl_stops = counters.get("target_kl_stops", 0)
+        self.optimizer_steps = counters.get("optimizer_steps", 0)
         if state.get("rng") is not None:
             set_rng_state(self.rng, state["rng"])
         for name, part in self.stateful_parts().items():
@@ -499,7 +514,9 @@ class Algorithm:
         self, optimizer: torch.optim.Optimizer, finite: bool, max_grad_norm: float
     ) -> bool:
         """Step on the gradients the parameters hold (``finite``: every loss behind them
-        was); see :meth:`step`, which takes the backward pass first."""
+        was); see :meth:`step`, which takes the backward pass first. A step of
+        ``self.optimizer`` takes the warmup's share of its learning rate
+        (:meth:`warmup_share`) and is counted."""
         parameters = self.policy.trainable_parameters()
         if not self.group.average_gradients(parameters, finite):
             optimizer.zero_grad(set_to_none=True)
@@ -510,8 +527,24 @@ class Algorithm:
             optimizer.zero_grad(set_to_none=True)
             self.skipped_updates += 1
             return False
+        if optimizer is not self.optimizer:  # another optimizer's step (the warm start's)
+            optimizer.step()
+            return True
+        rates = [group["lr"] for group in optimizer.param_groups]
+        share = self.warmup_share(self.optimizer_steps + 1)
+        for group in optimizer.param_groups:
+            group["lr"] *= share
         optimizer.step()
+        for group, rate in zip(optimizer.param_groups, rates, strict=True):
+            group["lr"] = rate
+        self.optimizer_steps += 1
         return True
+
+    def warmup_share(self, step: int) -> float:
+        """The share of the scheduled learning rate that step number ``step`` (from 1)
+        of ``self.optimizer`` takes: ``step / warmup_steps`` during the warmup, else 1."""
+        warmup = int(getattr(self.config, "warmup_steps", 0) or 0)
+        return min(1.0, step / warmup) if warmup else 1.0
 
     # -- the clipped-policy-gradient update ------------------------------------------
     def optimise(

@@ -200,6 +200,7 @@ def grpo_args(resolved: ResolvedConfig, output_dir: Path, world_size: int, use_c
         bf16=settings.bf16 if settings.bf16 is not None else False,
         learning_rate=algorithm.lr,
         lr_scheduler_type="linear" if algorithm.anneal_lr else "constant",
+        warmup_steps=algorithm.warmup_steps,
         max_grad_norm=algorithm.max_grad_norm,
         num_generations=algorithm.group_size,
         generation_batch_size=algorithm.episodes_per_update,
