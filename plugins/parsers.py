@@ -104,6 +104,18 @@ def _candidate_end(text: str, start: int, stop: int) -> tuple[int | None, int]:
     return None, stop
 
 
+def _first_of_each_key(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object's keys with the first value each is given. A reply that names its
+    action twice (``{"action": "hit", "action": "stick"}``, which a sampled reply can
+    write after its prefix ``{"action": "``) plays the first: the value right after the
+    prefix, the token whose probability the policy trains. ``json.loads`` alone keeps
+    the last."""
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        obj.setdefault(key, value)
+    return obj
+
+
 def json_objects(text: str, work: ScanWork | None = None) -> Iterator[dict]:
     """Yield the JSON objects embedded in ``text``, within the bounds above; ``work``
     receives what the search cost."""
@@ -122,7 +134,7 @@ def json_objects(text: str, work: ScanWork | None = None) -> Iterator[dict]:
             continue
         work.attempts += 1
         try:
-            value = json.loads(text[start:end])
+            value = json.loads(text[start:end], object_pairs_hook=_first_of_each_key)
         except (ValueError, RecursionError):
             position = start + 1
             continue

@@ -32,6 +32,10 @@ class CardAgent(Agent):
         ('{"action": 1.5}', None),
         ('{"action": [1]}', None),
         ('{"action": "hit"', 1),  # truncated JSON: the regex still finds the name
+        # The action named twice: the first value, the one the policy chose after the
+        # reply prefix (json.loads alone keeps the last).
+        ('{"sum": 8, "action": "hit", "action": "stick"}', 1),
+        ('{"action": "stick", "action": "hit"}', 0),
         ("Action: 1", 1),
         ("Action: -1", None),
         ("action=stick", 0),
