@@ -169,11 +169,15 @@ def _name_pattern(legal_actions: tuple[str, ...]) -> re.Pattern[str]:
     return re.compile(rf"(?<![\w-])(?:{alternatives})(?![\w-])")
 
 
-_LABELLED = re.compile(r"\baction ?[:=] ?([-\w]+)")
+# "Action: hit", "action=1", and the key of JSON that did not parse or named no legal
+# value ('"action": "hit no 2, stick"'): the first word after the label, whole (not the
+# 1 of 1.5).
+_LABELLED = re.compile(r"""\baction["']? ?[:=] ?["']?([-\w]+)(?![-\w]|\.\d)""")
 
 
 class RegexParser:
-    """Fallback parser: ``Action: 1`` / ``Action: hit``, else the last action name named."""
+    """Fallback parser: ``Action: 1`` / ``Action: hit`` / ``"action": "hit ...`` (the first
+    word after an action label), else the last action name named."""
 
     @hookimpl(trylast=True)
     def llamagym_extract_action(

@@ -36,8 +36,16 @@ class CardAgent(Agent):
         # reply prefix (json.loads alone keeps the last).
         ('{"sum": 8, "action": "hit", "action": "stick"}', 1),
         ('{"action": "stick", "action": "hit"}', 0),
+        # The action's value went on past the name, so it is no legal JSON value (and
+        # the reply may not parse): the first word after the key, the policy's choice,
+        # not the last name in the reply.
+        ('{"sum": 10, "action": "hit no 2, stick"}', 1),
+        ('{"sum": 8, "action": "hit hit hit hit', 1),
+        ("{'action': 'stick'} or hit", 0),
         ("Action: 1", 1),
         ("Action: -1", None),
+        ("Action: 1.5", None),
+        ("Action: 12.5", None),
         ("action=stick", 0),
         ("I think I should hit now.", 1),
         ("I stay.", 0),  # the agent's own parser
@@ -82,5 +90,9 @@ def test_disabling_the_json_parser(monkeypatch) -> None:
 
     monkeypatch.setenv("LLAMAGYM_DISABLE_PLUGINS", "json-action")
     plugin_manager.reset_plugins()
-    # With JSON off, the regex finds the last name in the raw text.
-    assert get_plugins().extract_action(CardAgent(), '{"action": "hit"} stick', CARDS) == 0
+    # With JSON off, the regex finds the last name in the raw text (no action label).
+    reply = '{"command": "hit"} stick'
+    assert get_plugins().extract_action(CardAgent(), reply, CARDS) == 0
+    monkeypatch.delenv("LLAMAGYM_DISABLE_PLUGINS")
+    plugin_manager.reset_plugins()
+    assert get_plugins().extract_action(CardAgent(), reply, CARDS) == 1
