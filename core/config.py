@@ -297,6 +297,10 @@ PRETRAINED_MODEL_DEFAULTS: dict[str, Any] = {
         "epochs": 2,
         "target_kl": 0.02,
     },
+    # An agent's one-thread default is for `tiny`'s small matrices; a pretrained model's
+    # forwards split well over every core (a SmolLM2-135M matmul: ~180 GFLOP/s on two
+    # threads, ~93 on one), so the model-size rule of `training.threads` decides again.
+    "training": {"threads": None},
 }
 
 

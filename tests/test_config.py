@@ -217,6 +217,13 @@ def test_a_pretrained_model_gets_the_pretrained_defaults_above_the_agents() -> N
     assert generate.config.rollout.top_k == sampling != real.config.rollout.top_k
     assert generate.config.model.gradient_checkpointing is False
     assert real.config.model.gradient_checkpointing is None
+    # An agent's one-thread default (CartPole's, for tiny) gives way to the model-size
+    # rule, which leaves a pretrained model torch's thread count.
+    _, tiny_pole = resolve_run_config("cartpole", None, [], {})
+    _, real_pole = resolve_run_config("cartpole", None, [], {"model.name": "smollm2-135m"})
+    assert tiny_pole.config.training.threads == 1
+    assert real_pole.config.training.threads is None
+    assert real_pole.sources["training.threads"] == "pretrained-model defaults"
     _, chosen = resolve_run_config(
         "blackjack", None, ["algorithm.lr=0.0005", "model.name=some/model"], {}
     )

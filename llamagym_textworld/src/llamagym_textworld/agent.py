@@ -152,7 +152,7 @@ class TextWorldAgent(Agent):
         "training": {"minutes": 15, "eval_episodes": 100, "threads": 1},
     }
     # A pretrained model: a turn's prompt (hundreds of tokens, a dozen commands scored
-    # after it) costs SmolLM2-135M seconds on one CPU thread. 16 episodes (~400 turns)
+    # after it) costs SmolLM2-135M seconds on the CPU. 16 episodes (~400 turns)
     # made one update in 41 minutes on a shared 2-core machine (README, Real models);
     # the generic 64 episodes would take four times as long per update.
     pretrained_defaults = {
