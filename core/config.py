@@ -298,8 +298,9 @@ PRETRAINED_MODEL_DEFAULTS: dict[str, Any] = {
         "target_kl": 0.02,
     },
     # An agent's one-thread default is for `tiny`'s small matrices; a pretrained model's
-    # forwards split well over every core (a SmolLM2-135M matmul: ~180 GFLOP/s on two
-    # threads, ~93 on one), so the model-size rule of `training.threads` decides again.
+    # forwards split well over every core (an fp32 2048x2048 matmul on a 2-core machine:
+    # ~180 GFLOP/s on two threads, ~93 on one), so `training.threads`' model-size rule
+    # decides again.
     "training": {"threads": None},
 }
 

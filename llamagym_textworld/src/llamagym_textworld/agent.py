@@ -147,14 +147,15 @@ class TextWorldAgent(Agent):
             "gae_lambda": 0.95,
             "entropy_coef": 0.01,
         },
-        # One torch thread: these forwards are too small to split well, and on a busy
-        # machine a second thread mostly waits for a core.
+        # One torch thread for `tiny`: its forwards are too small to split well, and on
+        # a busy machine a second thread mostly waits for a core (a pretrained model gets
+        # torch's count back from the pretrained-model defaults).
         "training": {"minutes": 15, "eval_episodes": 100, "threads": 1},
     }
     # A pretrained model: a turn's prompt (hundreds of tokens, a dozen commands scored
-    # after it) costs SmolLM2-135M seconds on the CPU. 16 episodes (~400 turns)
-    # made one update in 41 minutes on a shared 2-core machine (README, Real models);
-    # the generic 64 episodes would take four times as long per update.
+    # after it) costs SmolLM2-135M seconds on the CPU. 16 episodes (~400 turns) make
+    # one update in about 10 minutes on both cores of a 2-core machine (README, Real
+    # models); the generic 64 episodes would take four times as long per update.
     pretrained_defaults = {
         "score": {"rollout": {"num_envs": 8}, "algorithm": {"episodes_per_update": 16}}
     }
