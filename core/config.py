@@ -91,8 +91,9 @@ class ModelSettings(Settings):
     lora_layers: int | None = Field(
         None,
         ge=1,
-        description="Adapt only the last N decoder layers: backward stops below them "
-        "(a faster update); null = every layer.",
+        description="Adapt only the last N decoder layers: the frozen layers below run "
+        "once per prompt, not in every update pass (a faster update); null = the "
+        "registry's default (`llamagym models`), else every layer.",
     )
     trust_remote_code: bool = Field(False, description="Run model code from the Hub repo.")
     gradient_checkpointing: bool | None = Field(

@@ -12,6 +12,7 @@ import contextlib
 import copy
 import functools
 import inspect
+import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,9 @@ import torch
 from torch import nn
 
 from llamagym.errors import ModelLoadError
+from llamagym.models.trunk import PassLayout, TrunkStates, first_trained_layer, top_layers
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from transformers.modeling_layers import GradientCheckpointingLayer
@@ -65,6 +69,38 @@ def _owners(candidates: Sequence[Sequence[Sequence[int]]]) -> list[tuple[int, in
     return [(i, j) for i, options in enumerate(candidates) for j in range(len(options))]
 
 
+def _choice_pairs(candidates: Sequence[Sequence[Sequence[int]]]) -> list[tuple[int, Any]]:
+    """Score mode's (prompt index, candidate) pairs, in :func:`_owners` order."""
+    return [(i, option) for i, options in enumerate(candidates) for option in options]
+
+
+def _named_options(actions: Sequence[Sequence[Sequence[int]]] | None) -> list[list[Any]]:
+    """Each generate-mode row's action names as tokens; empty where no row names any."""
+    options = [list(row) for row in actions or []]
+    return options if any(options) else []
+
+
+def _reply_pairs(
+    replies: Sequence[Sequence[int]], options: Sequence[Sequence[Sequence[int]]]
+) -> list[tuple[int, Any]]:
+    """Generate mode's pairs: each reply after its prompt, then each row's action names."""
+    pairs: list[tuple[int, Any]] = [(i, reply) for i, reply in enumerate(replies)]
+    return pairs + [(i, option) for i, row in enumerate(options) for option in row]
+
+
+@dataclass
+class _Pass:
+    """One pass of :meth:`Policy._continuations`, laid out: where each token goes
+    (``layout``), its inputs, and which row and distinct pair each asked pair reads."""
+
+    layout: PassLayout
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    attention: torch.Tensor
+    pair_rows: list[int]
+    pair_unique: list[int]
+
+
 def _is_peft(model: nn.Module) -> bool:
     return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
 
@@ -97,6 +133,11 @@ class Policy(nn.Module):
         self.logit_softcap = getattr(model.config, "final_logit_softcapping", None)
         #: Positions the LM head has been applied at (each costs a vocabulary-wide matmul).
         self.head_positions = 0
+        #: What the frozen trunk (the decoder layers below the lowest trained one, with
+        #: ``model.lora_layers``) computed for the token contexts seen so far in passes
+        #: without gradients; None when every layer trains. See core/models/trunk.py.
+        start = first_trained_layer(_decoder_and_head(model)[0])
+        self.trunk: TrunkStates | None = TrunkStates(start) if start else None
         # The LM stays in eval mode for good (see train()); gradient checkpointing is
         # switched on per pass, on the decoder layers alone, where gradients are taken.
         self.checkpointed_layers = (
@@ -171,29 +212,11 @@ class Policy(nn.Module):
         attention_mask = padded([[1] * len(prompt) for prompt in prompts], width, 0, left=True)
         return input_ids, attention_mask
 
-    def _continuations(
-        self,
-        prompts: Sequence[Sequence[int]],
-        pairs: Sequence[tuple[int, Sequence[int]]],
-        reference: bool = False,
-        entropy: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """Log-probabilities of continuation tokens, for (prompt index, tokens) pairs.
-
-        Returns per-token logprobs [P, T], their mask [P, T], per-token entropy [P, T]
-        (if asked) and the hidden state at each pair's last prompt token [P, H].
-
-        One forward pass does it all. Each distinct prompt is one row, left-padded so
-        all prompts end in the same column, and the distinct continuations of that
-        prompt follow it side by side, each attending to its prompt and its own earlier
-        tokens only (a block of the attention mask). Scoring A candidates costs one row,
-        not A, and a prompt met in many turns (a small state space such as Blackjack's
-        repeats prompts all the time; a seed group's episodes all start from one) is
-        computed once, as is a continuation met after it more than once (the same reply,
-        the same candidate): the pairs that repeat it share its numbers, and gradients.
-        The tokens every prompt starts with (system prompt, chat template...) run once
-        for the whole batch, as a cache.
-        """
+    def _lay_out(
+        self, prompts: Sequence[Sequence[int]], pairs: Sequence[tuple[int, Sequence[int]]]
+    ) -> _Pass:
+        """The one pass that scores ``pairs`` (prompt index, continuation tokens): see
+        :meth:`_continuations`."""
         slot_of: dict[tuple[int, ...], int] = {}
         pair_rows = [slot_of.setdefault(tuple(prompts[i]), len(slot_of)) for i, _ in pairs]
         distinct = list(slot_of)
@@ -220,30 +243,92 @@ class Policy(nn.Module):
             segments[row] += [k] * n
             positions[row] += range(len(distinct[row]), len(distinct[row]) + n)
         tail_width = max(len(tail) for tail in tails)
-        tail_ids = padded(tails, tail_width, self.pad_id)
-        segment = padded(segments, tail_width, -1)
-        tail_positions = padded(positions, tail_width)
-        input_ids = torch.cat([prompt_ids, tail_ids], dim=1)
         position_ids = torch.cat(
-            [shared + (prompt_mask.cumsum(-1) - 1).clamp(min=0), tail_positions], dim=1
+            [shared + (prompt_mask.cumsum(-1) - 1).clamp(min=0), padded(positions, tail_width)],
+            dim=1,
         )
-        allowed = _block_causal_mask(prompt_mask.bool(), segment, shared)
+        allowed = _block_causal_mask(prompt_mask.bool(), padded(segments, tail_width, -1), shared)
+        return _Pass(
+            layout=PassLayout(distinct, unique, starts, shared, width, tail_width),
+            input_ids=torch.cat([prompt_ids, padded(tails, tail_width, self.pad_id)], dim=1),
+            position_ids=position_ids.to(self.device),
+            attention=self._attention_mask(allowed.to(self.device)),
+            pair_rows=pair_rows,
+            pair_unique=pair_unique,
+        )
 
+    def _hidden(self, decoder: nn.Module, laid: _Pass, reference: bool = False) -> torch.Tensor:
+        """The decoder's last hidden states over a pass: from the kept trunk where it
+        holds every context of the pass (the layers above it only), else whole, and
+        then, without gradients, kept for later passes."""
+        layout, trunk = laid.layout, self.trunk
+        kept = trunk.inputs(layout) if trunk is not None else None
+        if trunk is not None and kept is not None:
+            with top_layers(decoder, trunk.start):
+                return self._decoder_pass(decoder, *kept, laid.attention, laid.position_ids)
+        shared = layout.shared
+        prefix = torch.tensor([layout.prompts[0][:shared]]) if shared else None
+        recording = trunk is not None and not torch.is_grad_enabled()
+        with trunk.capturing(decoder) if recording else contextlib.nullcontext() as seen:
+            hidden = self._decoder_pass(
+                decoder, prefix, laid.input_ids, laid.attention, laid.position_ids, reference
+            )
+        if recording:
+            trunk.record(seen, layout)
+            self._verify_trunk(decoder, laid, hidden)
+        return hidden
+
+    @torch.no_grad()
+    def keep_trunk(
+        self,
+        prompts: Sequence[Sequence[int]],
+        candidates: Sequence[Sequence[Sequence[int]]] | None = None,
+        replies: Sequence[Sequence[int]] | None = None,
+        actions: Sequence[Sequence[Sequence[int]]] | None = None,
+    ) -> None:
+        """Have :attr:`trunk` hold the contexts that :meth:`evaluate_choices`
+        (``candidates``) or :meth:`evaluate_replies` (``replies``, ``actions``) would
+        pass through: one pass without gradients (no LM head) where any is new."""
+        if self.trunk is None or self.trunk.disabled:
+            return
+        if candidates is not None:
+            pairs = _choice_pairs(candidates)
+        else:
+            pairs = _reply_pairs(replies or [], _named_options(actions))
+        laid = self._lay_out(prompts, pairs)
+        if self.trunk.inputs(laid.layout) is None:
+            self._hidden(_decoder_and_head(self.model)[0], laid)
+
+    def _continuations(
+        self,
+        prompts: Sequence[Sequence[int]],
+        pairs: Sequence[tuple[int, Sequence[int]]],
+        reference: bool = False,
+        entropy: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Log-probabilities of continuation tokens, for (prompt index, tokens) pairs.
+
+        Returns per-token logprobs [P, T], their mask [P, T], per-token entropy [P, T]
+        (if asked) and the hidden state at each pair's last prompt token [P, H].
+
+        One forward pass does it all. Each distinct prompt is one row, left-padded so
+        all prompts end in the same column, and the distinct continuations of that
+        prompt follow it side by side, each attending to its prompt and its own earlier
+        tokens only (a block of the attention mask). Scoring A candidates costs one row,
+        not A, and a prompt met in many turns (a small state space such as Blackjack's
+        repeats prompts all the time; a seed group's episodes all start from one) is
+        computed once, as is a continuation met after it more than once (the same reply,
+        the same candidate): the pairs that repeat it share its numbers, and gradients.
+        The tokens every prompt starts with (system prompt, chat template...) run once
+        for the whole batch, as a cache. Where the model has a frozen trunk that holds
+        the pass's contexts, only the layers above it run (:meth:`_hidden`).
+        """
+        laid = self._lay_out(prompts, pairs)
+        layout = laid.layout
+        width, starts, unique = layout.width, layout.starts, layout.unique
         with self._reference_context(reference) as model:
             decoder, head = _decoder_and_head(model)
-            cache = None
-            if shared:
-                prefix = torch.tensor([distinct[0][:shared]], device=self.device)
-                prefix_cache = _new_cache(decoder(input_ids=prefix, use_cache=True))
-                cache = _prefix_cache_class()(prefix_cache)
-            with self._checkpointing(torch.is_grad_enabled() and not reference):
-                hidden = decoder(
-                    input_ids=input_ids.to(self.device),
-                    attention_mask=self._attention_mask(allowed.to(self.device)),
-                    position_ids=position_ids.to(self.device),
-                    use_cache=False,
-                    **{_cache_keyword(decoder): cache},
-                ).last_hidden_state
+            hidden = self._hidden(decoder, laid, reference)
             # The LM head runs only where a log-probability is needed: token t of pair k
             # is predicted at its prompt's last column for t = 0, and at the column of
             # its own previous token (width + start_k + t - 1) after that.
@@ -271,13 +356,65 @@ class Policy(nn.Module):
         if chosen_entropy is not None:  # asked for (entropy)
             token_entropy = torch.zeros(shape, device=self.device).index_put(at, chosen_entropy)
         # Back from the distinct pairs to the pairs as asked, in their order.
-        order = torch.tensor(pair_unique, device=self.device)
+        order = torch.tensor(laid.pair_unique, device=self.device)
         token_logprobs, mask = token_logprobs[order], mask[order]
         if token_entropy is not None:
             token_entropy = token_entropy[order]
-        rows_t = torch.tensor(pair_rows, device=self.device)
+        rows_t = torch.tensor(laid.pair_rows, device=self.device)
         state_hidden = None if reference else hidden[rows_t, width - 1]
         return token_logprobs, mask, token_entropy, state_hidden
+
+    def _decoder_pass(
+        self,
+        decoder: nn.Module,
+        prefix: torch.Tensor | None,
+        rows: torch.Tensor,
+        attention: torch.Tensor,
+        position_ids: torch.Tensor,
+        reference: bool = False,
+    ) -> torch.Tensor:
+        """The decoder's last hidden states for a pass: the shared ``prefix`` (or None)
+        run once as a cache, then the ``rows`` after it. Both are token ids, or hidden
+        states (a kept trunk's output, which :func:`top_layers` feeds the top layers)."""
+        key = "input_ids" if not rows.is_floating_point() else "inputs_embeds"
+        cache = None
+        if prefix is not None:
+            prefix_cache = _new_cache(decoder(**{key: prefix.to(self.device)}, use_cache=True))
+            cache = _prefix_cache_class()(prefix_cache)
+        with self._checkpointing(torch.is_grad_enabled() and not reference):
+            return decoder(
+                **{key: rows.to(self.device)},
+                attention_mask=attention,
+                position_ids=position_ids,
+                use_cache=False,
+                **{_cache_keyword(decoder): cache},
+            ).last_hidden_state
+
+    def _verify_trunk(self, decoder: nn.Module, laid: _Pass, hidden: torch.Tensor) -> None:
+        """Once, at the first pass recorded: run again from the kept states, it must give
+        the whole pass's hidden states. A decoder that does more to its input than its
+        layers do (Gemma scales the embeddings) would not; then the trunk is not kept
+        and every pass runs whole, as before."""
+        trunk = self.trunk
+        if trunk is None or trunk.verified or trunk.disabled:
+            return
+        kept = trunk.inputs(laid.layout)
+        if kept is None:
+            return
+        with top_layers(decoder, trunk.start):
+            again = self._decoder_pass(decoder, *kept, laid.attention, laid.position_ids)
+        real = laid.layout.real_columns().to(hidden.device)
+        error = (again - hidden)[real].abs().max()
+        scale = hidden[real].abs().max()
+        if error <= TRUNK_TOLERANCE * scale:
+            trunk.verified = True
+            return
+        trunk.disabled = True
+        logger.warning(
+            "this model's decoder does not run from its layers' inputs alone (a pass from "
+            "the kept trunk differs by %.2g); every update pass runs all layers",
+            float(error),
+        )
 
     def _head_logprobs(
         self, head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, entropy: bool
@@ -350,8 +487,9 @@ class Policy(nn.Module):
         Returns ``scores`` [N, A] (mean log-likelihood per token, -inf where a prompt has
         fewer than A candidates) and ``values`` [N].
         """
-        pairs = [(i, option) for i, options in enumerate(candidates) for option in options]
-        token_logprobs, mask, _, state_hidden = self._continuations(prompts, pairs, reference)
+        token_logprobs, mask, _, state_hidden = self._continuations(
+            prompts, _choice_pairs(candidates), reference
+        )
         scores = self._option_scores(token_logprobs, mask, candidates)
         if reference:
             return scores, torch.zeros(len(prompts), device=self.device)
@@ -427,14 +565,13 @@ class Policy(nn.Module):
         whole vocabulary rewards). A row without names (empty, or no ``actions``) gets
         the entropy of each token's next-token distribution.
         """
-        options = [list(row) for row in actions or []] if not reference else []
-        if not any(options):
-            options = []
+        options = _named_options(actions) if not reference else []
         named = [bool(row) for row in options] or [False] * len(replies)
-        pairs = [(i, reply) for i, reply in enumerate(replies)]
-        pairs += [(i, option) for i, row in enumerate(options) for option in row]
         logprobs, mask, entropy, state_hidden = self._continuations(
-            prompts, pairs, reference, entropy=not reference and not all(named)
+            prompts,
+            _reply_pairs(replies, options),
+            reference,
+            entropy=not reference and not all(named),
         )
         count = len(replies)
         width = max(1, max(len(reply) for reply in replies))
@@ -710,7 +847,8 @@ def _prefix_cache_class() -> type:
         def __init__(self, cache):
             super().__init__()
             self.prefix = _cache_layers(cache)
-            self.length = self.prefix[0][0].shape[-2]
+            # The last layer always ran (the layers below a kept trunk did not).
+            self.length = self.prefix[-1][0].shape[-2]
 
         def update(self, key_states, value_states, layer_idx, *args, **kwargs):
             keys, values = self.prefix[layer_idx]
@@ -758,6 +896,10 @@ def padded(
 
 # Positions whose vocabulary-wide log-softmax is computed at once (see _head_logprobs).
 HEAD_CHUNK = 256
+
+# How far (relative to the largest hidden value) a pass from the kept trunk may be from
+# a whole pass: float32 sums in another order differ by ~1e-6 of it.
+TRUNK_TOLERANCE = 1e-4
 
 # Running a shared prefix is one more model call (about a millisecond for the tiny
 # model on CPU): worth it once it spares the batch at least this many token positions.

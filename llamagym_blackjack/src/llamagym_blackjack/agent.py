@@ -103,6 +103,8 @@ class BlackjackAgent(Agent):
                 "entropy_coef": 0.05,
                 "kl_coef": 0.1,
                 "target_kl": 0.05,
+                "lr": 5e-4,
+                "microbatch_size": 32,
             }
         },
         "generate": {

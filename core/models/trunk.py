@@ -1,0 +1,195 @@
+"""The frozen trunk of a model trained through LoRA on its top layers only.
+
+With ``model.lora_layers: N`` the decoder layers below the last N hold no trainable
+weight, so what they compute for a token depends on the token's context alone: it is
+the same in the rollout, in every epoch of every update, and with the adapter on or off
+(the KL reference). :class:`TrunkStates` keeps the hidden state each token has where the
+first trained layer takes it (the trunk's output), recorded in passes without gradients
+(a score-mode rollout's, or the one an update runs before its epochs); a later pass over
+the same prompts and continuations runs the top layers only, from those states. The
+states are stored per token context (a prompt's tokens; a continuation's tokens after its
+prompt), not per batch, so a pass of any layout (minibatches are shuffled each epoch)
+finds them. Their memory is bounded (:data:`MAX_TRUNK_BYTES`): once full, nothing more is
+kept until the next update starts over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+#: What one update may keep (float32 hidden states); past it, passes run whole.
+MAX_TRUNK_BYTES = 512 * 2**20
+
+
+def decoder_layers(decoder: nn.Module) -> nn.ModuleList | None:
+    """The decoder's stack of layers, where it keeps them as ``layers`` (Llama, Mistral,
+    Qwen, Phi, Gemma...), else None (no trunk is kept for such a model)."""
+    layers = getattr(decoder, "layers", None)
+    return layers if isinstance(layers, nn.ModuleList) else None
+
+
+def first_trained_layer(decoder: nn.Module) -> int:
+    """The index of the lowest decoder layer holding a trainable weight: the layers below
+    it are the frozen trunk. 0 (no trunk) when the layers are not found, when every one
+    trains, or when the embedding trains too."""
+    layers = decoder_layers(decoder)
+    if layers is None or any(p.requires_grad for p in _embedding_parameters(decoder)):
+        return 0
+    for index, layer in enumerate(layers):
+        if any(parameter.requires_grad for parameter in layer.parameters()):
+            return index
+    return 0
+
+
+def _embedding_parameters(decoder: nn.Module) -> list[nn.Parameter]:
+    get = getattr(decoder, "get_input_embeddings", None)
+    embedding = get() if callable(get) else None
+    return list(embedding.parameters()) if isinstance(embedding, nn.Module) else []
+
+
+@contextlib.contextmanager
+def top_layers(decoder: nn.Module, start: int) -> Iterator[None]:
+    """The decoder runs its layers from ``start`` on (given the trunk's output as
+    ``inputs_embeds``). Each layer keeps its own index, so a cache is read per layer as
+    in a whole pass."""
+    layers = decoder_layers(decoder)
+    assert layers is not None and start > 0
+    decoder.layers = nn.ModuleList(list(layers)[start:])
+    try:
+        yield
+    finally:
+        decoder.layers = layers
+
+
+@dataclass
+class PassLayout:
+    """Where a pass of :meth:`Policy._continuations` puts each token: the distinct
+    ``prompts`` as rows (their first ``shared`` tokens run once, as a prefix; the rest
+    left-padded to ``width`` columns) and each of the ``unique`` (row, continuation)
+    pairs after its row, from column ``width + start``, ``tail_width`` columns in all."""
+
+    prompts: list[tuple[int, ...]]
+    unique: list[tuple[int, tuple[int, ...]]]
+    starts: list[int]
+    shared: int
+    width: int
+    tail_width: int
+
+    def real_columns(self) -> torch.Tensor:
+        """[rows, columns]: which columns hold a token (not padding) in the rows' pass."""
+        columns = self.width + self.tail_width
+        real = torch.zeros(len(self.prompts), columns, dtype=torch.bool)
+        for row, prompt in enumerate(self.prompts):
+            real[row, self.width - (len(prompt) - self.shared) : self.width] = True
+        for (row, tokens), start in zip(self.unique, self.starts, strict=True):
+            real[row, self.width + start : self.width + start + len(tokens) - 1] = True
+        return real
+
+
+class TrunkStates:
+    """The trunk's output per token context.
+
+    ``prompts`` maps a prompt's tokens to its states [len, H]; ``tails`` maps (prompt,
+    continuation) to the states of the continuation's tokens but its last [len - 1, H]
+    (the last is only predicted). ``verified`` is set once a pass from the kept states
+    has matched a whole pass (a model whose decoder does more to its input than its
+    layers, as Gemma's scaling of the embeddings, would not)."""
+
+    def __init__(self, start: int, limit_bytes: int = MAX_TRUNK_BYTES):
+        self.start = start
+        self.limit_bytes = limit_bytes
+        self.bytes = 0
+        self.prompts: dict[tuple[int, ...], torch.Tensor] = {}
+        self.tails: dict[tuple[tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}
+        self.full = False
+        self.disabled = False
+        self.verified = False
+
+    def clear(self) -> None:
+        """Forget every kept state (the verification stands)."""
+        self.prompts.clear()
+        self.tails.clear()
+        self.bytes, self.full = 0, False
+
+    # -- recording -------------------------------------------------------------------
+    @contextlib.contextmanager
+    def capturing(self, decoder: nn.Module) -> Iterator[list[torch.Tensor]]:
+        """Collect what the first trained layer is given, call by call, during a pass."""
+        layers = decoder_layers(decoder)
+        assert layers is not None
+        seen: list[torch.Tensor] = []
+
+        def keep(_module: nn.Module, args: tuple, kwargs: dict) -> None:
+            hidden = args[0] if args else kwargs["hidden_states"]
+            seen.append(hidden.detach())
+
+        hook = layers[self.start].register_forward_pre_hook(keep, with_kwargs=True)
+        try:
+            yield seen
+        finally:
+            hook.remove()
+
+    def record(
+        self,
+        seen: Sequence[torch.Tensor],
+        layout: PassLayout,
+    ) -> None:
+        """Keep the states of a pass laid out as ``layout`` (the prefix call's, if any,
+        then the main call's, as :meth:`capturing` saw them)."""
+        if self.full or self.disabled:
+            return
+        main = seen[-1]
+        prefix = seen[0][0] if layout.shared else main.new_zeros((0, main.shape[-1]))
+        for row, prompt in enumerate(layout.prompts):
+            if prompt in self.prompts:
+                continue
+            own = main[row, layout.width - (len(prompt) - layout.shared) : layout.width]
+            self._keep(self.prompts, prompt, torch.cat([prefix, own]))
+        for (row, tokens), start in zip(layout.unique, layout.starts, strict=True):
+            key = (layout.prompts[row], tokens)
+            if key not in self.tails:
+                column = layout.width + start
+                self._keep(self.tails, key, main[row, column : column + len(tokens) - 1])
+
+    def _keep(self, table: dict, key: Any, states: torch.Tensor) -> None:
+        size = states.numel() * states.element_size()
+        if self.bytes + size > self.limit_bytes:
+            self.full = True
+            return
+        table[key] = states.clone()
+        self.bytes += size
+
+    # -- replay ----------------------------------------------------------------------
+    def inputs(self, layout: PassLayout) -> tuple[torch.Tensor | None, torch.Tensor] | None:
+        """The top layers' input for a pass laid out as ``layout``: the prefix's states
+        [1, shared, H] (None without a shared prefix) and the rows' [rows, columns, H],
+        padding zero; None when a context of the pass was not recorded."""
+        if self.disabled:
+            return None
+        rows = [self.prompts.get(prompt) for prompt in layout.prompts]
+        tails = [self.tails.get((layout.prompts[row], tokens)) for row, tokens in layout.unique]
+        if any(state is None for state in rows) or any(
+            state is None for state, (_, tokens) in zip(tails, layout.unique, strict=True)
+            if len(tokens) > 1
+        ):
+            return None
+        first = rows[0]
+        assert first is not None
+        main = first.new_zeros((len(rows), layout.width + layout.tail_width, first.shape[-1]))
+        for row, (prompt, state) in enumerate(zip(layout.prompts, rows, strict=True)):
+            assert state is not None
+            main[row, layout.width - (len(prompt) - layout.shared) : layout.width] = state[
+                layout.shared :
+            ]
+        for (row, tokens), start, state in zip(layout.unique, layout.starts, tails, strict=True):
+            if state is not None and len(tokens) > 1:
+                column = layout.width + start
+                main[row, column : column + len(tokens) - 1] = state
+        prefix = first[None, : layout.shared] if layout.shared else None
+        return prefix, main
