@@ -7,6 +7,8 @@
     python benchmarks/real_model.py formats    # zero-shot invalid replies of every env plugin
     python benchmarks/real_model.py generation # generate mode: the shared prefix cached or not
     python benchmarks/real_model.py fit        # how fast each prompt format can learn the hand
+    python benchmarks/real_model.py fit --layers  # ... with LoRA on the last N layers
+    python benchmarks/real_model.py cost       # s/update at a fixed batch, before/after the trunk
     python benchmarks/real_model.py blackjack --quick   # a smoke run (1 seed, 1 min)
 
 ``--model`` is ``smollm2-135m`` by default (fetched once from the Hub or, offline, from
@@ -233,6 +235,48 @@ def speed(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def cost(spec: dict[str, Any]) -> dict[str, Any]:
+    """One update at a fixed batch of an env plugin's agent, as shipped or with
+    ``overrides``: the seconds its collection and its update take, and the peak RSS. The
+    target-KL stop is off so every variant runs all its epochs (the same work)."""
+    from llamagym.config import deep_merge
+    from llamagym.plugin_manager import get_plugins
+
+    agent_class = get_plugins().get("agent", spec["agent"]).load()
+    config = deep_merge({"model": {"name": spec["model"]}, "output": {"dir": None},
+                         "rollout": {"mode": spec["mode"]},
+                         "algorithm": {"target_kl": None}}, spec.get("overrides", {}))
+    agent = agent_class(config=config)
+    engine, algorithm = agent.engine, agent.algorithm
+    envs = [agent.make_env() for _ in range(agent.config.rollout.num_envs)]
+    loaded = peak_rss_mb()
+    rows = []
+    for _ in range(spec["updates"]):
+        steps_before = engine.stats.env_steps
+        started = time.perf_counter()
+        batch = engine.collect(envs, spec["episodes"])
+        collected = time.perf_counter()
+        metrics = algorithm.update(batch)
+        done = time.perf_counter()
+        rows.append({"collect_seconds": collected - started, "update_seconds": done - collected,
+                     "seconds": done - started, "env_steps": engine.stats.env_steps - steps_before,
+                     "turns": sum(len(e.turns) for e in batch),
+                     "policy_steps": metrics.get("policy_steps")})
+    return {
+        "agent": spec["agent"], "mode": spec["mode"], "variant": spec["variant"],
+        "overrides": spec.get("overrides", {}), "episodes": spec["episodes"],
+        "lora_layers": agent.config.model.lora_layers,
+        "trained_layers_from": agent.policy.trunk.start if agent.policy.trunk else 0,
+        "microbatch_size": algorithm.config.microbatch_size,
+        "updates": rows,
+        "seconds_per_update": statistics.mean(r["seconds"] for r in rows),
+        "env_steps_per_second": sum(r["env_steps"] for r in rows)
+        / sum(r["seconds"] for r in rows),
+        "rss_loaded_mb": loaded,
+        "rss_peak_mb": peak_rss_mb(),
+    }
+
+
 def generation(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
@@ -371,11 +415,13 @@ def fit(spec: dict[str, Any]) -> dict[str, Any]:
             curve.append(point(step))
     return {"format": spec["format"], "mode": spec["mode"],
             "reply_prefix": agent.config.rollout.reply_prefix if spec["mode"] == "generate"
-            else None, "seconds": time.perf_counter() - started, "curve": curve}
+            else None, "lora_layers": spec.get("lora_layers"), "lr": spec["lr"],
+            "seconds": time.perf_counter() - started, "curve": curve}
 
 
 WORKERS = {"zero_shot": zero_shot, "final_exact": final_exact, "memory": memory,
-           "speed": speed, "reply_format": reply_format, "generation": generation, "fit": fit}
+           "speed": speed, "reply_format": reply_format, "generation": generation, "fit": fit,
+           "cost": cost}
 
 
 def run_worker(spec: dict[str, Any], threads: int) -> dict[str, Any]:
@@ -489,6 +535,25 @@ def speed_part(args: argparse.Namespace) -> dict[str, Any]:
     return {"model": args.model, "rows": rows, "target_fraction": TARGETS["speed_fraction"]}
 
 
+# What an update cost before the frozen trunk: LoRA on all 30 layers of SmolLM2, each
+# step's turns in passes of 8 (the pretrained-model defaults then).
+COST_BEFORE = {"model": {"lora_layers": 30}, "algorithm": {"microbatch_size": 8}}
+COST_BATCHES = {"blackjack": 64, "cartpole": 64, "textworld": 16}
+
+
+def cost_part(args: argparse.Namespace) -> dict[str, Any]:
+    rows = []
+    for agent in args.agents or ["blackjack", "cartpole"]:
+        for variant, overrides in (("before", COST_BEFORE), ("after", {})):
+            spec = {"work": "cost", "model": args.model, "agent": agent, "mode": args.mode,
+                    "variant": variant, "overrides": overrides,
+                    "episodes": COST_BATCHES[agent], "updates": args.updates}
+            rows.append(run_worker(spec, args.threads))
+        before, after = rows[-2]["seconds_per_update"], rows[-1]["seconds_per_update"]
+        rows[-1]["speedup"] = before / after
+    return {"model": args.model, "threads": args.threads, "rows": rows, "target_speedup": 3.0}
+
+
 def formats_part(args: argparse.Namespace) -> dict[str, Any]:
     agents = {"blackjack": {}, "cartpole": {}, "textworld": {"agent": {"games": 4}}}
     rows = []
@@ -511,10 +576,21 @@ FIT_FORMATS = {
 }
 
 
+# Score mode's format, LoRA on the last N layers (None: all 30) at a learning rate: which
+# N can still learn the hand, and at what rate (the choice of ``lora_layers``).
+FIT_LAYERS = [(None, 1e-4), (4, 1e-4), (4, 1e-3), (8, 5e-4), (12, 3e-4)]
+
+
 def fit_part(args: argparse.Namespace) -> dict[str, Any]:
-    specs = [{"work": "fit", "model": args.model, "format": name, "mode": mode,
-              "overrides": overrides, "steps": 40, "batch": 32, "lr": 1e-4}
-             for name, (mode, overrides) in FIT_FORMATS.items()]
+    if args.layers:
+        specs = [{"work": "fit", "model": args.model, "format": "score", "mode": "score",
+                  "overrides": {"model": {"lora_layers": layers or 30}}, "steps": 40,
+                  "batch": 32, "lr": lr, "lora_layers": layers}
+                 for layers, lr in FIT_LAYERS]
+    else:
+        specs = [{"work": "fit", "model": args.model, "format": name, "mode": mode,
+                  "overrides": overrides, "steps": 40, "batch": 32, "lr": 1e-4}
+                 for name, (mode, overrides) in FIT_FORMATS.items()]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         rows = list(pool.map(lambda spec: run_worker(spec, args.threads), specs))
     return {"model": args.model, "rows": rows}
@@ -531,7 +607,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("part", choices=("blackjack", "memory", "speed", "formats", "generation",
-                                         "fit"))
+                                         "fit", "cost"))
     parser.add_argument("--model", default=MODEL)
     parser.add_argument("--mode", choices=("score", "generate"), default="score")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -542,7 +618,11 @@ def main() -> None:
     parser.add_argument("--set", dest="extra", action="append", default=[],
                         help="KEY=VALUE passed to every run (recorded in the result).")
     parser.add_argument("--keep-runs", type=Path, help="Keep run directories here.")
-    parser.add_argument("--agents", nargs="+", help="formats: only these env plugins' agents.")
+    parser.add_argument("--agents", nargs="+",
+                        help="formats, cost: only these env plugins' agents.")
+    parser.add_argument("--updates", type=int, default=2, help="cost: updates per variant.")
+    parser.add_argument("--layers", action="store_true",
+                        help="fit: LoRA on the last N layers at several rates (score format).")
     parser.add_argument("--quick", action="store_true", help="1 seed, 1 minute, 200 episodes.")
     parser.add_argument("--output", type=Path, help="Where the JSON goes (default: results/).")
     args = parser.parse_args()
@@ -555,7 +635,9 @@ def main() -> None:
     elif args.part == "formats":
         data, name = formats_part(args), "smollm2-formats"
     elif args.part == "fit":
-        data, name = fit_part(args), "smollm2-fit"
+        data, name = fit_part(args), "smollm2-fit-layers" if args.layers else "smollm2-fit"
+    elif args.part == "cost":
+        data, name = cost_part(args), f"smollm2-cost-{args.mode}"
     elif args.part == "generation":
         data = run_worker({"work": "generation", "model": args.model}, args.threads)
         name = "smollm2-generation"

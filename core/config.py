@@ -92,8 +92,8 @@ class ModelSettings(Settings):
         None,
         ge=1,
         description="Adapt only the last N decoder layers: the frozen layers below run "
-        "once per prompt, not in every update pass (a faster update); null = the "
-        "registry's default (`llamagym models`), else every layer.",
+        "once per prompt, not in every update pass (a faster update); null = every "
+        "layer. A model's registry entry may choose N (pretrained-model defaults).",
     )
     trust_remote_code: bool = Field(False, description="Run model code from the Hub repo.")
     gradient_checkpointing: bool | None = Field(
@@ -329,15 +329,23 @@ def defaults_for_model(
     agent_class: type | None, later_layers: Sequence[Mapping[str, Any]], model: Any = None
 ) -> dict[str, Any]:
     """The defaults layer for a pretrained model (anything but `tiny`), which goes above
-    the agent's defaults: :data:`PRETRAINED_MODEL_DEFAULTS` with the agent's own
+    the agent's defaults: :data:`PRETRAINED_MODEL_DEFAULTS`, the model's registry entry's
+    ``lora_layers`` (a setting recorded with the run, so a checkpoint made before an entry
+    named one still loads its adapter on every layer) and the agent's own
     ``pretrained_defaults[mode]`` (for the run's action mode) over them. ``model`` is a
     model object given directly (the classic API), which counts as pretrained where it
     trains through LoRA (it carries an adapter, or gets one by the loader's rule);
     otherwise the layers name the model."""
+    from_registry: dict[str, Any] = {}
     if model is None or isinstance(model, str):
         name = model or chosen_value(later_layers, "model", "name") or ModelSettings().name
         if str(name).strip().lower() == "tiny":
             return {}
+        from llamagym.plugin_manager import get_plugins
+
+        entry = get_plugins().model(str(name))
+        if entry is not None and entry.lora_layers:
+            from_registry = {"model": {"lora_layers": entry.lora_layers}}
     else:
         from llamagym.models.loading import trains_through_lora
 
@@ -351,7 +359,7 @@ def defaults_for_model(
     own = getattr(agent_class, "pretrained_defaults", {}).get(mode, {})
     if own.get("algorithm", {}).get("name"):
         own = defaults_for_algorithm(own, later_layers)
-    return deep_merge(PRETRAINED_MODEL_DEFAULTS, own)
+    return deep_merge(deep_merge(PRETRAINED_MODEL_DEFAULTS, from_registry), own)
 
 
 class _BoundedLoader(yaml.SafeLoader):

@@ -241,8 +241,9 @@ class ModelEntry:
     suggested_memory: str
     lora_target_modules: tuple[str, ...]
     lora_rank: int = 16
-    #: LoRA on the last this many decoder layers only (None: every layer); below them the
-    #: frozen trunk runs once per token context (core/models/trunk.py).
+    #: ``model.lora_layers`` in the pretrained-model defaults: LoRA on the last this many
+    #: decoder layers only (None: every layer); below them the frozen trunk runs once per
+    #: token context (core/models/trunk.py).
     lora_layers: int | None = None
     generation: GenerationDefaults = field(default_factory=GenerationDefaults)
     dtype: str | None = None

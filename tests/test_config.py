@@ -195,13 +195,18 @@ def test_a_pretrained_model_gets_the_pretrained_defaults_above_the_agents() -> N
     assert tiny.config.algorithm.lr == 1e-3 and tiny.sources["algorithm.lr"] == "agent defaults"
     _, real = resolve_run_config("blackjack", None, [], {"model.name": "smollm2-135m"})
     expected = PRETRAINED_MODEL_DEFAULTS["algorithm"]
-    assert real.config.algorithm.lr == expected["lr"]
+    assert real.config.algorithm.episodes_per_update == expected["episodes_per_update"]
     assert real.sources["algorithm.episodes_per_update"] == "pretrained-model defaults"
-    assert real.config.algorithm.microbatch_size == expected["microbatch_size"]
     assert tiny.config.algorithm.microbatch_size is None
+    # The model's registry entry chooses how many layers LoRA adapts (none for tiny).
+    assert real.config.model.lora_layers == 4 and tiny.config.model.lora_layers is None
+    assert real.sources["model.lora_layers"] == "pretrained-model defaults"
     assert real.config.rollout.mode == "score"  # the agent's own choices stay
     # ...and its own pretrained defaults for the mode win over the generic ones.
     own = BlackjackAgent.pretrained_defaults["score"]["algorithm"]
+    assert real.config.algorithm.lr == own["lr"] != expected["lr"]
+    assert real.config.algorithm.microbatch_size == own["microbatch_size"]
+    assert own["microbatch_size"] != expected["microbatch_size"]
     assert real.config.algorithm.name == own["name"]
     assert real.config.algorithm.target_kl == own["target_kl"] != expected["target_kl"]
     assert real.sources["algorithm.target_kl"] == "pretrained-model defaults"

@@ -397,13 +397,11 @@ def lora_config(
 ) -> LoraConfig:
     """The LoRA adapter a model trains through: the registry's targets and rank for
     ``name`` (``entry``, else looked up), else the linear layers found in ``model`` and
-    ``DEFAULT_LORA_RANK``; ``layers`` (else the registry's): on the last that many decoder
-    layers only."""
+    ``DEFAULT_LORA_RANK``; ``layers``: on the last that many decoder layers only."""
     from peft import LoraConfig
 
     entry = entry if entry is not None else get_model_entry(name)
     rank = rank or (entry.lora_rank if entry is not None else DEFAULT_LORA_RANK)
-    layers = layers or (entry.lora_layers if entry is not None else None)
     return LoraConfig(
         r=rank,
         lora_alpha=2 * rank,
