@@ -213,6 +213,8 @@ def test_a_pretrained_model_gets_the_pretrained_defaults_above_the_agents() -> N
     _, generate = resolve_run_config(
         "blackjack", None, [], {"model.name": "smollm2-135m", "rollout.mode": "generate"}
     )
+    # Blackjack's generate mode keeps LoRA on every layer, over the registry's choice.
+    assert generate.config.model.lora_layers is None
     generated = BlackjackAgent.pretrained_defaults.get("generate", {}).get("algorithm", {})
     assert generate.config.algorithm.target_kl == generated.get(
         "target_kl", expected["target_kl"]

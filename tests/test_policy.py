@@ -374,7 +374,10 @@ def test_a_model_object_given_to_the_classic_api_follows_the_lora_rule() -> None
         assert agent.policy.uses_adapter
         trainable = {n for n, p in agent.policy.named_parameters() if p.requires_grad}
         assert trainable and all("lora_" in n or "value_head" in n for n in trainable)
-        assert agent.config.algorithm.lr == 1e-4  # the pretrained-model default
+        # The pretrained-model defaults, with Blackjack's own for score mode over them.
+        assert agent.config.algorithm.lr == BlackjackAgent.pretrained_defaults["score"][
+            "algorithm"
+        ]["lr"]
         whole = BlackjackAgent(model, tokenizer, config={"model": {"lora": False}})
         assert not whole.policy.uses_adapter
     finally:

@@ -69,3 +69,53 @@ def test_one_ppo_update_on_smollm2_changes_only_the_adapter_and_the_value_head(
     changed = {name for name, value in before.items() if not torch.equal(after[name], value)}
     assert any("lora_" in name for name in changed) and "value_head.weight" in changed
     assert all("lora_" in name or name.startswith("value_head") for name in changed)
+
+
+@pytest.mark.parametrize("mode", ["score", "generate"])
+def test_smollm2_on_its_last_4_layers_updates_from_the_kept_trunk_as_from_whole_passes(
+    smollm2_dir: Path, mode: str
+) -> None:
+    """LoRA on SmolLM2's last 4 of 30 layers (its registry entry's choice): the turns of
+    a real rollout, kept in passes of another layout, give the log-probabilities, KL
+    reference and gradients of whole passes, and the layers below run in none of them."""
+    from llamagym_blackjack.agent import BlackjackAgent
+
+    agent = BlackjackAgent(config={
+        "model": {"name": str(smollm2_dir), "lora_layers": 4},
+        "rollout": {"mode": mode, "num_envs": 8},
+        "training": {"threads": 2},
+    })
+    policy, algorithm = agent.policy, agent.algorithm
+    assert policy.trunk is not None and policy.trunk.start == 26
+    with torch.no_grad():  # an adapter that does something (B starts at zero)
+        for name, parameter in policy.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0.0, 0.01)
+    batch = agent.engine.collect([agent.make_env() for _ in range(8)], 8)
+    turns = [turn for episode in batch for turn in episode.turns]
+
+    def passes() -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        policy.zero_grad(set_to_none=True)
+        new = algorithm.evaluate(turns)
+        ((new.logprobs * new.mask).sum() + new.values.sum() + new.entropy.sum()).backward()
+        grads = {n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None}
+        return new.logprobs.detach(), algorithm.reference_logprobs(turns), grads
+
+    trunk, policy.trunk = policy.trunk, None
+    whole = passes()
+    policy.trunk = trunk
+    trunk.clear()
+    algorithm.keep_trunk(turns, 3)
+    assert trunk.verified and not trunk.disabled
+    layers = policy.model.get_base_model().get_decoder().layers
+    bottom: list[int] = []
+    hook = layers[0].register_forward_hook(lambda *_: bottom.append(1))
+    kept = passes()
+    hook.remove()
+    assert not bottom
+    assert torch.allclose(whole[0], kept[0], atol=1e-4)
+    assert torch.allclose(whole[1], kept[1], atol=1e-4)
+    assert not torch.allclose(whole[0], whole[1], atol=1e-3)  # the adapter matters
+    assert whole[2].keys() == kept[2].keys()
+    for name, grad in whole[2].items():  # float32 sums in another order: relative 1e-4
+        assert (grad - kept[2][name]).norm() <= 1e-4 * grad.norm() + 1e-8, name

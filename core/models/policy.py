@@ -268,13 +268,14 @@ class Policy(nn.Module):
                 return self._decoder_pass(decoder, *kept, laid.attention, laid.position_ids)
         shared = layout.shared
         prefix = torch.tensor([layout.prompts[0][:shared]]) if shared else None
-        recording = trunk is not None and not torch.is_grad_enabled()
-        with trunk.capturing(decoder) if recording else contextlib.nullcontext() as seen:
+        recording = trunk if trunk is not None and not torch.is_grad_enabled() else None
+        seen: list[torch.Tensor] = []
+        with recording.capturing(decoder, seen) if recording else contextlib.nullcontext():
             hidden = self._decoder_pass(
                 decoder, prefix, laid.input_ids, laid.attention, laid.position_ids, reference
             )
-        if recording:
-            trunk.record(seen, layout)
+        if recording is not None:
+            recording.record(seen, layout)
             self._verify_trunk(decoder, laid, hidden)
         return hidden
 

@@ -119,11 +119,10 @@ class TrunkStates:
 
     # -- recording -------------------------------------------------------------------
     @contextlib.contextmanager
-    def capturing(self, decoder: nn.Module) -> Iterator[list[torch.Tensor]]:
-        """Collect what the first trained layer is given, call by call, during a pass."""
+    def capturing(self, decoder: nn.Module, seen: list[torch.Tensor]) -> Iterator[None]:
+        """Append to ``seen`` what the first trained layer is given, call by call."""
         layers = decoder_layers(decoder)
         assert layers is not None
-        seen: list[torch.Tensor] = []
 
         def keep(_module: nn.Module, args: tuple, kwargs: dict) -> None:
             hidden = args[0] if args else kwargs["hidden_states"]
@@ -131,7 +130,7 @@ class TrunkStates:
 
         hook = layers[self.start].register_forward_pre_hook(keep, with_kwargs=True)
         try:
-            yield seen
+            yield
         finally:
             hook.remove()
 
