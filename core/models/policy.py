@@ -297,7 +297,7 @@ class Policy(nn.Module):
         else:
             pairs = _reply_pairs(replies or [], _named_options(actions))
         laid = self._lay_out(prompts, pairs)
-        if self.trunk.inputs(laid.layout) is None:
+        if not self.trunk.holds(laid.layout):
             self._hidden(_decoder_and_head(self.model)[0], laid)
 
     def _continuations(
@@ -394,7 +394,7 @@ class Policy(nn.Module):
     def _verify_trunk(self, decoder: nn.Module, laid: _Pass, hidden: torch.Tensor) -> None:
         """Once, at the first pass recorded: run again from the kept states, it must give
         the whole pass's hidden states. A decoder that does more to its input than its
-        layers do (Gemma scales the embeddings) would not; then the trunk is not kept
+        layers do (OPT adds position embeddings) would not; then the trunk is not kept
         and every pass runs whole, as before."""
         trunk = self.trunk
         if trunk is None or trunk.verified or trunk.disabled:

@@ -23,7 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
-#: What one update may keep (float32 hidden states); past it, passes run whole.
+#: What the trunk may keep at once (float32 hidden states); past it, nothing more is kept
+#: until the next update starts over, and passes over contexts not kept run whole.
 MAX_TRUNK_BYTES = 512 * 2**20
 
 
@@ -81,14 +82,23 @@ class PassLayout:
     width: int
     tail_width: int
 
+    def prompt_columns(self, row: int) -> slice:
+        """The columns of row ``row`` that hold its prompt's own tokens (after the prefix)."""
+        return slice(self.width - (len(self.prompts[row]) - self.shared), self.width)
+
+    def tail_columns(self, pair: int) -> slice:
+        """The columns, in its row, of the ``unique`` pair's tokens but its last."""
+        start = self.width + self.starts[pair]
+        return slice(start, start + len(self.unique[pair][1]) - 1)
+
     def real_columns(self) -> torch.Tensor:
         """[rows, columns]: which columns hold a token (not padding) in the rows' pass."""
         columns = self.width + self.tail_width
         real = torch.zeros(len(self.prompts), columns, dtype=torch.bool)
-        for row, prompt in enumerate(self.prompts):
-            real[row, self.width - (len(prompt) - self.shared) : self.width] = True
-        for (row, tokens), start in zip(self.unique, self.starts, strict=True):
-            real[row, self.width + start : self.width + start + len(tokens) - 1] = True
+        for row in range(len(self.prompts)):
+            real[row, self.prompt_columns(row)] = True
+        for pair, (row, _) in enumerate(self.unique):
+            real[row, self.tail_columns(pair)] = True
         return real
 
 
@@ -99,7 +109,7 @@ class TrunkStates:
     continuation) to the states of the continuation's tokens but its last [len - 1, H]
     (the last is only predicted). ``verified`` is set once a pass from the kept states
     has matched a whole pass (a model whose decoder does more to its input than its
-    layers, as Gemma's scaling of the embeddings, would not)."""
+    layers, as OPT's adding of position embeddings, would not)."""
 
     def __init__(self, start: int, limit_bytes: int = MAX_TRUNK_BYTES):
         self.start = start
@@ -146,15 +156,13 @@ class TrunkStates:
         main = seen[-1]
         prefix = seen[0][0] if layout.shared else main.new_zeros((0, main.shape[-1]))
         for row, prompt in enumerate(layout.prompts):
-            if prompt in self.prompts:
-                continue
-            own = main[row, layout.width - (len(prompt) - layout.shared) : layout.width]
-            self._keep(self.prompts, prompt, torch.cat([prefix, own]))
-        for (row, tokens), start in zip(layout.unique, layout.starts, strict=True):
+            if prompt not in self.prompts:
+                own = main[row, layout.prompt_columns(row)]
+                self._keep(self.prompts, prompt, torch.cat([prefix, own]))
+        for pair, (row, tokens) in enumerate(layout.unique):
             key = (layout.prompts[row], tokens)
             if key not in self.tails:
-                column = layout.width + start
-                self._keep(self.tails, key, main[row, column : column + len(tokens) - 1])
+                self._keep(self.tails, key, main[row, layout.tail_columns(pair)])
 
     def _keep(self, table: dict, key: Any, states: torch.Tensor) -> None:
         size = states.numel() * states.element_size()
@@ -165,30 +173,28 @@ class TrunkStates:
         self.bytes += size
 
     # -- replay ----------------------------------------------------------------------
+    def holds(self, layout: PassLayout) -> bool:
+        """Whether every context of a pass laid out as ``layout`` is kept (and usable)."""
+        return not self.disabled and all(p in self.prompts for p in layout.prompts) and all(
+            (layout.prompts[row], tokens) in self.tails
+            for row, tokens in layout.unique
+            if len(tokens) > 1
+        )
+
     def inputs(self, layout: PassLayout) -> tuple[torch.Tensor | None, torch.Tensor] | None:
         """The top layers' input for a pass laid out as ``layout``: the prefix's states
         [1, shared, H] (None without a shared prefix) and the rows' [rows, columns, H],
-        padding zero; None when a context of the pass was not recorded."""
-        if self.disabled:
+        padding zero; None unless :meth:`holds`."""
+        if not self.holds(layout):
             return None
-        rows = [self.prompts.get(prompt) for prompt in layout.prompts]
-        tails = [self.tails.get((layout.prompts[row], tokens)) for row, tokens in layout.unique]
-        if any(state is None for state in rows) or any(
-            state is None for state, (_, tokens) in zip(tails, layout.unique, strict=True)
-            if len(tokens) > 1
-        ):
-            return None
-        first = rows[0]
-        assert first is not None
-        main = first.new_zeros((len(rows), layout.width + layout.tail_width, first.shape[-1]))
-        for row, (prompt, state) in enumerate(zip(layout.prompts, rows, strict=True)):
-            assert state is not None
-            main[row, layout.width - (len(prompt) - layout.shared) : layout.width] = state[
-                layout.shared :
-            ]
-        for (row, tokens), start, state in zip(layout.unique, layout.starts, tails, strict=True):
-            if state is not None and len(tokens) > 1:
-                column = layout.width + start
-                main[row, column : column + len(tokens) - 1] = state
+        first = self.prompts[layout.prompts[0]]
+        main = first.new_zeros(
+            (len(layout.prompts), layout.width + layout.tail_width, first.shape[-1])
+        )
+        for row, prompt in enumerate(layout.prompts):
+            main[row, layout.prompt_columns(row)] = self.prompts[prompt][layout.shared :]
+        for pair, (row, tokens) in enumerate(layout.unique):
+            if len(tokens) > 1:
+                main[row, layout.tail_columns(pair)] = self.tails[(layout.prompts[row], tokens)]
         prefix = first[None, : layout.shared] if layout.shared else None
         return prefix, main
