@@ -117,5 +117,7 @@ def test_smollm2_on_its_last_4_layers_updates_from_the_kept_trunk_as_from_whole_
     assert torch.allclose(whole[1], kept[1], atol=1e-4)
     assert not torch.allclose(whole[0], whole[1], atol=1e-3)  # the adapter matters
     assert whole[2].keys() == kept[2].keys()
-    for name, grad in whole[2].items():  # float32 sums in another order: relative 1e-4
-        assert (grad - kept[2][name]).norm() <= 1e-4 * grad.norm() + 1e-8, name
+    for name, grad in whole[2].items():
+        # float32 sums over 30 layers in another batch layout differ by ~1e-4 relative
+        # (1.1e-4 seen on an AMD EPYC); a wrong pass would differ by order 1
+        assert (grad - kept[2][name]).norm() <= 1e-3 * grad.norm() + 1e-8, name
