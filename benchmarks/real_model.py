@@ -2,6 +2,7 @@
 
     python benchmarks/real_model.py blackjack --mode score --seeds 0 1 2 --minutes 30 --jobs 2
     python benchmarks/real_model.py blackjack --mode generate --seeds 0 1 2 --minutes 30
+    python benchmarks/real_model.py cartpole --mode score --seeds 0 1 2 --minutes 30
     python benchmarks/real_model.py memory     # peak RSS of one PPO update, both modes
     python benchmarks/real_model.py speed      # env steps/s, s/update, rollout vs bare forward
     python benchmarks/real_model.py formats    # zero-shot invalid replies of every env plugin
@@ -22,6 +23,11 @@ is kept beside it. The zero-shot model is measured the same way first (and, in g
 mode, its invalid-reply rate greedy and sampled). Both record the policy's probability
 of hitting for hard hands by the player's sum (``hit_probability``), which shows whether
 it tells hands apart. Result: ``results/smollm2-blackjack-MODE.json``.
+
+cartpole: each seed is ``llamagym run cartpole --model smollm2-135m --mode MODE --minutes
+M --seed S`` with the defaults a pretrained model gets; the greedy mean length of the
+run's final evaluation (100 episodes) against the baselines on the same evaluation seeds.
+Result: ``results/smollm2-cartpole-MODE.json``.
 
 memory: one process per mode loads the model, collects 32 episodes and runs one PPO
 update at minibatch 32 (one epoch), as shipped (micro-batches; Blackjack's generate
@@ -79,7 +85,10 @@ from benchmarks.common import (  # noqa: E402
 from benchmarks.learning import exact_baselines, exact_greedy_value  # noqa: E402
 
 MODEL = "smollm2-135m"
-TARGETS = {"score": -0.10, "memory_generate_mb": 2048, "speed_fraction": 0.7}
+TARGETS = {"score": -0.10, "memory_generate_mb": 2048, "speed_fraction": 0.7,
+           # greedy mean length over 100 episodes on every seed; generate mode: above
+           # the pole-angle rule (~41) with < 5% invalid replies
+           "cartpole_score": 195.0, "cartpole_generate": "above pole-angle, invalid < 5%"}
 
 
 # -- workers: each runs in a fresh process (python benchmarks/real_model.py --worker JSON) --
@@ -438,30 +447,34 @@ def run_worker(spec: dict[str, Any], threads: int) -> dict[str, Any]:
 
 
 # -- parts ------------------------------------------------------------------------------
-def train_seed(args: argparse.Namespace, seed: int, runs: Path) -> dict[str, Any]:
+def train_run(args: argparse.Namespace, agent: str, seed: int, runs: Path) -> dict[str, Any]:
+    """``llamagym run AGENT --model M --mode MODE --minutes M --seed S`` as a user types
+    it (a run directory under ``runs`` that already holds a final evaluation is read, not
+    run again, so ``--keep-runs`` lets a long benchmark continue), summarised from its
+    ``metrics.jsonl``."""
     executable = shutil.which("llamagym", path=str(Path(sys.executable).parent)) or "llamagym"
-    output = runs / f"{args.mode}-seed{seed}"
-    command = [executable, "run", "blackjack", "--model", args.model, "--mode", args.mode,
+    output = runs / f"{agent}-{args.mode}-seed{seed}"
+    command = [executable, "run", agent, "--model", args.model, "--mode", args.mode,
                "--minutes", str(args.minutes), "--seed", str(seed),
                "--eval-episodes", str(args.eval_episodes), "--output", str(output), "--quiet",
                "--set", f"training.threads={args.threads}"]
     for override in args.extra:
         command += ["--set", override]
-    started = time.perf_counter()
-    completed = subprocess.run(command, env=worker_environment(args.threads),
-                               capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - started
-    if completed.returncode != 0:
-        raise RuntimeError(f"seed {seed} failed:\n{completed.stderr[-3000:]}")
-    records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    metrics = output / "metrics.jsonl"
+    wall = None
+    if not (metrics.is_file() and '"kind": "evaluation"' in metrics.read_text()):
+        started = time.perf_counter()
+        completed = subprocess.run(command, env=worker_environment(args.threads),
+                                   capture_output=True, text=True, check=False)
+        wall = time.perf_counter() - started
+        if completed.returncode != 0:
+            raise RuntimeError(f"seed {seed} failed:\n{completed.stderr[-3000:]}")
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
     updates = [r for r in records if r.get("kind") == "update"]
     final = next(r for r in reversed(records) if r.get("kind") == "evaluation")
-    from llamagym.training import checkpoint as checkpoints
-
-    checkpoint = checkpoints.find_checkpoint(output)
-    exact = run_worker({"work": "final_exact", "checkpoint": str(checkpoint)}, args.threads)
     return {
         "seed": seed,
+        "command": " ".join(command[1:]),
         "wall_seconds": wall,
         "training_seconds": updates[-1]["seconds"] if updates else 0.0,
         "updates": len(updates),
@@ -471,12 +484,39 @@ def train_seed(args: argparse.Namespace, seed: int, runs: Path) -> dict[str, Any
         "last_invalid_rate": updates[-1].get("invalid_rate") if updates else None,
         "final_evaluation": {key: final.get(key) for key in
                              ("episodes", "mean", "ci95", "invalid_rate", "greedy")},
-        "exact": exact["exact"],
-        "hit_probability": exact["hit_probability"],
-        "transcript_greedy": exact["transcript_greedy"],
-        "curve": [{"seconds": r["seconds"], "return_moving_average": r["return_moving_average"],
+        "baselines": {b["name"]: b["mean"] for b in final.get("baselines", [])},
+        "curve": [{"seconds": r["seconds"], "update": r["update"],
+                   "env_steps": r["env_steps"], "return_mean": r["return_mean"],
                    "invalid_rate": r["invalid_rate"], "entropy": r.get("entropy")}
                   for r in updates],
+        "output": str(output),
+    }
+
+
+def train_seed(args: argparse.Namespace, seed: int, runs: Path) -> dict[str, Any]:
+    run = train_run(args, "blackjack", seed, runs)
+    from llamagym.training import checkpoint as checkpoints
+
+    checkpoint = checkpoints.find_checkpoint(Path(run["output"]))
+    exact = run_worker({"work": "final_exact", "checkpoint": str(checkpoint)}, args.threads)
+    return {**run, "exact": exact["exact"], "hit_probability": exact["hit_probability"],
+            "transcript_greedy": exact["transcript_greedy"]}
+
+
+def cartpole(args: argparse.Namespace) -> dict[str, Any]:
+    """Each seed as a user runs it; the greedy mean length of its final evaluation
+    against the baselines played on the same evaluation seeds."""
+    runs = Path(args.keep_runs or tempfile.mkdtemp(prefix="llamagym-smollm2-"))
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        seeds = list(pool.map(lambda seed: train_run(args, "cartpole", seed, runs), args.seeds))
+    means = [seed["final_evaluation"]["mean"] for seed in seeds]
+    target = TARGETS[f"cartpole_{args.mode}"]
+    return {
+        "model": args.model, "mode": args.mode, "minutes": args.minutes, "jobs": args.jobs,
+        "threads": args.threads, "overrides": args.extra, "seeds": seeds,
+        "greedy_mean_length": statistics.fmean(means), "worst_seed": min(means),
+        "target": target,
+        "meets_target": min(means) >= target if isinstance(target, (int, float)) else None,
     }
 
 
@@ -606,13 +646,14 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("part", choices=("blackjack", "memory", "speed", "formats", "generation",
-                                         "fit", "cost"))
+    parser.add_argument("part", choices=("blackjack", "cartpole", "memory", "speed", "formats",
+                                         "generation", "fit", "cost"))
     parser.add_argument("--model", default=MODEL)
     parser.add_argument("--mode", choices=("score", "generate"), default="score")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--minutes", type=float, default=30.0)
-    parser.add_argument("--eval-episodes", type=int, default=20_000)
+    parser.add_argument("--eval-episodes", type=int,
+                        help="Final greedy episodes (blackjack 20,000, cartpole 100).")
     parser.add_argument("--jobs", type=int, default=1, help="Seeds trained at once.")
     parser.add_argument("--threads", type=int, default=2, help="torch threads per process.")
     parser.add_argument("--set", dest="extra", action="append", default=[],
@@ -623,13 +664,18 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=2, help="cost: updates per variant.")
     parser.add_argument("--layers", action="store_true",
                         help="fit: LoRA on the last N layers at several rates (score format).")
-    parser.add_argument("--quick", action="store_true", help="1 seed, 1 minute, 200 episodes.")
+    parser.add_argument("--quick", action="store_true", help="1 seed, 1 minute, short eval.")
     parser.add_argument("--output", type=Path, help="Where the JSON goes (default: results/).")
     args = parser.parse_args()
+    if args.eval_episodes is None:
+        args.eval_episodes = 100 if args.part == "cartpole" else 20_000
     if args.quick:
-        args.seeds, args.minutes, args.eval_episodes = args.seeds[:1], 1.0, 200
+        args.seeds, args.minutes = args.seeds[:1], 1.0
+        args.eval_episodes = 20 if args.part == "cartpole" else 200
     if args.part == "blackjack":
         data, name = blackjack(args), f"smollm2-blackjack-{args.mode}"
+    elif args.part == "cartpole":
+        data, name = cartpole(args), f"smollm2-cartpole-{args.mode}"
     elif args.part == "memory":
         data, name = memory_part(args), "smollm2-memory"
     elif args.part == "formats":

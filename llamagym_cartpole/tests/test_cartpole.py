@@ -67,6 +67,13 @@ def test_observation_text(precision: int, observation: list[float], text: str) -
     assert rendered == text
 
 
+def test_observation_without_the_cart_holds_the_pole_alone() -> None:
+    agent = tiny_agent(CartPoleAgent, agent={"cart": False})
+    rendered = agent.format_observation(np.array([1.5, -0.7, -0.031, 0.42], dtype=np.float32))
+    assert rendered == "Pole angle=-0.03 angular velocity=+0.42"
+    assert agent.format_observation(np.array([-2.0, 3.0, -0.031, 0.42])) == rendered
+
+
 def test_rounded_zero_has_one_spelling() -> None:
     agent = tiny_agent(CartPoleAgent, agent={"precision": 2})
     assert agent.format_number(-0.001) == "+0.00"
