@@ -49,6 +49,16 @@ def remove_stale_temp_dirs(parent: Path, prefix: str) -> None:
                 shutil.rmtree(candidate, ignore_errors=True)
 
 
+def discard_directory(target: Path) -> None:
+    """Delete the directory ``target``. It is renamed away first, so no reader ever finds
+    it half deleted."""
+    trash = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    # FileNotFoundError: someone else removed or replaced it meanwhile.
+    with contextlib.suppress(FileNotFoundError):
+        os.replace(target, trash / "old")
+    shutil.rmtree(trash, ignore_errors=True)
+
+
 def publish_directory(tmp: Path, target: Path, is_complete: Callable[[Path], bool]) -> bool:
     """Rename the finished directory ``tmp`` to ``target``, close to atomically.
 
@@ -57,11 +67,7 @@ def publish_directory(tmp: Path, target: Path, is_complete: Callable[[Path], boo
     copy stays and this returns False; any other failure raises.
     """
     if target.exists() and not is_complete(target):
-        trash = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-        # FileNotFoundError: someone else removed or replaced it meanwhile.
-        with contextlib.suppress(FileNotFoundError):
-            os.replace(target, trash / "old")
-        shutil.rmtree(trash, ignore_errors=True)
+        discard_directory(target)
     try:
         os.rename(tmp, target)
     except OSError:
