@@ -48,13 +48,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llamagym.errors import ModelLoadError
+from llamagym.errors import ModelLoadError, WriteError
 from llamagym.models.registry import ModelEntry, PyPIFile, list_model_entries
 from llamagym.paths import (
     discard_directory,
     models_cache_dir,
     publish_directory,
     remove_stale_temp_dirs,
+    write_atomically,
 )
 
 logger = logging.getLogger(__name__)
@@ -321,23 +322,11 @@ def gguf_digest(path: Path, cache: Path | None = None) -> str:
         if all(known.get(field) == value for field, value in stamp.items()):
             return str(known["sha256"])
     digest = sha256_of(resolved)
-    # OSError: an unwritable cache only costs hashing again next time.
-    with contextlib.suppress(OSError):
+    # An unwritable cache only costs hashing again next time.
+    with contextlib.suppress(OSError, WriteError):
         memo.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomically(memo, json.dumps({**stamp, "sha256": digest}) + "\n")
+        write_atomically(memo, json.dumps({**stamp, "sha256": digest}) + "\n")
     return digest
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def _make_cache_dir(parent: Path) -> None:
