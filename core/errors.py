@@ -37,6 +37,11 @@ class MissingDependencyError(LlamaGymError):
         )
 
 
+class WriteError(LlamaGymError):
+    """A file could not be written (a full disk, a read-only directory); what was there
+    before is unchanged."""
+
+
 class EnvFailureError(LlamaGymError):
     """An environment kept raising; the run stopped after too many failures in a row."""
 

@@ -141,3 +141,131 @@ def test_export_refuses_a_directory_that_holds_something(tmp_path, cli) -> None:
     code, _, err = cli("export", run_dir, "--to", export)
     assert code == 2 and "is not empty" in err and "--overwrite" in err
     assert [p.name for p in export.iterdir()] == ["keep.txt"]
+
+
+# -- where an export goes --------------------------------------------------------------
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory) -> Path:
+    """A finished one-update Blackjack run of the tiny model with a LoRA adapter: its
+    export is an adapter, or with --merge a whole model."""
+    from llamagym_blackjack.agent import BlackjackAgent
+
+    from llamagym.testing import tiny_agent
+    from llamagym.training.trainer import Trainer
+
+    run_dir = tmp_path_factory.mktemp("lora") / "run"
+    agent = tiny_agent(
+        BlackjackAgent,
+        model={"lora": True},
+        rollout={"num_envs": 4},
+        algorithm={"episodes_per_update": 8, "minibatch_size": 8, "epochs": 1},
+        training={"episodes": 8, "threads": 1, "eval_episodes": 0},
+        output={"dir": str(run_dir), "quiet": True, "report": False},
+    )
+    Trainer(agent).run()
+    return run_dir
+
+
+def one_error_line(err: str) -> str:
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file", "dangling link", "link loop"])
+def test_an_export_target_that_cannot_be_a_directory_is_one_line(
+    where: str, lora_run: Path, tmp_path: Path, cli
+) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    target = {
+        "a file": notes,
+        "under a file": notes / "export",
+        "dangling link": tmp_path / "gone",
+        "link loop": tmp_path / "loop",
+    }[where]
+    if where == "dangling link":
+        target.symlink_to(tmp_path / "nowhere")
+    if where == "link loop":
+        target.symlink_to(target)
+    code, out, err = cli("export", lora_run, "--to", target, "--overwrite")
+    assert code == 2 and out == ""
+    line = one_error_line(err)
+    assert repr(str(target)) in line
+    says = {
+        "a file": "is a file, not a directory",
+        "under a file": f"lies under {str(notes)!r}, which is not a directory",
+        "dangling link": f"a symbolic link to {str(tmp_path / 'nowhere')!r}, which does not",
+        "link loop": "is a symbolic link that leads back to itself",
+    }[where]
+    assert says in line
+    assert notes.read_text() == "mine"
+    links = {"dangling link": ["gone"], "link loop": ["loop"]}.get(where, [])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["notes.txt", *links])
+
+
+def export_files(directory: Path) -> set[str]:
+    return {path.name for path in directory.iterdir()}
+
+
+def test_overwrite_replaces_one_kind_of_export_with_the_other(
+    lora_run: Path, tmp_path: Path, cli
+) -> None:
+    export = tmp_path / "export"
+    assert cli("export", lora_run, "--to", export, "--merge")[0] == 0
+    assert {"config.json", "model.safetensors"} <= export_files(export)
+    (export / "notes.txt").write_text("mine")
+    checkpoint_agent = load_agent(lora_run)
+    prompts = [[1, 2, 3, 4]]
+    candidates = [[[5], [6, 7]]]
+    with torch.no_grad():
+        expected, _ = checkpoint_agent.policy.score(prompts, candidates)
+
+    code, _, err = cli("export", lora_run, "--to", export, "--overwrite")
+    assert code == 0, err
+    files = export_files(export)
+    assert {"adapter_config.json", "adapter_model.safetensors", "notes.txt"} <= files
+    assert not files & {"config.json", "model.safetensors"}, "no whole model beside the adapter"
+    assert not any(name.startswith(".") for name in files), "no staging left"
+    assert json.loads((export / "llamagym.json").read_text())["weights"] == "adapter"
+    adapter = load_agent(export)
+    assert hasattr(adapter.policy.model, "peft_config")
+    with torch.no_grad():
+        assert torch.allclose(adapter.policy.score(prompts, candidates)[0], expected, atol=1e-5)
+
+    code, _, err = cli("export", lora_run, "--to", export, "--merge", "--overwrite")
+    assert code == 0, err
+    files = export_files(export)
+    assert {"config.json", "model.safetensors", "notes.txt"} <= files
+    assert not files & {"adapter_config.json", "adapter_model.safetensors"}, "no adapter left"
+    assert (export / "notes.txt").read_text() == "mine"
+    merged = load_agent(export)
+    assert not hasattr(merged.policy.model, "peft_config")
+    with torch.no_grad():
+        assert torch.allclose(merged.policy.score(prompts, candidates)[0], expected, atol=1e-5)
+
+
+def test_an_export_that_fills_the_disk_leaves_the_old_one(
+    lora_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli
+) -> None:
+    import errno
+
+    export = tmp_path / "export"
+    assert cli("export", lora_run, "--to", export, "--merge")[0] == 0
+    before = {p.name: p.read_bytes() for p in export.iterdir()}
+    real_write_text = Path.write_text
+
+    def write_text(self: Path, *args, **kwargs):
+        if self.name == "README.md":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    code, _, err = cli("export", lora_run, "--to", export, "--overwrite")
+    assert code == 2
+    line = one_error_line(err)
+    assert f"could not export into {str(export)!r}: the disk is full" in line
+    assert "free space on that disk, then export again" in line
+    assert {p.name: p.read_bytes() for p in export.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"], "no staging left"

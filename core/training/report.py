@@ -15,13 +15,16 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from llamagym.errors import WriteError
+from llamagym.paths import append_line, write_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -65,10 +68,9 @@ EVALUATION_FIELDS: Mapping[str, str] = {
 
 # -- the JSONL file ---------------------------------------------------------------------
 def append_record(path: Path, record: Mapping[str, Any]) -> None:
-    """Append one JSON line and flush it, so a crash loses at most the line in flight."""
-    with Path(path).open("a", encoding="utf-8") as handle:
-        handle.write(json.dumps(record) + "\n")
-        handle.flush()
+    """Append one JSON line in one write: a crash or a full disk loses at most that line,
+    never the lines before it (:func:`llamagym.paths.append_line`)."""
+    append_line(Path(path), json.dumps(record) + "\n")
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
@@ -89,10 +91,7 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 
 def rewrite_records(path: Path, records: Iterable[Mapping[str, Any]]) -> None:
     """Replace the file's content in one rename."""
-    path = Path(path)
-    staging = path.with_name(f".{path.name}.tmp")
-    staging.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-    os.replace(staging, path)
+    write_atomically(Path(path), "".join(json.dumps(r) + "\n" for r in records))
 
 
 def records_until(records: Sequence[Mapping[str, Any]], update: int) -> list[dict[str, Any]]:
@@ -463,7 +462,9 @@ def plot_learning_curve(
         by_episodes.text(0.5, 0.5, "no updates recorded", ha="center",
                          transform=by_episodes.transAxes)
     path = Path(path)
-    figure.savefig(path)
+    picture = io.BytesIO()
+    figure.savefig(picture, format="png")
+    write_atomically(path, picture.getvalue())
     return path
 
 
@@ -502,6 +503,8 @@ def write_report(
             error, run_dir,
         )
         curve = None
+    except WriteError:
+        raise  # the directory cannot take the report either
     except Exception as error:  # a failed picture must not cost the report
         logger.warning(
             "the report has no learning curve: drawing it failed: %s: %s",
@@ -510,5 +513,5 @@ def write_report(
         picture.unlink(missing_ok=True)  # a half-written file is no picture
         curve = None
     markdown = run_dir / REPORT
-    markdown.write_text(render_markdown(records, config, run_dir, curve), encoding="utf-8")
+    write_atomically(markdown, render_markdown(records, config, run_dir, curve))
     return ReportFiles(markdown, curve)

@@ -50,7 +50,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from llamagym.errors import EnvFailureError, LlamaGymError, TrainingDivergedError
+from llamagym.errors import EnvFailureError, LlamaGymError, TrainingDivergedError, WriteError
+from llamagym.paths import write_atomically
 from llamagym.rollout.evaluation import EvalResult, evaluate_agent, evaluate_baseline
 from llamagym.rollout.transcripts import (
     PER_UPDATE,
@@ -380,7 +381,7 @@ class Trainer:
             ],
         )
         if distributed.is_main():
-            (self.output_dir / "config.yaml").write_text(self._config_yaml, encoding="utf-8")
+            write_atomically(self.output_dir / "config.yaml", self._config_yaml)
 
     def _restore(self, checkpoint: Path, counters: Counters) -> list[dict[str, Any]]:
         """Load the checkpoint into the agent; return the metrics history up to it."""
@@ -469,7 +470,7 @@ class Trainer:
                 plugins=plugins,
             )
             text = json.dumps(plugins, indent=1) + "\n"
-            (self.output_dir / PLUGINS).write_text(text, encoding="utf-8")
+            write_atomically(self.output_dir / PLUGINS, text)
             logger.info("checkpoint written: %s", path)
         self._last_checkpoint, self._last_checkpoint_update = path, counters.updates
         return path
@@ -493,6 +494,12 @@ class Trainer:
 
     # -- the run --------------------------------------------------------------------
     def run(self) -> RunSummary:
+        try:
+            return self._run()
+        except WriteError as error:  # a run file (metrics, transcripts, config) failed
+            raise WriteError(f"{error}, {checkpoints.how_to_continue(self.output_dir)}") from error
+
+    def _run(self) -> RunSummary:
         config, agent = self.config, self.agent
         rank = distributed.rank()
         seed_everything(distributed.process_seed(config.training.seed, rank))
