@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from llamagym.config import check_episode_memory
 from llamagym.errors import EnvFailureError, LlamaGymError, TrainingDivergedError
 from llamagym.rollout.evaluation import EvalResult, evaluate_agent, evaluate_baseline
 from llamagym.rollout.transcripts import (
@@ -69,6 +70,7 @@ from llamagym.training.report import (
     rewrite_records,
     write_report,
 )
+from llamagym.training.run_lock import RunDirectoryLock
 from llamagym.training.schedule import Control
 
 logger = logging.getLogger(__name__)
@@ -334,6 +336,8 @@ class Trainer:
         self._transcripts = TranscriptLog(None)  # the run directory's, once it is ready
         #: the plugins a resumed checkpoint recorded; compared after the first update
         self._resumed_plugins: list[dict[str, Any]] | None = None
+        #: the run directory's lock, held by rank 0 while it writes the directory
+        self._lock: RunDirectoryLock | None = None
 
     # -- set-up -------------------------------------------------------------------
     #: What a new run in a directory that holds an older one replaces.
@@ -344,7 +348,9 @@ class Trainer:
         """The run directory a checkpoint of this trainer's belongs to."""
         return checkpoints.run_dir_of(checkpoint)
 
-    def _prepare_output_dir(self, resume_checkpoint: Path | None) -> None:
+    def _replaces_a_run(self, resume_checkpoint: Path | None) -> bool:
+        """Whether this run replaces another in its directory (``output.overwrite``);
+        without ``output.overwrite`` that is refused."""
         directory = self.output_dir
         resuming_in_place = resume_checkpoint is not None and (
             self.run_dir_of(resume_checkpoint) == directory.resolve()
@@ -356,10 +362,20 @@ class Trainer:
                 f"with --resume {directory}, choose another --output, or set "
                 "output.overwrite=true to replace it"
             )
+        return replacing
+
+    def _prepare_output_dir(self, resume_checkpoint: Path | None) -> None:
+        """Create the run directory and take its lock (rank 0): the first write of a run,
+        after everything that can refuse it."""
+        directory = self.output_dir
+        replacing = self._replaces_a_run(resume_checkpoint)
         if not distributed.is_main():
             return
         # Created if need be, and known to be writable before anything in it is deleted.
         check_writable(directory, resuming=resume_checkpoint is not None)
+        self._lock = RunDirectoryLock(directory)
+        self._lock.acquire()
+        replacing = self._replaces_a_run(resume_checkpoint)  # again, now as its one writer
         for name in self.run_files if replacing else ():
             path = directory / name
             if path.is_dir():
@@ -493,6 +509,15 @@ class Trainer:
 
     # -- the run --------------------------------------------------------------------
     def run(self) -> RunSummary:
+        """Train, evaluate and report, as the run directory's one writer (its lock is
+        held from the directory's first write to the end)."""
+        try:
+            return self._run()
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+
+    def _run(self) -> RunSummary:
         config, agent = self.config, self.agent
         rank = distributed.rank()
         seed_everything(distributed.process_seed(config.training.seed, rank))
@@ -503,7 +528,11 @@ class Trainer:
             checkpoints.check_compatible(
                 meta, config.model_dump(mode="json"), resume_checkpoint
             )
-        make_first_env(agent)  # a missing env fails here, before the run directory exists
+        # Every refusal comes before the run directory is touched: a directory that
+        # holds another run, a missing env, a model that does not load.
+        self._replaces_a_run(resume_checkpoint)
+        make_first_env(agent)
+        agent.policy  # noqa: B018  (loads the model, drawing from the streams as it always has)
         self._prepare_output_dir(resume_checkpoint)
         # Rank 0 keeps the transcripts; the others keep theirs in memory only.
         self._transcripts = TranscriptLog(
@@ -511,8 +540,8 @@ class Trainer:
         )
         self._write_config()
 
-        # Loads the model. Every process starts from rank 0's weights; then the run's
-        # parts are built around it, the algorithm told how to stop and show its epochs.
+        # Every process starts from rank 0's weights; then the run's parts are built
+        # around them, the algorithm told how to stop and show its epochs.
         distributed.broadcast_parameters(agent.policy.trainable_parameters())
         agent.plugins.reset_participants()  # this run's, not an earlier one's in the process
         several = distributed.world_size() > 1
@@ -772,6 +801,8 @@ class Trainer:
                 greedy=config.training.eval_greedy,
                 examples=played,
                 on_progress=on_progress,
+                # A run with a time budget gives its evaluation as long again, at most.
+                seconds=60 * config.training.minutes if config.training.minutes else None,
             )
         self._transcripts.add(
             transcript(self.agent, episode, "evaluation", counters.updates)
@@ -855,11 +886,14 @@ def evaluate_with_baselines(
     greedy: bool = True,
     examples: list | None = None,
     on_progress: Callable[[str, int, int], None] | None = None,
+    seconds: float | None = None,
 ) -> tuple[EvalResult, list[EvalResult]]:
     """The agent and each of its baselines on the same ``episodes`` seeded episodes
     (``examples`` receives the agent's episodes). ``on_progress`` is told ``(policy,
     finished, episodes)`` as each one plays, ``policy`` being ``"agent"`` or the
-    baseline's name (e.g. :class:`llamagym.training.progress.EvaluationProgress`)."""
+    baseline's name (e.g. :class:`llamagym.training.progress.EvaluationProgress`).
+    ``seconds`` bounds the agent's evaluation (:func:`evaluate_agent`)."""
+    check_episode_memory(episodes, "the evaluation's episodes")
 
     def progress_of(name: str) -> Callable[[int, int], None] | None:
         if on_progress is None:
@@ -867,16 +901,24 @@ def evaluate_with_baselines(
         report = on_progress
         return lambda finished, total: report(name, finished, total)
 
+    played: list = []
     result = evaluate_agent(
         agent,
         episodes,
         seed=seed,
         greedy=greedy,
-        examples=examples,
+        examples=played,
         on_progress=progress_of("agent"),
+        seconds=seconds,
     )
+    if examples is not None:
+        examples += played
+    # The baselines play the very episodes the agent finished (all of them, unless the
+    # time budget cut the evaluation short).
+    seeds = None if len(played) == episodes else sorted(e.seed for e in played)
     baselines = [
-        evaluate_baseline(agent, name, episodes, seed=seed, on_progress=progress_of(name))
+        evaluate_baseline(agent, name, episodes, seed=seed, on_progress=progress_of(name),
+                          seeds=seeds)
         for name in agent.baselines
     ]
     return result, baselines
