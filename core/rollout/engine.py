@@ -23,6 +23,7 @@ import torch
 
 from llamagym.config import RolloutSettings
 from llamagym.errors import EnvFailureError, LlamaGymError
+from llamagym.models.chat_template import render_chat
 from llamagym.models.policy import Policy, Replies, name_tokens
 from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.training.schedule import Schedule
@@ -263,9 +264,7 @@ class RolloutEngine:
         encoded_rows: dict[int, list[int]] = {}
         if missing:
             tokenizer = self.policy.tokenizer
-            texts = tokenizer.apply_chat_template(
-                [conversations[row] for row in missing], add_generation_prompt=True, tokenize=False
-            )
+            texts = render_chat(tokenizer, [conversations[row] for row in missing])
             encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
             for row, prompt in zip(missing, encoded, strict=True):
                 encoded_rows[row] = prompt

@@ -48,6 +48,7 @@ from transformers import PrinterCallback, TrainerCallback
 
 from llamagym.config import RunConfig
 from llamagym.errors import ConfigError, LlamaGymError
+from llamagym.models.chat_template import render_chat
 from llamagym.models.export import RUN_EXPORT
 from llamagym.models.policy import Replies, json_closed_at, reply_prefixes
 from llamagym.rollout.engine import RolloutEngine, Slot
@@ -291,9 +292,7 @@ class SequenceEngine(RolloutEngine):
     ) -> tuple[list[str], list[list[int]], list[list[dict[str, str]]]]:
         user_texts, ids, conversations = super().render_prompts(slots, prefixes)
         tokenizer = self.policy.tokenizer
-        texts = tokenizer.apply_chat_template(
-            conversations, add_generation_prompt=True, tokenize=False
-        )
+        texts = render_chat(tokenizer, conversations)
         for row, slot in enumerate(slots):
             state = self._sequences.get(id(slot))
             if state is None or state[0] is not slot:
