@@ -14,6 +14,8 @@ is one :class:`ChatTemplateError` naming the model.
 
 from __future__ import annotations
 
+import functools
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -70,6 +72,16 @@ def render_chat(
         return in_template if frame.f_code.co_filename == _TEMPLATE_FILE else None
 
     name = str(getattr(tokenizer, "name_or_path", "") or "?")
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, str):
+        folded = _folded_size(template)
+        if folded > MAX_TEMPLATE_EXTRA_CHARS:
+            raise ChatTemplateError(
+                f"the chat template of model {name!r} holds a constant of about {folded:,} "
+                f"characters (more than {MAX_TEMPLATE_EXTRA_CHARS:,}), which compiling it "
+                "would build; it is refused (use a model whose template renders the "
+                "conversation)"
+            )
     previous = sys.gettrace()
     sys.settrace(on_call)
     try:
@@ -102,3 +114,55 @@ def render_chat(
             "conversation)"
         )
     return list(texts)
+
+
+@functools.lru_cache(maxsize=32)
+def _folded_size(template: str) -> int:
+    """The largest constant product (``'x' * 10**8``, ``9**10**7``) in ``template``,
+    in characters: Jinja folds constant expressions while it compiles, outside any
+    limit of the render, so they are measured before, without being computed."""
+    from jinja2 import TemplateSyntaxError, nodes
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    try:
+        tree = ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"]).parse(
+            template
+        )
+    except TemplateSyntaxError:
+        return 0  # transformers' own compile names the problem
+
+    def size(node: Any) -> tuple[str, float] | None:
+        """(kind, size) of a constant: "seq" and its length, or "int" and its value."""
+        if isinstance(node, nodes.Const):
+            value = node.value
+            if isinstance(value, (str, list, tuple)):
+                return "seq", float(len(value))
+            if isinstance(value, int) and not isinstance(value, bool):
+                return "int", float(abs(value))
+            return None
+        if isinstance(node, (nodes.List, nodes.Tuple)):
+            return "seq", float(len(node.items))
+        if isinstance(node, (nodes.Mul, nodes.Pow)):
+            left, right = size(node.left), size(node.right)
+            if left is None or right is None:
+                return None
+            if isinstance(node, nodes.Pow):
+                if left[0] != "int" or right[0] != "int":
+                    return None
+                digits = right[1] * math.log10(max(left[1], 2.0))
+                return "int", math.inf if digits > 300 else left[1] ** right[1]
+            kind = "seq" if "seq" in (left[0], right[0]) else "int"
+            return kind, left[1] * right[1]
+        return None
+
+    largest = 0.0
+    for node in tree.find_all((nodes.Mul, nodes.Pow)):
+        found = size(node)
+        if found is None:
+            continue
+        kind, amount = found
+        # A sequence costs its length; an integer its digits.
+        if kind == "int":
+            amount = math.log10(amount + 1) if math.isfinite(amount) else math.inf
+        largest = max(largest, amount)
+    return int(min(largest, 2**62))
