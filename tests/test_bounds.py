@@ -157,11 +157,14 @@ def test_the_trl_batch_rule_is_refused_before_the_run_directory(tmp_path, cli) -
 
 
 def test_a_model_that_does_not_load_leaves_no_run_directory(tmp_path, cli) -> None:
+    from llamagym.models.tiny import build_tiny_model
+
     output = tmp_path / "run"
-    broken = tmp_path / "broken-model"
-    broken.mkdir()
-    (broken / "config.json").write_text("{ not json")
-    code, _, err = cli("run", "blackjack", *FAST, "--model", broken, "--output", output)
+    broken = Path(shutil.copytree(build_tiny_model(), tmp_path / "broken-model"))
+    for weights in broken.glob("*.safetensors"):
+        weights.write_bytes(b"truncated")
+    code, _, err = cli("run", "blackjack", *FAST, "--model", broken, "--output", output,
+                       "--set", "algorithm.name=ppo")
     assert code == 2, err
     one_error_line(err)
     assert not output.exists()
