@@ -188,9 +188,11 @@ def _one_line(error: Exception) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
 
-def check_writable(directory: Path, resuming: bool) -> None:
+def check_writable(directory: Path, resuming: bool, create: bool = True) -> None:
     """Create ``directory`` if need be and write (then remove) a file in it: a directory
-    that cannot be written is one line naming it, before anything in it is touched."""
+    that cannot be written is one line naming it, before anything in it is touched.
+    With ``create`` off nothing is left behind: the probe goes into the directory, or
+    into its nearest existing parent when it does not exist yet."""
     if directory.exists() and not directory.is_dir():
         raise LlamaGymError(
             f"run directory {str(directory)!r} is a file, not a directory; choose another "
@@ -201,9 +203,14 @@ def check_writable(directory: Path, resuming: bool) -> None:
         if resuming
         else "make it writable, or choose another --output"
     )
+    where = directory
+    if not create:
+        while not where.exists() and where != where.parent:
+            where = where.parent
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        probe = directory / f".llamagym-write-test-{os.getpid()}"
+        if create:
+            directory.mkdir(parents=True, exist_ok=True)
+        probe = where / f".llamagym-write-test-{os.getpid()}"
         probe.touch()
         probe.unlink()
     except OSError as error:
@@ -529,8 +536,11 @@ class Trainer:
                 meta, config.model_dump(mode="json"), resume_checkpoint
             )
         # Every refusal comes before the run directory is touched: a directory that
-        # holds another run, a missing env, a model that does not load.
+        # holds another run or cannot be written, a missing env, a model that does not
+        # load.
         self._replaces_a_run(resume_checkpoint)
+        if distributed.is_main():
+            check_writable(self.output_dir, resume_checkpoint is not None, create=False)
         make_first_env(agent)
         agent.policy  # noqa: B018  (loads the model, drawing from the streams as it always has)
         self._prepare_output_dir(resume_checkpoint)

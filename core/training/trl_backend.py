@@ -68,6 +68,7 @@ from llamagym.training.trainer import (
     Counters,
     RunSummary,
     Trainer,
+    check_writable,
     make_first_env,
     seed_everything,
 )
@@ -589,6 +590,8 @@ class TRLTrainer(Trainer):
                 "checkpoint-N with trainer_state.json)"
             )
         self._replaces_a_run(resume)
+        if distributed.is_main():
+            check_writable(self.output_dir, resume is not None, create=False)
         make_first_env(agent)
         settings = config.model
         # TRL wraps the model in its LoRA adapter (peft_config); a quantized model gets
