@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import difflib
 import json
+import os
 import sys
 import types
 import typing
@@ -50,9 +51,39 @@ MAX_CONFIG_DEPTH = 64
 MAX_CONFIG_VALUES = 100_000
 #: Seeds are what numpy's seeding takes: 0 to 2**32 - 1.
 MAX_SEED = 2**32 - 1
+#: The settings that let code from outside the installed packages run, each with the one
+#: command-line flag that turns it on. A config file or ``--set`` never does: a config
+#: file is shared like any other data ("here is my recipe").
+CODE_SETTINGS = {"model.trust_remote_code": "--trust-remote-code"}
 
 
 _SEED_RANGE = f"a seed must be from 0 to {MAX_SEED} (2**32 - 1, the seeds numpy takes)"
+
+
+#: The least memory one finished episode holds until its batch or evaluation is done
+#: (its record, one turn and that turn's prompt tokens; a Blackjack episode holds ~2 KB).
+MIN_EPISODE_BYTES = 1024
+
+
+def machine_memory() -> int:
+    """This machine's physical memory in bytes (16 GiB where the system does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return 16 << 30
+
+
+def check_episode_memory(episodes: int, what: str) -> None:
+    """A ``ConfigError`` when ``episodes`` episodes held at once (``what``: the setting)
+    would take more than this machine's memory, before any is allocated."""
+    needed, memory = episodes * MIN_EPISODE_BYTES, machine_memory()
+    if needed > memory:
+        raise ConfigError(
+            f"{what} = {episodes:,} would hold at least {needed / 2**30:,.1f} GiB of "
+            f"episodes in memory at once ({MIN_EPISODE_BYTES:,} bytes each at the least), "
+            f"more than this machine's {memory / 2**30:,.1f} GiB; use at most "
+            f"{memory // MIN_EPISODE_BYTES // 10:,} (a tenth of that bound)"
+        )
 
 
 def check_seed(seed: int, where: str = "the seed") -> int:
@@ -150,6 +181,21 @@ class RolloutSettings(Settings):
     top_k: int = Field(0, ge=0, description="Top-k sampling in generate mode; 0 = off.")
     reward_shaping: bool = Field(False, description="Add llamagym_shape_reward hook terms.")
     invalid_action: InvalidActionSettings = Field(default_factory=InvalidActionSettings)
+    max_prompt_chars: int = Field(
+        131_072,
+        ge=1_000,
+        le=16_777_216,
+        description="Characters of conversation a prompt renders at most: a longer "
+        "observation is cut (one warning), then the oldest turns are dropped. 128K "
+        "characters is more than a 32K-token context holds.",
+    )
+    max_episode_turns: int = Field(
+        1_000,
+        ge=1,
+        le=1_000_000,
+        description="Turns after which an episode is cut (truncated), for an env that sets "
+        "no max_episode_steps of its own (its own limit applies otherwise).",
+    )
 
 
 class TrainingSettings(Settings):
@@ -489,6 +535,22 @@ def _syntax_problem(error: Exception) -> str:
     return _first_line(error)  # TOML says where itself
 
 
+def refuse_code_settings(layer: Mapping[str, Any], source: str) -> None:
+    """A ``ConfigError`` naming the flag to use when ``layer`` (a config file or a
+    ``--set``) turns on a setting of :data:`CODE_SETTINGS`; ``false`` is left alone (a
+    run's own ``config.yaml`` records it)."""
+    for key, flag in CODE_SETTINGS.items():
+        section, name = key.split(".")
+        part = layer.get(section)
+        value = part.get(name) if isinstance(part, Mapping) else None
+        if value is not None and value is not False:
+            raise ConfigError(
+                f"{source} sets {key} = {value!r}; only the command line lets a model run "
+                f"code of its own: remove it there and pass {flag} (if you trust that "
+                "model's code)"
+            )
+
+
 def parse_assignment(assignment: str) -> dict[str, Any]:
     """``"algorithm.lr=1e-4"`` -> ``{"algorithm": {"lr": 0.0001}}`` (values parsed as YAML)."""
     key, sep, raw = assignment.partition("=")
@@ -510,6 +572,7 @@ def parse_assignment(assignment: str) -> dict[str, Any]:
         node = node.setdefault(part, {})
     node[parts[-1]] = value
     check_extent(result, source)
+    refuse_code_settings(result, source)
     return result
 
 
@@ -799,6 +862,20 @@ def resolve_config(
                     f"{getattr(agent_class, 'name', '')!r} takes no options (an agent "
                     "declares its options as a pydantic model: class Config(BaseModel))"
                 )
+    if not problems:
+        # What the settings would allocate, checked before anything is.
+        for key, count in (
+            ("training.eval_episodes", merged.get("training", {}).get("eval_episodes")),
+            (
+                "algorithm.episodes_per_update",
+                getattr(algorithm_settings, "episodes_per_update", None),
+            ),
+        ):
+            if isinstance(count, int):
+                try:
+                    check_episode_memory(count, key)
+                except ConfigError as error:
+                    problems.append(str(error))
     backend = merged.get("training", {}).get("backend", TrainingSettings().backend)
     if backend != "trl":
         for key, source in sources.items():

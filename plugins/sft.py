@@ -49,6 +49,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llamagym.errors import ConfigError
+from llamagym.models.chat_template import render_chat
 from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.training.algorithm import masked_mean
 
@@ -238,9 +239,7 @@ def demonstration_turns(
     closing = '"}' if reply_prefix.rstrip().endswith('"') else "}"
     turns, too_long = [], 0
     for messages in conversations:
-        text = tokenizer.apply_chat_template(
-            messages[:-1], add_generation_prompt=True, tokenize=False
-        )
+        [text] = render_chat(tokenizer, [messages[:-1]])
         prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
         response = messages[-1]["content"]
         if reply_prefix:

@@ -158,7 +158,7 @@ def test_a_tampered_model_section_runs_no_code(run_dir, tmp_path, cli) -> None:
         assert code == 2, err
         line = one_error_line(err)
         assert repr(str(model)) in line and "(auto_map: evil)" in line and "refused" in line
-        assert "--trust-remote-code" in line and "model.trust_remote_code=true" in line
+        assert "--trust-remote-code" in line and "--set" not in line
         assert not marker.exists()
         assert snapshot(run_dir) == before
 
@@ -199,7 +199,7 @@ def test_only_the_user_allows_model_code_and_is_warned(how, run_dir, tmp_path, m
         assert code == 2 and "test stand-in" in one_error_line(err)
     else:
         code, _, err = cli("run", "blackjack", "--resume", run_dir, "--quiet",
-                           "--set", "model.trust_remote_code=true")
+                           "--trust-remote-code")
         assert code == 2 and "test stand-in" in one_error_line(err)
     assert spy.calls[-1]["name"] == str(model) and spy.calls[-1]["trust_remote_code"] is True
     loud = [m for m in warnings_of(caplog) if "trust_remote_code is on" in m]

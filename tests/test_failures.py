@@ -41,15 +41,17 @@ class FlakyAgent(BanditAgent):
         return FlakyBandit()
 
 
-class NaNBandit(TwoArmedBandit):
+class HugeRewardBandit(TwoArmedBandit):
+    """Finite rewards whose sums overflow: the loss of any update is not finite."""
+
     def step(self, action):
         observation, _, terminated, truncated, info = super().step(action)
-        return observation, float("nan"), terminated, truncated, info
+        return observation, 1.7e308 * (1 if action else -1), terminated, truncated, info
 
 
-class NaNAgent(BanditAgent):
+class HugeRewardAgent(BanditAgent):
     def make_env(self):
-        return NaNBandit()
+        return HugeRewardBandit()
 
 
 @pytest.fixture(autouse=True)
@@ -85,7 +87,7 @@ def test_too_many_failures_in_a_row_stop_with_a_checkpoint(tmp_path) -> None:
 
 def test_non_finite_loss_skips_the_update_and_stops_after_a_few(tmp_path) -> None:
     agent = tiny_agent(
-        NaNAgent,
+        HugeRewardAgent,
         training={"episodes": 200, "max_skipped_updates": 2},
         output={"dir": str(tmp_path / "run"), "quiet": True},
     )

@@ -24,11 +24,13 @@ def command_line_layers(
 ) -> list[tuple[str, dict[str, Any]]]:
     """The layers a command line gives, lowest precedence first: the ``--config`` file,
     each ``--set``, then the typed flags (those not given are left out)."""
-    from llamagym.config import parse_assignment, read_config_file
+    from llamagym.config import parse_assignment, read_config_file, refuse_code_settings
 
     layers: list[tuple[str, dict[str, Any]]] = []
     if config_file is not None:
-        layers.append((f"file {config_file}", read_config_file(config_file)))
+        data = read_config_file(config_file)
+        refuse_code_settings(data, f"config file {str(config_file)!r}")
+        layers.append((f"file {config_file}", data))
     layers += [("--set", parse_assignment(assignment)) for assignment in assignments]
     flag_layer: dict[str, Any] = {}
     for dotted, value in flags.items():
@@ -257,6 +259,12 @@ def run_command(
         help="native (default): LlamaGym's algorithms; trl: TRL's GRPOTrainer optimises "
         "(vLLM, DeepSpeed, FSDP through accelerate; pip install \"llamagym[trl]\").",
     ),
+    trust_remote_code: bool = typer.Option(
+        False,
+        "--trust-remote-code",
+        help="Let the model run Python code of its own (never taken from a config file, "
+        "--set or a checkpoint; only for a model whose code you trust).",
+    ),
 ) -> None:
     """Train AGENT online, then evaluate it beside its baselines and write a report."""
     from llamagym.training import checkpoint as checkpoints
@@ -278,6 +286,7 @@ def run_command(
         "rollout.num_envs": num_envs, "training.seed": seed, "training.threads": threads,
         "training.eval_episodes": eval_episodes, "output.checkpoint_every": checkpoint_every,
         "output.dir": output, "output.quiet": quiet or None, "training.backend": backend,
+        "model.trust_remote_code": trust_remote_code or None,
     }
     given = list(assignments)
     if minutes is not None and episodes is None:
@@ -305,7 +314,7 @@ def run_command(
         resume_checkpoint = checkpoints.find_checkpoint(resume)
         resume_meta = checkpoints.read_meta(resume_checkpoint)
         checkpoints.check_format(resume_meta, resume_checkpoint)
-        # The checkpoint's config, but never its model.trust_remote_code: only --set can.
+        # The checkpoint's config, but never its model.trust_remote_code: only the flag can.
         base = checkpoints.untrusted_config(resume_meta)
         if output is None:
             # Continue in the directory the checkpoint belongs to, wherever it now is.
@@ -337,7 +346,7 @@ def run_command(
         from llamagym.training.trl_backend import check_supported, require_trl
 
         require_trl()
-        check_supported(resolved)
+        check_supported(resolved, num_processes or distributed.launched_processes())
     if num_processes is not None and num_processes > 1:
         # Everything above is checked once, here; each process then runs the command
         # again without --num-processes.

@@ -76,6 +76,12 @@ def play_command(
     kept: bool = typer.Option(
         False, "--kept", help="Print the last N transcripts the run kept instead of playing."
     ),
+    trust_remote_code: bool = typer.Option(
+        False,
+        "--trust-remote-code",
+        help="Let the run's model run Python code of its own (never taken from the run; "
+        "only for a model whose code you trust).",
+    ),
 ) -> None:
     """Play a trained agent and print each episode as a transcript: the system prompt,
     every observation, the model's reply (or the chosen action's probability), the
@@ -97,7 +103,9 @@ def play_command(
             console.print()
         return
     report_plugin_problems()
-    agent = load_agent(run, overrides={"rollout": {"num_envs": 1}})
+    agent = load_agent(
+        run, overrides={"rollout": {"num_envs": 1}}, trust_remote_code=trust_remote_code
+    )
     engine = agent.evaluation_engine()
     env = agent.make_env()
     agent.policy.eval()

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import string
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -22,6 +23,7 @@ import torch
 
 from llamagym.config import RolloutSettings
 from llamagym.errors import EnvFailureError, LlamaGymError
+from llamagym.models.chat_template import render_chat
 from llamagym.models.policy import Policy, Replies, name_tokens
 from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.training.schedule import Schedule
@@ -150,6 +152,10 @@ class RolloutEngine:
         self._greedy_memo: dict[tuple, Turn] | None = None
         self._prompt_cache: dict[tuple, list[int]] = {}
         self._prompt_cache_tokens = 0
+        self._warned_long_prompt = False
+        #: env failures in a row, across collections (a batch of dropped episodes is no
+        #: success), reset by the first step an env completes
+        self.failures_in_a_row = 0
 
     # -- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -192,10 +198,17 @@ class RolloutEngine:
         In generate mode each prompt leaves room for its reply prefix (``prefixes``, the
         slots' :meth:`reply_prefixes` when the caller has them already) and the reply."""
         user_texts = [
-            self.plugins.format_observation(self.agent, slot.observation, slot.info)
+            self._within_prompt_cap(
+                self.plugins.format_observation(self.agent, slot.observation, slot.info)
+            )
             for slot in slots
         ]
         histories = [self._history(slot) for slot in slots]
+        cap = self.settings.max_prompt_chars
+        for row, slot in enumerate(slots):
+            # Bounded before the template renders or anything is tokenized.
+            while histories[row] and _characters(slot, user_texts[row], histories[row]) > cap:
+                histories[row] = histories[row][2:]
         conversations = [
             self._messages(slot, text, history)
             for slot, text, history in zip(slots, user_texts, histories, strict=True)
@@ -216,6 +229,31 @@ class RolloutEngine:
             ids[row] = prompt
         return user_texts, ids, conversations
 
+    def _within_prompt_cap(self, text: str) -> str:
+        """An observation's text, cut to ``rollout.max_prompt_chars`` (one warning per
+        engine the first time one is longer)."""
+        cap = self.settings.max_prompt_chars
+        if len(text) <= cap:
+            return text
+        if not self._warned_long_prompt:
+            self._warned_long_prompt = True
+            logger.warning(
+                "%s gave an observation of %s characters, more than rollout.max_prompt_chars"
+                " = %s; such observations are cut to their first %s characters (raise "
+                "rollout.max_prompt_chars if the model's context holds more)",
+                self._env_name(),
+                f"{len(text):,}",
+                f"{cap:,}",
+                f"{cap:,}",
+            )
+        return text[:cap]
+
+    def _env_name(self) -> str:
+        """The env as messages name it: agent and env id."""
+        env_id = getattr(self.agent, "env_id", None)
+        name = self.agent.name or type(self.agent).__name__
+        return f"env {env_id!r} of agent {name!r}" if env_id else f"the env of agent {name!r}"
+
     def prompt_tokens(self, conversations: list[list[dict[str, str]]]) -> list[list[int]]:
         """Token ids of each conversation through the chat template, with a generation
         prompt. Rendering is deterministic, so prompts seen before (a small state space
@@ -226,9 +264,7 @@ class RolloutEngine:
         encoded_rows: dict[int, list[int]] = {}
         if missing:
             tokenizer = self.policy.tokenizer
-            texts = tokenizer.apply_chat_template(
-                [conversations[row] for row in missing], add_generation_prompt=True, tokenize=False
-            )
+            texts = render_chat(tokenizer, [conversations[row] for row in missing])
             encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
             for row, prompt in zip(missing, encoded, strict=True):
                 encoded_rows[row] = prompt
@@ -539,19 +575,20 @@ class RolloutEngine:
         slots: list[Slot | None] = [None] * len(envs)
         finished: list[Episode] = []
         next_episode = 0
-        failures_in_a_row = 0
+        turn_caps = [max_turns(env, self.settings.max_episode_turns) for env in envs]
 
         def start(position: int) -> None:
-            nonlocal next_episode, failures_in_a_row
+            nonlocal next_episode
             while next_episode < num_episodes:
                 k = next_episode
                 next_episode += 1
                 try:
-                    observation, info = envs[position].reset(seed=seeds[k])
+                    observation, info = checked_reset(envs[position], seeds[k])
                 except Exception as error:  # an env that raises must not end the run
-                    failures_in_a_row = self._env_failed(envs, position, error, failures_in_a_row)
+                    self._env_failed(envs, position, error)
+                    turn_caps[position] = max_turns(envs[position], self.settings.max_episode_turns)
                     continue
-                slots[position] = self.new_slot(observation, dict(info), seeds[k], k // group_size)
+                slots[position] = self.new_slot(observation, info, seeds[k], k // group_size)
                 return
             slots[position] = None
 
@@ -589,16 +626,19 @@ class RolloutEngine:
                     action_name = turn.legal_actions[index]
                     env_action = self.agent.env_action(index, turn.legal_actions)
                 try:
-                    observation, reward, terminated, truncated, info = envs[position].step(
-                        env_action
+                    observation, reward, terminated, truncated, info = checked_step(
+                        envs[position], env_action
                     )
                 except Exception as error:
-                    failures_in_a_row = self._env_failed(envs, position, error, failures_in_a_row)
-                    start(position)  # the partial episode is dropped, never trained on
+                    # Whatever went wrong (it raised, the old 4-tuple API, a reward that
+                    # is not a finite number), the partial episode is dropped, never
+                    # trained on nor averaged into a return.
+                    self._env_failed(envs, position, error)
+                    turn_caps[position] = max_turns(envs[position], self.settings.max_episode_turns)
+                    start(position)
                     continue
-                failures_in_a_row = 0
+                self.failures_in_a_row = 0
                 self.stats.env_steps += 1
-                reward = float(reward)
                 shaped = reward
                 if self.settings.reward_shaping:
                     shaped += self.plugins.shape_reward(
@@ -609,32 +649,108 @@ class RolloutEngine:
                 episode.env_return += reward
                 episode.length += 1
                 slot.history += turn.context_messages()
-                slot.observation, slot.info = observation, dict(info)
+                slot.observation, slot.info = observation, info
                 if terminated or truncated:
-                    finish(position, episode, {**_summary(info), "terminated": bool(terminated)})
+                    finish(position, episode, {**_summary(info), "terminated": terminated})
+                elif episode.length >= turn_caps[position]:
+                    # An env that never ends (or sets no limit) is cut here: truncated.
+                    finish(
+                        position,
+                        episode,
+                        {**_summary(info), "terminated": False, "turn_cap": turn_caps[position]},
+                    )
             if should_stop is not None and should_stop():
                 break
         self.stats.seconds_total += time.perf_counter() - started_at
         return finished
 
-    def _env_failed(self, envs: list[Any], position: int, error: Exception, count: int) -> int:
-        count += 1
+    def _env_failed(self, envs: list[Any], position: int, error: Exception) -> None:
+        """Count a failed reset or step (in a row, across collections), then replace the
+        env; more than ``max_failures_in_a_row`` end the collection."""
+        self.failures_in_a_row += 1
+        count = self.failures_in_a_row
         self.stats.env_failures += 1
         logger.warning(
-            "environment %d raised %s: %s; episode dropped, environment recreated",
+            "%s, environment %d, failed (%s: %s); episode dropped, environment recreated",
+            self._env_name(),
             position,
             type(error).__name__,
-            error,
+            _short(error),
         )
         if count > self.max_failures_in_a_row:
             raise EnvFailureError(
-                f"the environment raised {count} times in a row (last: {type(error).__name__}: "
-                f"{error}); stopping the run"
+                f"{self._env_name()} failed {count} times in a row (last: "
+                f"{type(error).__name__}: {_short(error)}); stopping the run "
+                f"(training.max_env_failures = {self.max_failures_in_a_row})"
             ) from error
         with contextlib.suppress(Exception):  # a broken env may fail to close; it is replaced
             envs[position].close()
         envs[position] = self.agent.make_env()
-        return count
+
+
+def _short(error: Exception, limit: int = 300) -> str:
+    """An env's error message on one bounded line (an env is untrusted)."""
+    text = " ".join(str(error).split())
+    return repr(text[:limit] + ("..." if len(text) > limit else ""))
+
+
+def _characters(slot: Slot, user_text: str, history: list[dict[str, str]]) -> int:
+    return len(slot.system_prompt) + len(user_text) + sum(len(m["content"]) for m in history)
+
+
+def max_turns(env: Any, default: int) -> int:
+    """The turns an episode of ``env`` may last: its own ``max_episode_steps`` (the
+    registration's), else ``default`` (``rollout.max_episode_turns``)."""
+    spec = getattr(env, "spec", None)
+    own = getattr(spec, "max_episode_steps", None)
+    return own if isinstance(own, int) and own > 0 else default
+
+
+def checked_reset(env: Any, seed: int) -> tuple[Any, dict]:
+    """``env.reset(seed=seed)`` as Gymnasium defines it, ``(observation, info)``;
+    anything else raises ``ValueError`` saying what came back."""
+    result = env.reset(seed=seed)
+    if not isinstance(result, tuple) or len(result) != 2:
+        raise ValueError(
+            f"env.reset returned {_shape(result)}, not Gymnasium's (observation, info)"
+        )
+    observation, info = result
+    if not isinstance(info, Mapping):
+        raise ValueError(f"env.reset returned an info of type {type(info).__name__}, not a dict")
+    return observation, dict(info)
+
+
+def checked_step(env: Any, action: Any) -> tuple[Any, float, bool, bool, dict]:
+    """``env.step(action)`` as Gymnasium defines it: ``(observation, reward, terminated,
+    truncated, info)`` with a finite number for the reward. Anything else (the old gym
+    API's 4-tuple, a reward of nan, inf or text) raises ``ValueError`` saying what came
+    back, which counts as a failure of the env."""
+    result = env.step(action)
+    if not isinstance(result, tuple) or len(result) != 5:
+        old_api = isinstance(result, tuple) and len(result) == 4
+        raise ValueError(
+            f"env.step returned {_shape(result)}, not Gymnasium's (observation, reward, "
+            "terminated, truncated, info)"
+            + ("; that is the old gym API's (observation, reward, done, info)" if old_api else "")
+        )
+    observation, reward, terminated, truncated, info = result
+    try:
+        reward = float(reward)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"env.step returned a reward of type {type(reward).__name__}, not a number"
+        ) from None
+    if not math.isfinite(reward):
+        raise ValueError(f"env.step returned a non-finite reward ({reward})")
+    if not isinstance(info, Mapping):
+        raise ValueError(f"env.step returned an info of type {type(info).__name__}, not a dict")
+    return observation, reward, bool(terminated), bool(truncated), dict(info)
+
+
+def _shape(result: Any) -> str:
+    if isinstance(result, tuple):
+        return f"a tuple of {len(result)}"
+    return f"a {type(result).__name__}"
 
 
 def feedback_message(legal_actions: Sequence[str], shown: int = 20) -> str:

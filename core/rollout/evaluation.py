@@ -139,16 +139,21 @@ def evaluate_agent(
     greedy: bool = True,
     examples: list[Episode] | None = None,
     on_progress: Progress | None = None,
+    seconds: float | None = None,
 ) -> EvalResult:
     """Run the agent's policy (greedy by default) on ``episodes`` seeded episodes, with
     an engine of its own: these episodes reach no training observer (``episode_end``)
     and leave the training engine's random streams where they were. ``examples``, when
     given, receives the episodes played (in seed order), e.g. for transcripts;
     ``on_progress`` is told ``(finished, episodes)`` at the start and after each episode.
+    With ``seconds``, the evaluation stops after that long with the episodes finished
+    (a warning says how many); each episode lasts at most the engine's turn cap.
 
     Outcomes are the agent's own (:meth:`llamagym.Agent.outcome`). When every episode
     turns out the same, one warning says why and how to fix it, and the result's
     ``identical`` is true."""
+    import time
+
     import torch
 
     engine = agent.evaluation_engine()
@@ -167,6 +172,7 @@ def evaluate_agent(
                 done += 1
                 on_progress(done, episodes)
 
+        deadline = None if seconds is None else time.monotonic() + seconds
         with torch.no_grad(), engine.greedy_memo():
             finished: list[Episode] = engine.collect(
                 envs,
@@ -174,11 +180,21 @@ def evaluate_agent(
                 greedy=greedy,
                 seeds=evaluation_seeds(seed, episodes),
                 on_episode=on_episode,
+                should_stop=None if deadline is None else lambda: time.monotonic() > deadline,
             )
     finally:
         policy.train(was_training)
         for env in envs:
             env.close()
+    if len(finished) < episodes:
+        logger.warning(
+            "the evaluation's time budget (%.0f s, training.minutes) ran out after %d of %d "
+            "episodes; the results (and the baselines', on the same episodes) are over those",
+            seconds,
+            len(finished),
+            episodes,
+        )
+
     turns = sum(len(e.turns) for e in finished)
     invalid = sum(e.invalid_replies for e in finished) / max(1, turns)
     if examples is not None:
@@ -211,38 +227,69 @@ def play_baseline(
 ) -> Iterator[BaselineStep]:
     """Play one of the agent's baseline policies, one episode per seed, step by step
     (``rng_seed`` seeds the baseline's own randomness, e.g. the random policy's)."""
+    from llamagym.rollout.engine import checked_reset, checked_step, max_turns
+
     baseline = agent.baselines[name]
     rng = np.random.default_rng(rng_seed)
     env = agent.make_env()
+    turn_cap = max_turns(env, agent.config.rollout.max_episode_turns)
     try:
         for index, episode_seed in enumerate(seeds):
-            observation, info = env.reset(seed=episode_seed)
+            try:
+                observation, info = checked_reset(env, episode_seed)
+            except Exception as error:
+                raise _baseline_failed(agent, name, error) from error
             if hasattr(baseline, "reset"):
                 baseline.reset()  # stateful baselines (e.g. a walkthrough) start over
-            done = False
+            done, turns = False, 0
             while not done:
                 legal = list(agent.named_actions(observation, info))
                 action_name = baseline(observation, info, legal, rng)
                 action = agent.env_action(legal.index(action_name), legal)
-                next_observation, reward, terminated, truncated, next_info = env.step(action)
-                done = bool(terminated or truncated)
-                yield BaselineStep(index, observation, dict(info), action_name, float(reward), done)
+                try:
+                    next_observation, reward, terminated, truncated, next_info = checked_step(
+                        env, action
+                    )
+                except Exception as error:
+                    raise _baseline_failed(agent, name, error) from error
+                turns += 1
+                done = terminated or truncated or turns >= turn_cap
+                yield BaselineStep(index, observation, info, action_name, reward, done)
                 observation, info = next_observation, next_info
     finally:
         env.close()
 
 
+def _baseline_failed(agent: Any, name: str, error: Exception) -> LlamaGymError:
+    from llamagym.errors import EnvFailureError
+
+    text = " ".join(str(error).split())[:300]
+    return EnvFailureError(
+        f"baseline {name!r} of agent {agent.name!r}: the environment failed "
+        f"({type(error).__name__}: {text!r}); baselines play on a working env only"
+    )
+
+
 def evaluate_baseline(
-    agent: Any, name: str, episodes: int, seed: int = 0, on_progress: Progress | None = None
+    agent: Any,
+    name: str,
+    episodes: int,
+    seed: int = 0,
+    on_progress: Progress | None = None,
+    seeds: Sequence[int] | None = None,
 ) -> EvalResult:
-    """Play one of the agent's baseline policies on the evaluation seeds, its outcomes
-    named by the agent (``on_progress`` as for :func:`evaluate_agent`)."""
+    """Play one of the agent's baseline policies on the evaluation seeds (or ``seeds``,
+    the ones the agent's evaluation finished), its outcomes named by the agent
+    (``on_progress`` as for :func:`evaluate_agent`)."""
+    if seeds is None:
+        seeds = evaluation_seeds(seed, episodes)
+    episodes = len(seeds)
     returns = [0.0] * episodes
     keys = [0] * episodes  # a running hash of each episode's steps
     done = 0
     if on_progress is not None:
         on_progress(0, episodes)
-    for step in play_baseline(agent, name, evaluation_seeds(seed, episodes), rng_seed=seed):
+    for step in play_baseline(agent, name, seeds, rng_seed=seed):
         returns[step.episode] += step.reward
         keys[step.episode] = hash(
             (keys[step.episode], _observation_key(step.observation), step.action, step.reward)

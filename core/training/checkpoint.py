@@ -56,8 +56,8 @@ _NAME = re.compile(r"^update-(\d+)$")
 IDENTITY_FIELDS = ("agent.name", "algorithm.name", "model.name", "model.lora", "model.lora_rank")
 #: How a user lets a checkpoint's model run its own code, wherever a checkpoint is loaded.
 TRUST_HINT = (
-    "llamagym eval --trust-remote-code, llamagym run --resume ... --set "
-    "model.trust_remote_code=true, or load_agent(..., trust_remote_code=True)"
+    "llamagym eval (or play) --trust-remote-code, llamagym run --resume ... "
+    "--trust-remote-code, or load_agent(..., trust_remote_code=True)"
 )
 #: The optimizer moments that have one value per parameter entry (Adam, AdamW, SGD).
 PARAMETER_SHAPED_MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer")

@@ -18,6 +18,11 @@ from llamagym.config import RolloutSettings
 
 #: The annealed learning rate never drops below this share of the configured one.
 LR_FLOOR = 0.05
+#: The lowest temperature sampling uses. Logits divided by it stay finite in float32
+#: (whose largest value is 3.4e38) for any logit below 1e32, while below it sampling is
+#: already argmax; a smaller configured temperature (1e-320 passes ``> 0``) would make
+#: inf and then nan probabilities.
+MIN_TEMPERATURE = 1e-6
 
 
 class Schedule:
@@ -42,11 +47,11 @@ class Schedule:
 
     def temperature(self) -> float:
         """The sampling temperature now: ``rollout.temperature``, moved linearly to
-        ``rollout.final_temperature`` over the budget when that is set."""
+        ``rollout.final_temperature`` over the budget when that is set, and never below
+        :data:`MIN_TEMPERATURE`."""
         start, final = self._rollout.temperature, self._rollout.final_temperature
-        if final is None:
-            return start
-        return start + self._progress * (final - start)
+        now = start if final is None else start + self._progress * (final - start)
+        return max(now, MIN_TEMPERATURE)
 
     def lr(self, base: float, anneal: bool) -> float:
         """The learning rate now: ``base``, or with ``anneal`` a linear decay to 5% of

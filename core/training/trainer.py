@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from llamagym.config import check_episode_memory
 from llamagym.errors import EnvFailureError, LlamaGymError, TrainingDivergedError, WriteError
 from llamagym.paths import write_atomically
 from llamagym.rollout.evaluation import EvalResult, evaluate_agent, evaluate_baseline
@@ -70,6 +71,7 @@ from llamagym.training.report import (
     rewrite_records,
     write_report,
 )
+from llamagym.training.run_lock import RunDirectoryLock
 from llamagym.training.schedule import Control
 
 logger = logging.getLogger(__name__)
@@ -187,9 +189,11 @@ def _one_line(error: Exception) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
 
-def check_writable(directory: Path, resuming: bool) -> None:
+def check_writable(directory: Path, resuming: bool, create: bool = True) -> None:
     """Create ``directory`` if need be and write (then remove) a file in it: a directory
-    that cannot be written is one line naming it, before anything in it is touched."""
+    that cannot be written is one line naming it, before anything in it is touched.
+    With ``create`` off nothing is left behind: the probe goes into the directory, or
+    into its nearest existing parent when it does not exist yet."""
     if directory.exists() and not directory.is_dir():
         raise LlamaGymError(
             f"run directory {str(directory)!r} is a file, not a directory; choose another "
@@ -200,9 +204,14 @@ def check_writable(directory: Path, resuming: bool) -> None:
         if resuming
         else "make it writable, or choose another --output"
     )
+    where = directory
+    if not create:
+        while not where.exists() and where != where.parent:
+            where = where.parent
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        probe = directory / f".llamagym-write-test-{os.getpid()}"
+        if create:
+            directory.mkdir(parents=True, exist_ok=True)
+        probe = where / f".llamagym-write-test-{os.getpid()}"
         probe.touch()
         probe.unlink()
     except OSError as error:
@@ -335,6 +344,8 @@ class Trainer:
         self._transcripts = TranscriptLog(None)  # the run directory's, once it is ready
         #: the plugins a resumed checkpoint recorded; compared after the first update
         self._resumed_plugins: list[dict[str, Any]] | None = None
+        #: the run directory's lock, held by rank 0 while it writes the directory
+        self._lock: RunDirectoryLock | None = None
 
     # -- set-up -------------------------------------------------------------------
     #: What a new run in a directory that holds an older one replaces.
@@ -345,7 +356,9 @@ class Trainer:
         """The run directory a checkpoint of this trainer's belongs to."""
         return checkpoints.run_dir_of(checkpoint)
 
-    def _prepare_output_dir(self, resume_checkpoint: Path | None) -> None:
+    def _replaces_a_run(self, resume_checkpoint: Path | None) -> bool:
+        """Whether this run replaces another in its directory (``output.overwrite``);
+        without ``output.overwrite`` that is refused."""
         directory = self.output_dir
         resuming_in_place = resume_checkpoint is not None and (
             self.run_dir_of(resume_checkpoint) == directory.resolve()
@@ -357,10 +370,20 @@ class Trainer:
                 f"with --resume {directory}, choose another --output, or set "
                 "output.overwrite=true to replace it"
             )
+        return replacing
+
+    def _prepare_output_dir(self, resume_checkpoint: Path | None) -> None:
+        """Create the run directory and take its lock (rank 0): the first write of a run,
+        after everything that can refuse it."""
+        directory = self.output_dir
+        replacing = self._replaces_a_run(resume_checkpoint)
         if not distributed.is_main():
             return
         # Created if need be, and known to be writable before anything in it is deleted.
         check_writable(directory, resuming=resume_checkpoint is not None)
+        self._lock = RunDirectoryLock(directory)
+        self._lock.acquire()
+        replacing = self._replaces_a_run(resume_checkpoint)  # again, now as its one writer
         for name in self.run_files if replacing else ():
             path = directory / name
             if path.is_dir():
@@ -494,10 +517,15 @@ class Trainer:
 
     # -- the run --------------------------------------------------------------------
     def run(self) -> RunSummary:
+        """Train, evaluate and report, as the run directory's one writer (its lock is
+        held from the directory's first write to the end)."""
         try:
             return self._run()
         except WriteError as error:  # a run file (metrics, transcripts, config) failed
             raise WriteError(f"{error}, {checkpoints.how_to_continue(self.output_dir)}") from error
+        finally:
+            if self._lock is not None:
+                self._lock.release()
 
     def _run(self) -> RunSummary:
         config, agent = self.config, self.agent
@@ -510,7 +538,14 @@ class Trainer:
             checkpoints.check_compatible(
                 meta, config.model_dump(mode="json"), resume_checkpoint
             )
-        make_first_env(agent)  # a missing env fails here, before the run directory exists
+        # Every refusal comes before the run directory is touched: a directory that
+        # holds another run or cannot be written, a missing env, a model that does not
+        # load.
+        self._replaces_a_run(resume_checkpoint)
+        if distributed.is_main():
+            check_writable(self.output_dir, resume_checkpoint is not None, create=False)
+        make_first_env(agent)
+        agent.policy  # noqa: B018  (loads the model, drawing from the streams as it always has)
         self._prepare_output_dir(resume_checkpoint)
         # Rank 0 keeps the transcripts; the others keep theirs in memory only.
         self._transcripts = TranscriptLog(
@@ -518,8 +553,8 @@ class Trainer:
         )
         self._write_config()
 
-        # Loads the model. Every process starts from rank 0's weights; then the run's
-        # parts are built around it, the algorithm told how to stop and show its epochs.
+        # Every process starts from rank 0's weights; then the run's parts are built
+        # around them, the algorithm told how to stop and show its epochs.
         distributed.broadcast_parameters(agent.policy.trainable_parameters())
         agent.plugins.reset_participants()  # this run's, not an earlier one's in the process
         several = distributed.world_size() > 1
@@ -779,6 +814,8 @@ class Trainer:
                 greedy=config.training.eval_greedy,
                 examples=played,
                 on_progress=on_progress,
+                # A run with a time budget gives its evaluation as long again, at most.
+                seconds=60 * config.training.minutes if config.training.minutes else None,
             )
         self._transcripts.add(
             transcript(self.agent, episode, "evaluation", counters.updates)
@@ -862,11 +899,14 @@ def evaluate_with_baselines(
     greedy: bool = True,
     examples: list | None = None,
     on_progress: Callable[[str, int, int], None] | None = None,
+    seconds: float | None = None,
 ) -> tuple[EvalResult, list[EvalResult]]:
     """The agent and each of its baselines on the same ``episodes`` seeded episodes
     (``examples`` receives the agent's episodes). ``on_progress`` is told ``(policy,
     finished, episodes)`` as each one plays, ``policy`` being ``"agent"`` or the
-    baseline's name (e.g. :class:`llamagym.training.progress.EvaluationProgress`)."""
+    baseline's name (e.g. :class:`llamagym.training.progress.EvaluationProgress`).
+    ``seconds`` bounds the agent's evaluation (:func:`evaluate_agent`)."""
+    check_episode_memory(episodes, "the evaluation's episodes")
 
     def progress_of(name: str) -> Callable[[int, int], None] | None:
         if on_progress is None:
@@ -874,16 +914,24 @@ def evaluate_with_baselines(
         report = on_progress
         return lambda finished, total: report(name, finished, total)
 
+    played: list = []
     result = evaluate_agent(
         agent,
         episodes,
         seed=seed,
         greedy=greedy,
-        examples=examples,
+        examples=played,
         on_progress=progress_of("agent"),
+        seconds=seconds,
     )
+    if examples is not None:
+        examples += played
+    # The baselines play the very episodes the agent finished (all of them, unless the
+    # time budget cut the evaluation short).
+    seeds = None if len(played) == episodes else sorted(e.seed for e in played)
     baselines = [
-        evaluate_baseline(agent, name, episodes, seed=seed, on_progress=progress_of(name))
+        evaluate_baseline(agent, name, episodes, seed=seed, on_progress=progress_of(name),
+                          seeds=seeds)
         for name in agent.baselines
     ]
     return result, baselines

@@ -48,6 +48,7 @@ from transformers import PrinterCallback, TrainerCallback
 
 from llamagym.config import RunConfig
 from llamagym.errors import ConfigError, LlamaGymError
+from llamagym.models.chat_template import render_chat
 from llamagym.models.export import RUN_EXPORT
 from llamagym.models.policy import Replies, json_closed_at, reply_prefixes
 from llamagym.rollout.engine import RolloutEngine, Slot
@@ -67,6 +68,7 @@ from llamagym.training.trainer import (
     Counters,
     RunSummary,
     Trainer,
+    check_writable,
     make_first_env,
     seed_everything,
 )
@@ -91,9 +93,10 @@ def require_trl() -> None:
 
 
 # -- what carries over ------------------------------------------------------------------
-def check_supported(resolved: ResolvedConfig) -> None:
-    """Refuse, before anything loads, every setting the TRL backend cannot honour; each
-    problem is one line naming the alternative."""
+def check_supported(resolved: ResolvedConfig, processes: int = 1) -> None:
+    """Refuse, before anything loads or is written, every setting the TRL backend cannot
+    honour in a run of ``processes`` processes; each problem is one line naming the
+    alternative."""
     config = resolved.config
     algorithm = resolved.algorithm
     problems = []
@@ -125,6 +128,9 @@ def check_supported(resolved: ResolvedConfig) -> None:
                 problems.append(f"algorithm.{key}: {fix}, or the native backend")
         micro = getattr(algorithm, "microbatch_size", None)
         minibatch = getattr(algorithm, "minibatch_size", 1)
+        batch_rule = _batch_rule(algorithm, processes)
+        if batch_rule:
+            problems.append(batch_rule)
         if micro is not None and minibatch % micro:
             problems.append(
                 f"algorithm.microbatch_size={micro}: TRL accumulates whole micro-batches, "
@@ -136,6 +142,12 @@ def check_supported(resolved: ResolvedConfig) -> None:
                 "algorithm.warm_start: supervised warm starts run on the native backend "
                 "only; warm-start there and continue with --backend trl from the export"
             )
+    if config.trl.use_vllm and config.trl.vllm_mode == "server" and processes > 1:
+        problems.append(
+            "trl.vllm_mode=server: a vLLM server takes every process's prompts in "
+            "lockstep, which turn-by-turn multi-turn rollouts cannot keep; use "
+            "trl.vllm_mode=colocate (a vLLM engine in each process)"
+        )
     if config.rollout.history_turns is not None:
         problems.append(
             "rollout.history_turns: an episode is trained as one growing sequence, so no "
@@ -156,16 +168,25 @@ def check_supported(resolved: ResolvedConfig) -> None:
 
 
 # -- the mapping onto GRPOConfig ----------------------------------------------------------
+def _batch_rule(algorithm: Any, processes: int) -> str:
+    """The problem with an update's batch under TRL (each process trains minibatch_size
+    episodes per step), else ``""``."""
+    per_step = algorithm.minibatch_size * processes
+    if algorithm.episodes_per_update % per_step == 0:
+        return ""
+    return (
+        f"algorithm.episodes_per_update={algorithm.episodes_per_update} must be a "
+        f"multiple of algorithm.minibatch_size x processes = {per_step} under the TRL "
+        "backend (each process trains minibatch_size episodes per step)"
+    )
+
+
 def steps_per_update(config: RunConfig, algorithm: Any, world_size: int) -> int:
     """Optimizer steps in one generation batch: episodes_per_update / (minibatch x ranks)."""
-    per_step = algorithm.minibatch_size * world_size
-    if algorithm.episodes_per_update % per_step:
-        raise ConfigError(
-            f"algorithm.episodes_per_update={algorithm.episodes_per_update} must be a "
-            f"multiple of algorithm.minibatch_size x processes = {per_step} under the TRL "
-            "backend (each process trains minibatch_size episodes per step)"
-        )
-    return algorithm.episodes_per_update // per_step
+    problem = _batch_rule(algorithm, world_size)
+    if problem:
+        raise ConfigError(problem)
+    return algorithm.episodes_per_update // (algorithm.minibatch_size * world_size)
 
 
 def episode_budget(config: RunConfig) -> int:
@@ -272,9 +293,7 @@ class SequenceEngine(RolloutEngine):
     ) -> tuple[list[str], list[list[int]], list[list[dict[str, str]]]]:
         user_texts, ids, conversations = super().render_prompts(slots, prefixes)
         tokenizer = self.policy.tokenizer
-        texts = tokenizer.apply_chat_template(
-            conversations, add_generation_prompt=True, tokenize=False
-        )
+        texts = render_chat(tokenizer, conversations)
         for row, slot in enumerate(slots):
             state = self._sequences.get(id(slot))
             if state is None or state[0] is not slot:
@@ -549,9 +568,9 @@ class TRLTrainer(Trainer):
     def run_dir_of(checkpoint: Path) -> Path:
         return trl_run_dir(checkpoint)
 
-    def run(self) -> RunSummary:
+    def _run(self) -> RunSummary:
         require_trl()
-        check_supported(self.agent.resolved)
+        check_supported(self.agent.resolved, distributed.world_size())
         from trl import GRPOTrainer
 
         from llamagym.models.loading import (
@@ -563,12 +582,6 @@ class TRLTrainer(Trainer):
 
         config, agent, resolved = self.config, self.agent, self.agent.resolved
         rank, world = distributed.rank(), distributed.world_size()
-        if config.trl.use_vllm and config.trl.vllm_mode == "server" and world > 1:
-            raise ConfigError(
-                "trl.vllm_mode=server: a vLLM server takes every process's prompts in "
-                "lockstep, which turn-by-turn multi-turn rollouts cannot keep; use "
-                "trl.vllm_mode=colocate (a vLLM engine in each process)"
-            )
         seed_everything(distributed.process_seed(config.training.seed, rank))
         resume = trl_checkpoint(self.resume_from) if self.resume_from is not None else None
         if self.resume_from is not None and resume is None:
@@ -576,12 +589,10 @@ class TRLTrainer(Trainer):
                 f"{str(self.resume_from)!r} holds no TRL checkpoint (checkpoints/"
                 "checkpoint-N with trainer_state.json)"
             )
+        self._replaces_a_run(resume)
+        if distributed.is_main():
+            check_writable(self.output_dir, resume is not None, create=False)
         make_first_env(agent)
-        self._prepare_output_dir(resume)
-        self._transcripts = TranscriptLog(
-            self.output_dir / TRANSCRIPTS if distributed.is_main() else None
-        )
-        self._write_config()
         settings = config.model
         # TRL wraps the model in its LoRA adapter (peft_config); a quantized model gets
         # the loader's, which prepares the quantized weights for it first.
@@ -604,6 +615,12 @@ class TRLTrainer(Trainer):
             )
         if config.training.threads is not None:
             torch.set_num_threads(config.training.threads)
+        # Everything that can refuse the run has run: now the directory is written.
+        self._prepare_output_dir(resume)
+        self._transcripts = TranscriptLog(
+            self.output_dir / TRANSCRIPTS if distributed.is_main() else None
+        )
+        self._write_config()
         rollouts = EpisodeRollouts(
             agent, tokenizer, distributed.process_seed(config.training.seed, rank)
         )

@@ -1,0 +1,115 @@
+"""One writer per run directory.
+
+``llamagym run`` and ``run --resume`` hold ``<run>/.llamagym.lock`` (an operating-system
+file lock, through the ``filelock`` library) while they write the directory; a second
+writer is refused in one line naming the process that holds it. The lock goes with its
+process: a run killed without a chance to clean up (SIGKILL, a power cut) leaves the
+lock file, but no lock, so the next writer takes it over, saying whose it was. Beside the
+lock, ``<run>/.llamagym.writer`` names the holder (pid, start time) for that message; it
+is read as untrusted data, like every file of a run directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+from llamagym.errors import LlamaGymError
+
+logger = logging.getLogger(__name__)
+
+LOCK = ".llamagym.lock"
+WRITER = ".llamagym.writer"
+#: The most of a writer record read back (it is a few dozen bytes).
+MAX_WRITER_BYTES = 4096
+
+
+class RunDirectoryBusyError(LlamaGymError):
+    """Another process is writing the run directory."""
+
+
+def _holder(directory: Path) -> dict[str, Any]:
+    """The writer record's pid and start time, when it holds sensible ones; else ``{}``."""
+    try:
+        with (directory / WRITER).open("rb") as stream:
+            data = json.loads(stream.read(MAX_WRITER_BYTES))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    pid, started = data.get("pid"), data.get("started")
+    holder: dict[str, Any] = {}
+    if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0:
+        holder["pid"] = pid
+    if isinstance(started, str):
+        holder["started"] = started[:40]
+    return holder
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # someone else's process, or not a pid we can ask about
+    return True
+
+
+class RunDirectoryLock:
+    """The lock of one run directory (which must exist). :meth:`acquire` refuses at once
+    when another process holds it; :meth:`release` lets it go and removes the record."""
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        self._lock = FileLock(str(self.directory / LOCK), timeout=0)
+
+    def acquire(self) -> None:
+        try:
+            self._lock.acquire(timeout=0)
+        except Timeout:
+            holder = _holder(self.directory)
+            who = f"process {holder['pid']}" if "pid" in holder else "another process"
+            since = f", since {holder['started']!r}" if "started" in holder else ""
+            raise RunDirectoryBusyError(
+                f"run directory {str(self.directory)!r} is being written by {who}{since}; "
+                "wait for that run to end (or stop it), or choose another --output"
+            ) from None
+        except OSError as error:
+            raise LlamaGymError(
+                f"run directory {str(self.directory)!r}: cannot create its lock file "
+                f"({error.strerror or error}); make it writable, or choose another --output"
+            ) from error
+        previous = _holder(self.directory)
+        if previous.get("pid") not in (None, os.getpid()):
+            state = "is no longer running" if not _alive(previous["pid"]) else "holds no lock"
+            logger.warning(
+                "run directory %s was last written by process %d, which %s (killed?); "
+                "taking it over",
+                self.directory,
+                previous["pid"],
+                state,
+            )
+        record = {"pid": os.getpid(), "started": datetime.now().isoformat(timespec="seconds")}
+        try:
+            (self.directory / WRITER).write_text(json.dumps(record) + "\n", encoding="utf-8")
+        except OSError as error:
+            self._lock.release()
+            raise LlamaGymError(
+                f"run directory {str(self.directory)!r} cannot be written "
+                f"({error.strerror or error}); make it writable, or choose another --output"
+            ) from error
+
+    def release(self) -> None:
+        if not self._lock.is_locked:
+            return
+        with contextlib.suppress(OSError):
+            (self.directory / WRITER).unlink()
+        self._lock.release()

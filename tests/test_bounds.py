@@ -1,0 +1,366 @@
+"""What comes from outside is bounded: a config file cannot turn on a model's own code,
+one process writes a run directory, a refused run writes nothing, a hostile env cannot
+hang or blow up a run, and a chat template cannot hang a command. Each refusal is one
+line (exit code 2) on the command line and a typed ``LlamaGymError`` in Python."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import gymnasium
+import pytest
+import yaml
+
+from llamagym.config import ConfigError
+from llamagym.errors import EnvFailureError
+from llamagym.models.chat_template import ChatTemplateError, render_chat
+from llamagym.testing import BanditAgent, TwoArmedBandit, tiny_agent
+from llamagym.training.run_lock import WRITER, RunDirectoryBusyError, RunDirectoryLock
+
+FAST = [
+    "--num-envs", "2", "--threads", "1", "--episodes", "4", "--eval-episodes", "2",
+    "--set", "algorithm.episodes_per_update=4", "--set", "algorithm.minibatch_size=4",
+    "--set", "algorithm.epochs=1", "--quiet",
+]
+
+
+def one_error_line(err: str) -> str:
+    """The CLI's message: exactly one ``error:`` line and no traceback."""
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def evil_model(tmp_path: Path) -> tuple[Path, Path]:
+    """The tiny model with an ``auto_map`` to a module of its own that writes a marker
+    file when imported; returns the directory and the marker."""
+    from llamagym.models.tiny import build_tiny_model
+
+    directory = tmp_path / "evil-model"
+    shutil.copytree(build_tiny_model(), directory)
+    marker = tmp_path / "code-ran"
+    (directory / "evil.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\n"
+        "from transformers import LlamaConfig, LlamaForCausalLM\n\n\n"
+        "class EvilConfig(LlamaConfig):\n    pass\n\n\n"
+        "class EvilModel(LlamaForCausalLM):\n    config_class = EvilConfig\n"
+    )
+    config = json.loads((directory / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel"}
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory, marker
+
+
+# -- 1. trust comes from the command line only --------------------------------------------
+def test_a_config_file_cannot_turn_on_remote_code(tmp_path, cli) -> None:
+    model, marker = evil_model(tmp_path)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"model": {"name": str(model), "trust_remote_code": True}}))
+    # A run's own config.yaml, tampered with, reused as --config as its header suggests.
+    own = tmp_path / "config.yaml"
+    own.write_text(
+        "# LlamaGym run configuration\nmodel:\n  # Run model code from the Hub repo.\n"
+        f"  name: {json.dumps(str(model))}  # from flag\n  trust_remote_code: yes\n"
+    )
+    for how in (["--config", recipe], ["--config", own],
+                ["--set", f"model.name={model}", "--set", "model.trust_remote_code=true"]):
+        output = tmp_path / "run"
+        code, _, err = cli("run", "blackjack", *how, *FAST, "--output", output)
+        assert code == 2, err
+        line = one_error_line(err)
+        assert "model.trust_remote_code" in line and "--trust-remote-code" in line
+        assert not marker.exists()
+        assert not output.exists()
+    code, _, err = cli("eval", "blackjack", "--checkpoint", tmp_path, "--set",
+                       "model.trust_remote_code=true")
+    assert code == 2 and "--trust-remote-code" in one_error_line(err)
+
+
+def test_the_python_call_and_a_false_setting_are_allowed(tmp_path) -> None:
+    from llamagym.config import read_config_file, refuse_code_settings
+
+    refuse_code_settings({"model": {"trust_remote_code": False}}, "a run's config.yaml")
+    agent = tiny_agent(BanditAgent, model={"trust_remote_code": True})
+    assert agent.config.model.trust_remote_code is True
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("model:\n  trust_remote_code: true\n")
+    assert read_config_file(recipe)["model"]["trust_remote_code"] is True  # data, as read
+
+
+# -- 2. one writer per run directory ---------------------------------------------------
+HOLD = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from llamagym.training.run_lock import RunDirectoryLock
+    lock = RunDirectoryLock(Path(sys.argv[1]))
+    lock.acquire()
+    print("locked", flush=True)
+    time.sleep(120)
+    """
+)
+
+
+def hold_lock(directory: Path) -> subprocess.Popen:
+    """Another process that holds ``directory``'s lock (as a run writing it does)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(directory)], stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+    return holder
+
+
+def test_a_second_writer_is_refused_and_a_dead_writers_lock_taken_over(tmp_path, cli,
+                                                                        caplog) -> None:
+    output = tmp_path / "run"
+    holder = hold_lock(output)
+    try:
+        code, _, err = cli("run", "blackjack", *FAST, "--output", output)
+        assert code == 2, err
+        line = one_error_line(err)
+        assert f"being written by process {holder.pid}" in line and "--output" in line
+        assert sorted(p.name for p in output.iterdir()) == [".llamagym.lock", WRITER]
+        with pytest.raises(RunDirectoryBusyError, match=str(holder.pid)):
+            RunDirectoryLock(output).acquire()
+    finally:
+        holder.send_signal(signal.SIGKILL)  # no chance to release anything
+        holder.wait()
+    assert json.loads((output / WRITER).read_text())["pid"] == holder.pid  # left behind
+
+    code, out, err = cli("run", "blackjack", *FAST, "--output", output)
+    assert code == 0, err
+    taken = [r.getMessage() for r in caplog.records if "taking it over" in r.getMessage()]
+    assert len(taken) == 1 and str(holder.pid) in taken[0] and "no longer running" in taken[0]
+    assert (output / "checkpoints").is_dir() and not (output / WRITER).exists()
+
+
+# -- 3. a refused run writes nothing ----------------------------------------------------
+def test_the_trl_batch_rule_is_refused_before_the_run_directory(tmp_path, cli) -> None:
+    pytest.importorskip("trl")
+    output = tmp_path / "run"
+    code, _, err = cli("run", "blackjack", "--backend", "trl", *FAST[:-7],
+                       "--set", "algorithm.episodes_per_update=6",
+                       "--set", "algorithm.minibatch_size=4", "--quiet", "--output", output)
+    assert code == 2, err
+    assert "multiple of algorithm.minibatch_size x processes = 4" in one_error_line(err)
+    assert not output.exists()
+
+
+def test_a_model_that_does_not_load_leaves_no_run_directory(tmp_path, cli) -> None:
+    from llamagym.models.tiny import build_tiny_model
+
+    output = tmp_path / "run"
+    broken = Path(shutil.copytree(build_tiny_model(), tmp_path / "broken-model"))
+    for weights in broken.glob("*.safetensors"):
+        weights.write_bytes(b"truncated")
+    code, _, err = cli("run", "blackjack", *FAST, "--model", broken, "--output", output,
+                       "--set", "algorithm.name=ppo")
+    assert code == 2, err
+    one_error_line(err)
+    assert not output.exists()
+
+
+@pytest.mark.parametrize(
+    "setting", ["--eval-episodes=1000000000", "algorithm.episodes_per_update=1000000000"]
+)
+def test_episode_counts_beyond_the_machines_memory_are_refused(setting, tmp_path, cli):
+    output = tmp_path / "run"
+    flag = [setting] if setting.startswith("--") else ["--set", setting]
+    code, _, err = cli("run", "blackjack", *FAST, *flag, "--output", output)
+    assert code == 2, err
+    line = one_error_line(err)
+    assert "1,000,000,000" in line and "GiB" in line and "this machine" in line
+    assert not output.exists()
+
+
+def test_the_python_call_gets_a_config_error_for_them() -> None:
+    with pytest.raises(ConfigError, match=r"training.eval_episodes = 1,000,000,000 .* GiB"):
+        tiny_agent(BanditAgent, training={"eval_episodes": 10**9})
+
+
+# -- 4. hostile envs --------------------------------------------------------------------
+class HostileBandit(TwoArmedBandit):
+    """The bandit, made hostile in one way (``how``)."""
+
+    how = "fine"
+
+    def step(self, action):
+        observation, reward, terminated, truncated, info = super().step(action)
+        if self.how == "raises":
+            raise RuntimeError("physics exploded")
+        if self.how == "old-api":
+            return observation, reward, terminated or truncated, info
+        if self.how == "nan":
+            return observation, float("nan"), terminated, truncated, info
+        if self.how == "inf":
+            return observation, float("inf"), terminated, truncated, info
+        if self.how == "never-ends":
+            return observation, reward, False, False, info
+        return observation, reward, terminated, truncated, info
+
+
+class HostileAgent(BanditAgent):
+    name = "hostile"
+    observation_chars = 0
+
+    def format_observation(self, observation) -> str:
+        return "Which lever? " + "x" * self.observation_chars
+
+    def make_env(self):
+        return HostileBandit()
+
+
+@pytest.fixture
+def hostile(monkeypatch):
+    def make(how: str, **overrides):
+        monkeypatch.setattr(HostileBandit, "how", how)
+        return tiny_agent(HostileAgent, **overrides)
+
+    return make
+
+
+@pytest.mark.parametrize("how", ["raises", "old-api", "nan", "inf"])
+def test_every_failing_step_counts_toward_max_env_failures(how, hostile, tmp_path) -> None:
+    from llamagym.training.trainer import Trainer
+
+    agent = hostile(
+        how,
+        rollout={"num_envs": 2},
+        algorithm={"episodes_per_update": 4, "minibatch_size": 4},
+        training={"episodes": 64, "max_env_failures": 5},
+        output={"dir": str(tmp_path / "run"), "quiet": True},
+    )
+    started = time.monotonic()
+    with pytest.raises(EnvFailureError) as raised:
+        Trainer(agent).run()
+    assert time.monotonic() - started < 60
+    message = str(raised.value)
+    assert "6 times in a row" in message and "training.max_env_failures = 5" in message
+    assert "\n" not in message
+    expected = {
+        "raises": "physics exploded",
+        "old-api": "old gym API",
+        "nan": "non-finite reward (nan)",
+        "inf": "non-finite reward (inf)",
+    }[how]
+    assert expected in message
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    for line in metrics.read_text().splitlines() if metrics.exists() else []:
+        assert math.isfinite(json.loads(line).get("return_mean", 0.0))
+
+
+def test_an_env_that_never_ends_is_cut_at_the_turn_cap(hostile) -> None:
+    agent = hostile("never-ends", rollout={"num_envs": 2, "max_episode_turns": 7})
+    episodes = agent.engine.collect([agent.make_env() for _ in range(2)], 3)
+    assert [e.length for e in episodes] == [7, 7, 7]
+    assert all(e.info["turn_cap"] == 7 and e.info["terminated"] is False for e in episodes)
+    # An env registered with its own max_episode_steps keeps that limit.
+    from llamagym.rollout.engine import max_turns
+
+    gymnasium.register("HostileLimited-v0", entry_point=HostileBandit, max_episode_steps=3)
+    try:
+        assert max_turns(gymnasium.make("HostileLimited-v0"), 7) == 3
+    finally:
+        gymnasium.registry.pop("HostileLimited-v0")
+
+
+def test_the_evaluation_honours_its_time_budget(hostile, caplog) -> None:
+    from llamagym.training.trainer import evaluate_with_baselines
+
+    agent = hostile("never-ends", rollout={"num_envs": 2, "max_episode_turns": 1_000_000})
+    started = time.monotonic()
+    result, baselines = evaluate_with_baselines(agent, 100, 0, seconds=2.0)
+    assert time.monotonic() - started < 30  # the baselines play only what the agent did
+    assert result.episodes == 0 and all(b.episodes == 0 for b in baselines)
+    assert any("ran out after 0 of 100 episodes" in r.getMessage() for r in caplog.records)
+
+
+def test_a_huge_observation_is_cut_with_one_warning(hostile, monkeypatch, caplog) -> None:
+    monkeypatch.setattr(HostileAgent, "observation_chars", 10_000_000)
+    agent = hostile("fine", rollout={"num_envs": 2, "max_prompt_chars": 2_000})
+    episodes = agent.engine.collect([agent.make_env() for _ in range(2)], 4)
+    assert len(episodes) == 4
+    assert all(len(e.turns[0].user_text) == 2_000 for e in episodes)
+    warned = [r.getMessage() for r in caplog.records if "max_prompt_chars" in r.getMessage()]
+    assert len(warned) == 1 and "'hostile'" in warned[0] and "10,000,013 characters" in warned[0]
+
+
+@pytest.mark.parametrize("mode", ["score", "generate"])
+def test_a_tiny_temperature_samples_like_argmax(mode, hostile) -> None:
+    agent = hostile("fine", rollout={"num_envs": 2, "mode": mode, "temperature": 1e-320,
+                                     "max_new_tokens": 4})
+    episodes = agent.engine.collect([agent.make_env() for _ in range(2)], 4)
+    assert len(episodes) == 4
+    assert all(math.isfinite(lp) for e in episodes for t in e.turns for lp in t.logprobs)
+
+
+# -- 5. chat templates ------------------------------------------------------------------
+@pytest.fixture
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from llamagym.models.tiny import build_tiny_model
+
+    return AutoTokenizer.from_pretrained(build_tiny_model())
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+        "{{ 'x' * 100000000 }}",
+    ],
+    ids=["nested-loops", "silent-nested-loops", "huge-string"],
+)
+def test_a_runaway_chat_template_is_refused_within_two_seconds(template, tokenizer) -> None:
+    tokenizer.chat_template = template
+    started = time.monotonic()
+    with pytest.raises(ChatTemplateError) as raised:
+        render_chat(tokenizer, [[{"role": "user", "content": "hi"}]])
+    assert time.monotonic() - started < 2
+    message = str(raised.value)
+    assert "the chat template of model" in message and "refused" in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "template, problem",
+    [
+        ("{{ raise_exception('no system role') }}", "TemplateError: 'no system role'"),
+        ("{% for %}", "TemplateSyntaxError"),
+        ("{{ ''.__class__.__mro__ }}", "SecurityError"),
+    ],
+)
+def test_a_chat_template_error_is_one_line(template, problem, tmp_path, cli) -> None:
+    from llamagym.models.tiny import build_tiny_model
+
+    model = Path(shutil.copytree(build_tiny_model(), tmp_path / "model"))
+    settings = json.loads((model / "tokenizer_config.json").read_text())
+    settings["chat_template"] = template
+    (model / "tokenizer_config.json").write_text(json.dumps(settings))
+    for extra in model.glob("chat_template.*"):
+        extra.unlink()
+    code, _, err = cli("run", "blackjack", *FAST, "--model", model, "-o", tmp_path / "run",
+                       "--set", "algorithm.name=ppo")
+    assert code == 2, err
+    line = one_error_line(err)
+    assert f"the chat template of model {str(model)!r} failed" in line and problem in line
+
+
+def test_a_real_template_renders_as_before(tokenizer) -> None:
+    conversation = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    assert render_chat(tokenizer, [conversation]) == [
+        tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+    ]
+
