@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from llamagym import load_agent
 from llamagym.training import checkpoint as checkpoints
-from llamagym.training.report import read_records
+from llamagym.training.run_files import read_metrics
 
 FIRST, SECOND = "update-000001", "update-000002"
 EVAL = ["-n", "4", "--num-envs", "2"]
@@ -396,7 +396,7 @@ def test_resume_skips_a_damaged_checkpoint_and_keeps_it(run_dir, caplog, cli) ->
     first = snapshot(checkpoint_dir(run_dir, FIRST))
     code, out, err = cli("run", "blackjack", "--resume", run_dir, "--quiet")
     assert code == 0, err
-    records = read_records(run_dir / "metrics.jsonl")
+    records = read_metrics(run_dir / "metrics.jsonl")
     assert [(r["kind"], r["update"]) for r in records] == [
         ("update", 1), ("resume", 1), ("update", 2)
     ]

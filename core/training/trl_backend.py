@@ -53,11 +53,11 @@ from llamagym.models.policy import Replies, json_closed_at, reply_prefixes
 from llamagym.rollout.engine import RolloutEngine, Slot
 from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.rollout.transcripts import PER_UPDATE, TRANSCRIPTS, TranscriptLog, transcript
+from llamagym.training.run_files import read_metrics
 from llamagym.training import distributed
 from llamagym.training.report import (
     METRICS,
     append_record,
-    read_records,
     records_until,
     rewrite_records,
 )
@@ -577,6 +577,8 @@ class TRLTrainer(Trainer):
                 "checkpoint-N with trainer_state.json)"
             )
         make_first_env(agent)
+        if resume is not None:
+            self._read_resumed_files(resume)
         self._prepare_output_dir(resume)
         self._transcripts = TranscriptLog(
             self.output_dir / TRANSCRIPTS if distributed.is_main() else None
@@ -728,7 +730,7 @@ class _Clock(TrainerCallback):
         self.recent: deque[float] = deque(maxlen=MOVING_AVERAGE_EPISODES)
         if resume is not None:
             earlier = records_until(
-                read_records(owner.output_dir / METRICS), self._update_of_checkpoint(resume)
+                read_metrics(owner.output_dir / METRICS), self._update_of_checkpoint(resume)
             )
             rewrite_records(owner.output_dir / METRICS, earlier)
             history += earlier
