@@ -95,7 +95,7 @@ def play_command(
             held = "no transcript that can be read" if path.is_file() else f"no {TRANSCRIPTS}"
             raise LlamaGymError(f"{str(run)!r} holds {held}; pass a run directory")
         for record in records:
-            console.print(Text(render(record)))
+            console.print(Text(render(record)), soft_wrap=True)
             console.print()
         return
     report_plugin_problems()
@@ -112,5 +112,5 @@ def play_command(
         env.close()
     update = (agent.checkpoint_meta or {}).get("update", 0)
     for episode in played:
-        console.print(Text(render(transcript(agent, episode, "played", update))))
+        console.print(Text(render(transcript(agent, episode, "played", update))), soft_wrap=True)
         console.print()
