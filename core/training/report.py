@@ -9,7 +9,10 @@
 * ``"resume"``, where a run continued from a checkpoint (``update``, ``checkpoint``).
 
 :func:`write_report` turns it and ``config.yaml`` into ``report.md`` and
-``learning_curve.png``; ``llamagym report DIR`` calls it for a finished run.
+``learning_curve.png``; ``llamagym report DIR`` calls it for a finished run, reading the
+files back through :mod:`llamagym.training.run_files` (a damaged record is left out with
+one warning). Names and text from those files reach the Markdown escaped
+(:mod:`llamagym.display`).
 """
 
 from __future__ import annotations
@@ -179,7 +182,8 @@ def _evaluation_section(evaluation: Mapping[str, Any] | None) -> list[str]:
         "",
     ]
     rows = [("**trained agent**", evaluation)] + [
-        (markdown_line(b["name"]), b) for b in sorted(evaluation.get("baselines", []), key=lambda b: -b["mean"])
+        (markdown_line(b["name"]), b)
+        for b in sorted(evaluation.get("baselines", []), key=lambda b: -b["mean"])
     ]
     # The outcomes the agent names (Agent.outcome_names); none, no column.
     names = _outcome_names([result for _, result in rows])

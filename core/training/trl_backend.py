@@ -53,7 +53,6 @@ from llamagym.models.policy import Replies, json_closed_at, reply_prefixes
 from llamagym.rollout.engine import RolloutEngine, Slot
 from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.rollout.transcripts import PER_UPDATE, TRANSCRIPTS, TranscriptLog, transcript
-from llamagym.training.run_files import read_metrics
 from llamagym.training import distributed
 from llamagym.training.report import (
     METRICS,
@@ -61,6 +60,7 @@ from llamagym.training.report import (
     records_until,
     rewrite_records,
 )
+from llamagym.training.run_files import read_metrics
 from llamagym.training.trainer import (
     _RUN_FILES,
     MOVING_AVERAGE_EPISODES,
