@@ -48,3 +48,8 @@ class EnvFailureError(LlamaGymError):
 
 class TrainingDivergedError(LlamaGymError):
     """Too many updates in a row had a non-finite loss or gradient."""
+
+
+class RunFileError(LlamaGymError):
+    """A file of a run directory (metrics, transcripts, plugins record, run config) is
+    malformed, too large or unreadable."""

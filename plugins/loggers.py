@@ -84,11 +84,13 @@ class TensorBoardLogger:
         returns = returns[np.isfinite(returns)]  # a NaN reward must not break the logger
         if returns.size:
             writer.add_histogram("train/episode_return", returns, step)
+        from llamagym.display import code_block
         from llamagym.rollout.transcripts import render
 
         texts = [render(record) for record in update_transcripts(run_dir, update)]
-        if texts:  # markdown: each transcript as a code block
-            writer.add_text("transcripts", "\n\n".join(f"```\n{t}\n```" for t in texts), step)
+        if texts:  # markdown: each transcript as a code block it cannot close
+            blocks = ("\n".join(code_block(text)) for text in texts)
+            writer.add_text("transcripts", "\n\n".join(blocks), step)
         writer.flush()
 
     def close(self) -> None:
@@ -99,10 +101,11 @@ class TensorBoardLogger:
 
 def update_transcripts(run_dir: Path, update: int) -> list[dict[str, Any]]:
     """The transcripts the trainer kept for ``update`` (written before the loggers run)."""
-    from llamagym.rollout.transcripts import TRANSCRIPTS, read_transcripts
+    from llamagym.rollout.transcripts import TRANSCRIPTS
+    from llamagym.training.run_files import read_transcripts
 
     return [
-        record for record in read_transcripts(run_dir / TRANSCRIPTS)
+        record for record in read_transcripts(run_dir / TRANSCRIPTS, on_damage="skip")
         if record.get("update") == update and record.get("kind") == "training"
     ]
 

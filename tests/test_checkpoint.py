@@ -19,7 +19,7 @@ from llamagym import hookimpl
 from llamagym.errors import LlamaGymError
 from llamagym.testing import temporary_plugin
 from llamagym.training import checkpoint as checkpoints
-from llamagym.training.report import read_records
+from llamagym.training.run_files import read_metrics, read_transcripts
 
 # Small and single-threaded: fast, and bit-for-bit repeatable on CPU.
 FAST = [
@@ -34,7 +34,7 @@ TIMING = {"seconds", "env_steps_per_second"}
 def updates_of(run_dir: Path) -> list[dict]:
     return [
         {k: v for k, v in record.items() if k not in TIMING}
-        for record in read_records(run_dir / "metrics.jsonl")
+        for record in read_metrics(run_dir / "metrics.jsonl")
         if record["kind"] == "update"
     ]
 
@@ -94,7 +94,7 @@ def test_resumed_run_repeats_the_unbroken_run(mode, tmp_path, monkeypatch, cli) 
     code, _, _ = cli("run", "blackjack", *budget, *FAST, "-o", unbroken)
     assert code == 0
     if mode == "generate":  # sampled replies must vary, or this proves nothing
-        transcripts = read_records(unbroken / "transcripts.jsonl")
+        transcripts = read_transcripts(unbroken / "transcripts.jsonl")
         replies = {turn["reply"] for record in transcripts for turn in record["turns"]}
         assert len(replies) > 1
 
@@ -111,7 +111,7 @@ def test_resumed_run_repeats_the_unbroken_run(mode, tmp_path, monkeypatch, cli) 
     code, out, _ = cli("run", "blackjack", "--resume", broken, "--quiet")
     assert code == 0, out
     assert updates_of(broken) == updates_of(unbroken)  # every metric, every update
-    kinds = [r["kind"] for r in read_records(broken / "metrics.jsonl")]
+    kinds = [r["kind"] for r in read_metrics(broken / "metrics.jsonl")]
     assert kinds == ["update", "update", "resume", "update", "update"]
     final_unbroken = weights_of(checkpoints.find_checkpoint(unbroken))
     final_resumed = weights_of(checkpoints.find_checkpoint(broken))

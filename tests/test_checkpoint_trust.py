@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from llamagym import load_agent
 from llamagym.training import checkpoint as checkpoints
-from llamagym.training.report import read_records
+from llamagym.training.run_files import read_metrics
 
 FIRST, SECOND = "update-000001", "update-000002"
 EVAL = ["-n", "4", "--num-envs", "2"]
@@ -350,6 +350,10 @@ DAMAGE = {
                   "checkpoint.json holds a JSON list, not an object"),
     "bad-json-meta": (checkpoints.META, lambda p: p.write_text('{"format": 1,'),
                       "checkpoint.json is not valid JSON"),
+    "text-counter-meta": (checkpoints.META,
+                          lambda p: p.write_text(json.dumps({
+                              **json.loads(p.read_text()), "episodes": "many"})),
+                          "checkpoint.json field 'episodes': Input should be a valid integer"),
     "two-models-meta": (checkpoints.META,
                         lambda p: p.write_text(json.dumps({
                             **json.loads(p.read_text()), "model": "someone/else"})),
@@ -396,7 +400,7 @@ def test_resume_skips_a_damaged_checkpoint_and_keeps_it(run_dir, caplog, cli) ->
     first = snapshot(checkpoint_dir(run_dir, FIRST))
     code, out, err = cli("run", "blackjack", "--resume", run_dir, "--quiet")
     assert code == 0, err
-    records = read_records(run_dir / "metrics.jsonl")
+    records = read_metrics(run_dir / "metrics.jsonl")
     assert [(r["kind"], r["update"]) for r in records] == [
         ("update", 1), ("resume", 1), ("update", 2)
     ]
@@ -410,7 +414,7 @@ def test_resume_skips_a_damaged_checkpoint_and_keeps_it(run_dir, caplog, cli) ->
     assert snapshot(checkpoint_dir(run_dir, FIRST)) == first
 
 
-@pytest.mark.parametrize("kind", ["garbage-state", "list-meta"])
+@pytest.mark.parametrize("kind", ["garbage-state", "list-meta", "text-counter-meta"])
 def test_resume_of_a_damaged_checkpoint_given_by_name_is_one_line(kind, run_dir, cli) -> None:
     damaged, words = damage(run_dir, kind)
     before = snapshot(run_dir)

@@ -17,7 +17,7 @@ import pytest
 from llamagym.errors import ConfigError
 from llamagym.training import distributed
 from llamagym.training.algorithm import minibatches
-from llamagym.training.report import read_records
+from llamagym.training.run_files import read_metrics
 
 FAST = [
     *("--quiet", "--num-envs", "8", "--episodes", "64", "--eval-episodes", "40"),
@@ -72,7 +72,7 @@ def test_weights_are_identical_across_processes_after_every_update(two_process_r
 
 def test_rank_zero_alone_writes_logs_and_evaluates(two_process_run) -> None:
     run_dir, completed = two_process_run
-    records = read_records(run_dir / "metrics.jsonl")
+    records = read_metrics(run_dir / "metrics.jsonl")
     updates = [r for r in records if r["kind"] == "update"]
     # One line per update (a second writer would double them), counting both processes.
     assert [r["update"] for r in updates] == [1, 2]
@@ -101,7 +101,7 @@ def test_a_two_process_run_resumes_on_every_process(two_process_run) -> None:
         "0",
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
-    updates = [r for r in read_records(run_dir / "metrics.jsonl") if r["kind"] == "update"]
+    updates = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "update"]
     assert [r["update"] for r in updates] == [1, 2, 3]
     assert updates[-1]["total_episodes"] == 96
     first, second = rank_records(run_dir, 0), rank_records(run_dir, 1)

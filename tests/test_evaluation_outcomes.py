@@ -25,7 +25,8 @@ from llamagym.rollout.evaluation import (
 )
 from llamagym.testing import BanditAgent, tiny_agent
 from llamagym.training.progress import EvaluationProgress, RunProgress, evaluation_table
-from llamagym.training.report import read_records, write_report
+from llamagym.training.report import write_report
+from llamagym.training.run_files import read_metrics
 from llamagym.training.trainer import Trainer, evaluate_with_baselines
 
 # FrozenLake's 4x4 map; a state is row * 4 + column. Actions: 0 left, 1 down, 2 right, 3 up.
@@ -186,7 +187,7 @@ def test_the_final_evaluation_shows_progress_and_records_outcomes(lake_run) -> N
     run_dir, screen = lake_run
     assert "evaluating the agent" in screen and "baseline route" in screen
     (evaluation,) = [
-        r for r in read_records(run_dir / "metrics.jsonl") if r["kind"] == "evaluation"
+        r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "evaluation"
     ]
     assert list(evaluation["outcomes"]) == ["goal", "no goal"]
     assert evaluation["distinct_episodes"] == 1  # fixed start, deterministic, greedy

@@ -11,7 +11,8 @@ from PIL import Image
 
 from llamagym.cli import main
 from llamagym.training import report
-from llamagym.training.report import read_records, records_until, write_report
+from llamagym.training.report import records_until, write_report
+from llamagym.training.run_files import read_metrics
 
 BASELINES = [
     {"name": "random", "episodes": 400, "mean": -0.40, "ci95": 0.09, "invalid_rate": 0.0,
@@ -99,7 +100,7 @@ def test_torn_last_line_is_skipped_and_resume_truncates(tmp_path) -> None:
     path = tmp_path / "metrics.jsonl"
     lines = [json.dumps(r) for r in synthetic_records(4)]
     path.write_text("\n".join(lines[:-1]) + '\n{"kind": "upd')  # crash mid-line
-    records = read_records(path)
+    records = read_metrics(path)
     assert [r["update"] for r in records] == [1, 2, 3, 4]
     # Resuming from update 2 keeps its lines and none written after it.
     assert [r["update"] for r in records_until(records, 2)] == [1, 2]

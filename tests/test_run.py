@@ -15,7 +15,7 @@ from llamagym.errors import LlamaGymError
 from llamagym.plugin_manager import reset_plugins
 from llamagym.testing import BanditAgent, temporary_plugin, tiny_agent
 from llamagym.training import checkpoint as checkpoints
-from llamagym.training.report import read_records
+from llamagym.training.run_files import read_metrics
 from llamagym.training.trainer import Trainer
 
 FAST = [
@@ -27,7 +27,7 @@ FAST = [
 
 
 def update_numbers(run_dir) -> list[int]:
-    return [r["update"] for r in read_records(run_dir / "metrics.jsonl") if r["kind"] == "update"]
+    return [r["update"] for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "update"]
 
 
 def test_history_and_resume_need_no_optional_plugin(tmp_path, monkeypatch, cli) -> None:

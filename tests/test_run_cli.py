@@ -19,7 +19,8 @@ from typer.testing import CliRunner
 
 from llamagym.cli import app
 from llamagym.cli.run_commands import resolve_run_config
-from llamagym.training.report import EVALUATION_FIELDS, UPDATE_FIELDS, read_records
+from llamagym.training.report import EVALUATION_FIELDS, UPDATE_FIELDS
+from llamagym.training.run_files import read_metrics
 
 FAST = [
     "--num-envs", "4", "--threads", "1", "--episodes", "16", "--eval-episodes", "40",
@@ -107,7 +108,7 @@ def test_eval_command_matches_the_runs_final_evaluation(finished_run, cli) -> No
     code, out, _ = cli("eval", "blackjack", "--checkpoint", run_dir, "--episodes", "40", "--json",)
     assert code == 0
     result = json.loads(out)
-    final = [r for r in read_records(run_dir / "metrics.jsonl") if r["kind"] == "evaluation"][0]
+    final = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "evaluation"][0]
     # Same checkpoint, seeds and greedy actions: the same numbers.
     assert result["mean"] == final["mean"] and result["ci95"] == final["ci95"]
     assert [b["mean"] for b in result["baselines"]] == [b["mean"] for b in final["baselines"]]
@@ -211,4 +212,4 @@ def test_wandb_is_never_imported_without_wandb_project(tmp_path) -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "False"
-    assert len(read_records(run_dir / "metrics.jsonl")) == 1  # the other loggers did run
+    assert len(read_metrics(run_dir / "metrics.jsonl")) == 1  # the other loggers did run

@@ -20,7 +20,8 @@ from llamagym.training import checkpoint as checkpoints
 from llamagym.training import trainer as training
 from llamagym.training.algorithm import Algorithm
 from llamagym.training.progress import format_stats
-from llamagym.training.report import format_speed, read_records
+from llamagym.training.report import format_speed
+from llamagym.training.run_files import read_metrics
 
 # Blackjack on the tiny model, 8 episodes per update, single-threaded: bit-for-bit
 # repeatable. No learning-rate annealing: with a time budget the schedule would read
@@ -36,7 +37,7 @@ TIMING = {"seconds", "env_steps_per_second"}
 def updates_of(run_dir: Path) -> list[dict]:
     return [
         {k: v for k, v in record.items() if k not in TIMING}
-        for record in read_records(run_dir / "metrics.jsonl")
+        for record in read_metrics(run_dir / "metrics.jsonl")
         if record["kind"] == "update"
     ]
 
@@ -94,7 +95,7 @@ def test_time_budget_stops_inside_the_first_collection(tmp_path, caplog) -> None
     assert all(torch.equal(saved[name], initial_weights[name]) for name in initial_weights)
     # The evaluation ran, as at any budget end; no update was recorded.
     assert summary.evaluation is not None and summary.evaluation.episodes == 8
-    kinds = [r["kind"] for r in read_records(tmp_path / "metrics.jsonl")]
+    kinds = [r["kind"] for r in read_metrics(tmp_path / "metrics.jsonl")]
     assert kinds == ["evaluation"]
 
 
@@ -152,7 +153,7 @@ def test_run_stopped_by_the_deadline_mid_collection_resumes_like_the_unbroken_ru
     code, out, _ = cli("run", "blackjack", "--resume", broken, "--quiet")
     assert code == 0, out
     assert updates_of(broken) == updates_of(unbroken)
-    kinds = [r["kind"] for r in read_records(broken / "metrics.jsonl")]
+    kinds = [r["kind"] for r in read_metrics(broken / "metrics.jsonl")]
     assert kinds == ["update", "update", "resume", "update", "update"]
     final_unbroken = saved_weights(checkpoints.find_checkpoint(unbroken))
     final_resumed = saved_weights(checkpoints.find_checkpoint(broken))
@@ -220,7 +221,7 @@ def test_sigterm_during_an_update_ends_it_at_a_minibatch_boundary(
     assert summary.updates == 2 and summary.evaluation is None
     assert summary.checkpoint == tmp_path / "checkpoints" / "update-000002"
     assert signal.getsignal(signal.SIGTERM) is previous_handler
-    first, second = [r for r in read_records(tmp_path / "metrics.jsonl") if r["kind"] == "update"]
+    first, second = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["kind"] == "update"]
     assert first["update_interrupted"] == 0.0 and first["policy_steps"] == 12.0
     # Two steps taken, the third never started; the first epoch did not finish.
     assert second["update_interrupted"] == 1.0 and second["policy_steps"] == 2.0
@@ -248,7 +249,7 @@ def test_the_time_budget_ends_the_first_update_at_a_minibatch_boundary(
 
     assert summary.interrupted is None and summary.updates == 1 and summary.episodes == 16
     assert summary.evaluation is not None and summary.evaluation.episodes == 8
-    [update] = [r for r in read_records(tmp_path / "metrics.jsonl") if r["kind"] == "update"]
+    [update] = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["kind"] == "update"]
     # 12 steps were due (16 turns in minibatches of 4, 3 epochs); the fourth never started.
     assert update["update_interrupted"] == 1.0 and update["policy_steps"] == 3.0
     assert summary.checkpoint is not None
@@ -314,7 +315,7 @@ def test_signal_during_a_collection_drops_the_batch_and_skips_the_evaluation(tmp
     assert summary.updates == 1 and summary.episodes == 16
     assert summary.dropped_episodes == 8  # two 4-env steps of one-step episodes
     assert summary.checkpoint == tmp_path / "checkpoints" / "update-000001"
-    assert [r["kind"] for r in read_records(tmp_path / "metrics.jsonl")] == ["update"]
+    assert [r["kind"] for r in read_metrics(tmp_path / "metrics.jsonl")] == ["update"]
 
 
 @pytest.mark.parametrize(("lr", "warned"), [(3.0, True), (1e-6, False)])

@@ -20,6 +20,7 @@ from llamagym.cli import (  # noqa: F401  (importing a module attaches its comma
     trained_commands,
 )
 from llamagym.cli.app import app
+from llamagym.display import printable
 from llamagym.errors import LlamaGymError
 
 __all__ = ["app", "main"]
@@ -34,7 +35,8 @@ def main() -> None:
         get_plugins().register_commands(app)
         app()
     except LlamaGymError as error:
-        typer.secho(f"error: {_process()}{error}", fg="red", err=True)
+        # The message may quote a file or a model: shown, never obeyed by the terminal.
+        typer.secho(f"error: {_process()}{printable(str(error))}", fg="red", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
         typer.secho("interrupted", fg="yellow", err=True)

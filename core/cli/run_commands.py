@@ -13,6 +13,7 @@ from typing import Any
 import typer
 
 from llamagym.cli.app import app, report_plugin_problems
+from llamagym.display import shown
 from llamagym.errors import LlamaGymError
 
 #: Exit codes of a run stopped by a signal, as a shell reports them (128 + signal).
@@ -388,16 +389,18 @@ def _train(
         trainer_class = TRLTrainer
     trainer = trainer_class(agent_object, progress=progress, resume_from=resume_checkpoint)
     processes = distributed.world_size()
+    # Names may come from a resumed checkpoint's config: shown, never read as markup.
     console.print(
-        f"[bold]llamagym run {agent}[/]: {config.algorithm.name} on {config.model.name} "
-        f"({config.rollout.mode} mode, {config.rollout.num_envs} envs"
+        f"[bold]llamagym run {shown(agent)}[/]: {shown(config.algorithm.name)} on "
+        f"{shown(config.model.name)} ({config.rollout.mode} mode, "
+        f"{config.rollout.num_envs} envs"
         + (f" in each of {processes} processes" if processes > 1 else "")
         + f"), seed {config.training.seed}"
-        + (f", resuming {resume_checkpoint}" if resume_checkpoint else "")
+        + (f", resuming {shown(resume_checkpoint)}" if resume_checkpoint else "")
     )
     # Printed with --quiet too: it is one line, and says when the run will end.
     console.print(budget, markup=False, highlight=False, soft_wrap=True)
-    console.print(f"run directory: {trainer.output_dir}")
+    console.print(f"run directory: {shown(trainer.output_dir)}")
     summary = trainer.run()
     if summary.interrupted and not main_process:
         raise typer.Exit(SIGNAL_EXIT_CODES.get(summary.interrupted, 1))
@@ -416,11 +419,11 @@ def _train(
     )
     if summary.evaluation is not None:
         console.print(summary_table(summary))
-    console.print(f"checkpoint: {summary.checkpoint}")
+    console.print(f"checkpoint: {shown(summary.checkpoint)}")
     if summary.report is not None:
         # Only a picture that was drawn is named.
         curve = f"  (learning curve: {summary.curve})" if summary.curve is not None else ""
-        console.print(f"report: {summary.report}{curve}", soft_wrap=True)
+        console.print(f"report: {summary.report}{curve}", markup=False, soft_wrap=True)
 
 
 @app.command("eval")
@@ -493,7 +496,8 @@ def eval_command(
         return
     console = Console()
     console.print(
-        f"[bold]{agent}[/] checkpoint {directory}: update {meta.get('update', '?')}, "
+        f"[bold]{shown(agent)}[/] checkpoint {shown(directory)}: update "
+        f"{meta.get('update', '?')}, "
         f"{meta.get('episodes', 0):,} training episodes; evaluation seed {seed}"
     )
     console.print(evaluation_table(result, baselines, greedy=greedy))

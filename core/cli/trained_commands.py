@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from llamagym.cli.app import app, report_plugin_problems
+from llamagym.display import printable
 from llamagym.errors import LlamaGymError
 
 
@@ -34,7 +35,8 @@ def export_command(
     from llamagym.models.export import check_export_target, export_agent
     from llamagym.run import load_agent
     from llamagym.training import checkpoint as checkpoints
-    from llamagym.training.report import METRICS, read_records
+    from llamagym.training.report import METRICS
+    from llamagym.training.run_files import read_metrics
 
     report_plugin_problems()
     check_export_target(to, overwrite)  # before the model loads
@@ -53,7 +55,7 @@ def export_command(
     update = meta.get("update")
     metrics = checkpoints.run_dir_of(agent.checkpoint or source) / METRICS
     evaluations = [
-        record for record in (read_records(metrics) if metrics.is_file() else [])
+        record for record in read_metrics(metrics)
         if record.get("kind") == "evaluation" and record.get("update") == update
     ]
     directory = export_agent(
@@ -64,7 +66,7 @@ def export_command(
         training=meta.get("counters"),
         overwrite=overwrite,
     )
-    typer.echo(f"exported {agent.config.agent.name} (update {update}) to {directory}")
+    typer.echo(f"exported {agent.config.agent.name} (update {update}) to {printable(directory)}")
 
 
 @app.command("play")
@@ -85,21 +87,27 @@ def play_command(
 ) -> None:
     """Play a trained agent and print each episode as a transcript: the system prompt,
     every observation, the model's reply (or the chosen action's probability), the
-    action, the reward, and the return."""
+    action, the reward, and the return. What the model and the env wrote is shown with
+    its control characters escaped; with --kept a damaged transcript is skipped with
+    one warning."""
     import torch
     from rich.console import Console
+    from rich.text import Text
 
     from llamagym.rollout.evaluation import evaluation_seeds
-    from llamagym.rollout.transcripts import TRANSCRIPTS, read_transcripts, render, transcript
+    from llamagym.rollout.transcripts import TRANSCRIPTS, render, transcript
     from llamagym.run import load_agent
+    from llamagym.training.run_files import read_transcripts
 
     console = Console()
     if kept:
-        records = read_transcripts(run / TRANSCRIPTS)
+        path = run / TRANSCRIPTS
+        records = read_transcripts(path, on_damage="skip", keep_last=episodes)
         if not records:
-            raise LlamaGymError(f"{str(run)!r} holds no {TRANSCRIPTS}; pass a run directory")
-        for record in records[-episodes:]:
-            console.print(render(record), markup=False)
+            held = "no transcript that can be read" if path.is_file() else f"no {TRANSCRIPTS}"
+            raise LlamaGymError(f"{str(run)!r} holds {held}; pass a run directory")
+        for record in records:
+            console.print(Text(render(record)), soft_wrap=True)
             console.print()
         return
     report_plugin_problems()
@@ -118,5 +126,5 @@ def play_command(
         env.close()
     update = (agent.checkpoint_meta or {}).get("update", 0)
     for episode in played:
-        console.print(render(transcript(agent, episode, "played", update)), markup=False)
+        console.print(Text(render(transcript(agent, episode, "played", update))), soft_wrap=True)
         console.print()

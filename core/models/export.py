@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from llamagym.display import markdown_line
 from llamagym.errors import LlamaGymError, WriteError
 from llamagym.paths import write_failure, write_failure_text
 
@@ -248,18 +249,27 @@ def _base_model_id(agent: Agent) -> str:
 
 
 def read_export_meta(directory: Path) -> dict[str, Any] | None:
-    """The ``llamagym.json`` of an exported directory, or None when it is not one."""
+    """The ``llamagym.json`` of an exported directory, checked against its schema
+    (:class:`~llamagym.training.run_files.ExportMeta`), or None when it is not one."""
+    from llamagym.training.run_files import ExportMeta, check, read_json_file
+
     path = Path(directory) / EXPORT_META
     if not path.is_file():
         return None
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
+        meta = read_json_file(path)
     except (OSError, ValueError) as error:
-        raise LlamaGymError(f"{str(path)!r} is damaged: {error}") from None
+        raise LlamaGymError(f"{str(path)!r} is damaged: it {error}") from None
     if not isinstance(meta, dict) or meta.get("format") != EXPORT_FORMAT:
         raise LlamaGymError(
             f"{str(path)!r} is not an export this LlamaGym reads (format "
-            f"{meta.get('format') if isinstance(meta, dict) else '?'}, expected {EXPORT_FORMAT})"
+            f"{meta.get('format') if isinstance(meta, dict) else '?'!r}, expected "
+            f"{EXPORT_FORMAT})"
+        )
+    problem = check(ExportMeta, meta)
+    if problem is not None:
+        raise LlamaGymError(
+            f"{str(path)!r} is damaged: {problem}; export the run again (llamagym export)"
         )
     return meta
 
@@ -278,11 +288,12 @@ def model_card(
     lines = [
         "---",
         f"library_name: {library}",
-        f"base_model: {base}",
+        f"base_model: {json.dumps(base)}",  # a YAML string, whatever the name holds
         "tags: [llamagym, reinforcement-learning, " + json.dumps(name) + "]",
         "---",
         "",
-        f"# {name}: {config.algorithm.name} on {base}",
+        f"# {markdown_line(name)}: {markdown_line(config.algorithm.name)} on "
+        f"{markdown_line(base)}",
         "",
         f"An LLM agent for `{env}` trained online with reinforcement learning by LlamaGym "
         f"(`{config.algorithm.name}`, {config.rollout.mode} mode).",
@@ -363,7 +374,8 @@ def _evaluation_table(evaluation: Mapping[str, Any]) -> list[str]:
     ]
     for row in rows:
         lines.append(
-            f"| {row.get('name', '?')} | {float(row.get('mean', float('nan'))):+.3f} | "
+            f"| {markdown_line(row.get('name', '?'))} | "
+            f"{float(row.get('mean', float('nan'))):+.3f} | "
             f"±{float(row.get('ci95', float('nan'))):.3f} |"
         )
     return [*lines, ""]

@@ -6,7 +6,9 @@ A run keeps a bounded sample in ``<run>/transcripts.jsonl``: the first
 flat over a long run). Each line holds the system prompt and, per turn, the observation
 text, the model's reply (generate mode) or the chosen action's probability (score mode),
 the action taken, which parser found it, and the reward. ``report.md`` shows two of them
-and ``llamagym play`` prints new ones the same way.
+and ``llamagym play`` prints new ones the same way. The file is read back through
+:func:`llamagym.training.run_files.read_transcripts`, which checks every record, and
+:func:`render` shows what a model or an env wrote with its control characters escaped.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from llamagym.display import printable
 from llamagym.paths import write_atomically
+from llamagym.training.run_files import read_transcripts
 
 if TYPE_CHECKING:
     from llamagym.agent import Agent
@@ -64,12 +68,13 @@ def transcript(agent: Agent, episode: Episode, kind: str, update: int) -> dict[s
 
 class TranscriptLog:
     """The newest ``limit`` transcripts of a run, kept in ``path`` (read back on resume;
-    ``None``: in memory only)."""
+    ``None``: in memory only). A damaged file is a ``RunFileError`` naming the line."""
 
     def __init__(self, path: Path | None, limit: int | None = None):
         self.path = Path(path) if path is not None else None
-        existing = read_transcripts(self.path) if self.path is not None else []
-        self.records: deque[dict[str, Any]] = deque(existing, maxlen=limit or MAX_TRANSCRIPTS)
+        limit = limit or MAX_TRANSCRIPTS
+        existing = read_transcripts(self.path, keep_last=limit) if self.path is not None else []
+        self.records: deque[dict[str, Any]] = deque(existing, maxlen=limit)
 
     def add(self, records: Iterable[Mapping[str, Any]]) -> None:
         self.records.extend(dict(record) for record in records)
@@ -78,37 +83,25 @@ class TranscriptLog:
         write_atomically(self.path, "".join(json.dumps(record) + "\n" for record in self.records))
 
 
-def read_transcripts(path: Path) -> list[dict[str, Any]]:
-    """The transcripts in ``path`` (a damaged line is skipped), or [] without the file."""
-    if not Path(path).is_file():
-        return []
-    records = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and isinstance(record.get("turns"), list):
-            records.append(record)
-    return records
-
-
 def render(record: Mapping[str, Any]) -> str:
     """A transcript as plain text: the system prompt, then each turn's observation, the
-    model's answer, the action and the reward, then the return."""
-    where = f"{record.get('kind', 'episode')} episode, update {record.get('update', '?')}"
-    lines = [f"[{where}, seed {record.get('seed')}]", f"system: {record.get('system', '')}"]
+    model's answer, the action and the reward, then the return. Everything a model, an
+    env or the file wrote is shown with its control characters escaped (the reply as
+    its ``repr``), so printing it cannot drive a terminal."""
+    kind, update = printable(record.get("kind", "episode"), keep=""), record.get("update", "?")
+    lines = [f"[{kind} episode, update {update}, seed {record.get('seed')}]",
+             f"system: {printable(record.get('system', ''))}"]
     for number, turn in enumerate(record.get("turns", []), start=1):
-        lines.append(f"{number:>3}. user: {turn.get('observation', '')}")
+        lines.append(f"{number:>3}. user: {printable(turn.get('observation', ''))}")
+        action = printable(turn.get("action"), keep="")
         if "reply" in turn:
-            found = f" (found by {turn['parser']})" if turn.get("parser") else ""
+            parser = printable(turn.get("parser") or "", keep="")
+            found = f" (found by {parser})" if parser else ""
             lines.append(f"     model: {turn['reply']!r}{found}")
-            lines.append(f"     action: {turn.get('action')}  reward: {turn.get('reward', 0):+g}")
+            lines.append(f"     action: {action}  reward: {turn.get('reward', 0):+g}")
         else:
             probability = turn.get("probability")
             chance = f" (p={probability:.2f})" if isinstance(probability, float) else ""
-            lines.append(
-                f"     action: {turn.get('action')}{chance}  reward: {turn.get('reward', 0):+g}"
-            )
+            lines.append(f"     action: {action}{chance}  reward: {turn.get('reward', 0):+g}")
     lines.append(f"     return: {float(record.get('return', 0.0)):+g}")
     return "\n".join(lines)

@@ -341,10 +341,16 @@ def how_to_continue(run_dir: Path) -> str:
 
 
 def prune_checkpoints(run_dir: Path, keep: int) -> None:
-    """Delete all but the newest ``keep`` checkpoints, and staging dirs left by a crash."""
+    """Keep the newest ``keep`` intact checkpoints and any newer than the oldest of them;
+    delete the older ones and staging dirs left by a crash. A damaged checkpoint never
+    counts: it cannot stand in for an intact one that pruning would delete."""
     root = Path(run_dir) / CHECKPOINTS
-    for old in list_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    found = list_checkpoints(run_dir)
+    intact = [path for path in found if _damage(path) is None]
+    if len(intact) > keep:
+        oldest_kept = found.index(intact[-keep])
+        for old in found[:oldest_kept]:
+            shutil.rmtree(old, ignore_errors=True)
     for leftover in root.glob(".update-*"):
         shutil.rmtree(leftover, ignore_errors=True)
 
@@ -424,19 +430,21 @@ def _damaged(directory: Path, problem: str) -> DamagedCheckpointError:
 
 
 def read_meta(directory: Path) -> dict[str, Any]:
-    """The checkpoint's ``checkpoint.json``: a JSON object with a ``config`` section, or
-    :class:`DamagedCheckpointError` naming the checkpoint."""
+    """The checkpoint's ``checkpoint.json``, checked against its schema
+    (:class:`~llamagym.training.run_files.CheckpointMeta`: counters are counts, the config
+    sections mappings...), or :class:`DamagedCheckpointError` naming the checkpoint and
+    the field."""
+    from llamagym.training.run_files import read_json_file
+
     path = Path(directory) / META
     if not path.is_file():
         raise LlamaGymError(
             f"{str(directory)!r} is not a checkpoint (no {META}); pass a run's checkpoint dir"
         )
     try:
-        meta = json.loads(path.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError:
-        raise _damaged(directory, f"{META} is not text (it holds binary data)") from None
-    except (json.JSONDecodeError, RecursionError) as error:
-        raise _damaged(directory, f"{META} is not valid JSON ({_first_line(error)})") from None
+        meta = read_json_file(path)
+    except ValueError as error:
+        raise _damaged(directory, f"{META} {error}") from None
     except OSError as error:
         raise _damaged(directory, f"{META} cannot be read ({_first_line(error)})") from None
     problem = _meta_problem(meta)
@@ -453,21 +461,12 @@ def read_meta(directory: Path) -> dict[str, Any]:
 
 def _meta_problem(meta: Any) -> str | None:
     """What makes ``meta`` unusable as a checkpoint's record, if anything."""
-    if not isinstance(meta, dict):
-        return f"holds a JSON {type(meta).__name__}, not an object"
-    written = meta.get("format", 0)
-    if not isinstance(written, int) or isinstance(written, bool) or written < 0:
-        return f"has format {written!r}, not a version number"
-    config = meta.get("config")
-    if not isinstance(config, dict):
-        return "has no config section"
-    model = config.get("model", {})
-    if not isinstance(model, dict) or not isinstance(model.get("name", ""), str):
-        return "has a model section that is not a name and settings"
-    for key in ("counters", "state"):
-        if key in meta and not isinstance(meta[key], dict):
-            return f"has a {key} entry that is not an object"
-    recorded = meta.get("model")
+    from llamagym.training.run_files import CheckpointMeta, check
+
+    problem = check(CheckpointMeta, meta)
+    if problem is not None:
+        return problem
+    recorded, model = meta.get("model"), meta["config"].get("model", {})
     if recorded is not None and "name" in model and recorded != model["name"]:
         return f"names two models: {recorded!r} and {model['name']!r} in its config"
     return None

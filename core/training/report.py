@@ -9,7 +9,10 @@
 * ``"resume"``, where a run continued from a checkpoint (``update``, ``checkpoint``).
 
 :func:`write_report` turns it and ``config.yaml`` into ``report.md`` and
-``learning_curve.png``; ``llamagym report DIR`` calls it for a finished run.
+``learning_curve.png``; ``llamagym report DIR`` calls it for a finished run, reading the
+files back through :mod:`llamagym.training.run_files` (a damaged record is left out with
+one warning). Names and text from those files reach the Markdown escaped
+(:mod:`llamagym.display`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llamagym.errors import WriteError
+from llamagym.display import code_block, markdown_line, table_code
+from llamagym.errors import RunFileError, WriteError
 from llamagym.paths import append_line, write_atomically
 
 logger = logging.getLogger(__name__)
@@ -71,22 +75,6 @@ def append_record(path: Path, record: Mapping[str, Any]) -> None:
     """Append one JSON line in one write: a crash or a full disk loses at most that line,
     never the lines before it (:func:`llamagym.paths.append_line`)."""
     append_line(Path(path), json.dumps(record) + "\n")
-
-
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """Every record of a ``metrics.jsonl``; a torn last line (crash mid-write) is skipped."""
-    path = Path(path)
-    if not path.is_file():
-        return []
-    records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            logger.warning("%s line %d is not JSON (interrupted write?); skipped", path, number)
-    return records
 
 
 def rewrite_records(path: Path, records: Iterable[Mapping[str, Any]]) -> None:
@@ -191,11 +179,12 @@ def _evaluation_section(evaluation: Mapping[str, Any] | None) -> list[str]:
         "",
     ]
     rows = [("**trained agent**", evaluation)] + [
-        (b["name"], b) for b in sorted(evaluation.get("baselines", []), key=lambda b: -b["mean"])
+        (markdown_line(b["name"]), b)
+        for b in sorted(evaluation.get("baselines", []), key=lambda b: -b["mean"])
     ]
     # The outcomes the agent names (Agent.outcome_names); none, no column.
     names = _outcome_names([result for _, result in rows])
-    outcome_header = f" {' / '.join(names)} |" if names else ""
+    outcome_header = f" {' / '.join(map(markdown_line, names))} |" if names else ""
     lines += [
         f"| policy | mean return | 95% CI |{outcome_header} invalid replies |",
         "|---|---:|---:|" + ("---:|" if names else "") + "---:|",
@@ -234,9 +223,10 @@ def _evaluation_section(evaluation: Mapping[str, Any] | None) -> list[str]:
                   > b["mean"] + b["ci95"]]
         lines += [
             "",
-            f"Against the best baseline, {best['name']}: {gap:+.3f} ({verdict}). "
+            f"Against the best baseline, {markdown_line(best['name'])}: {gap:+.3f} "
+            f"({verdict}). "
             + (
-                f"Clearly above: {', '.join(beaten)}."
+                f"Clearly above: {', '.join(map(markdown_line, beaten))}."
                 if beaten
                 else "No baseline is clearly beaten."
             ),
@@ -325,18 +315,15 @@ def _config_section(config: Mapping[str, Any], run_dir: Path) -> list[str]:
         "| setting | value |",
         "|---|---|",
     ]
-    lines += [f"| {key} | `{json.dumps(value)}` |" for key, value in settings_digest(config)]
     lines += [
-        "",
-        "Reproduce (in a new run directory):",
-        "",
-        "```",
-        f"llamagym run {agent.get('name', 'AGENT')} --config {run_dir / 'config.yaml'} "
-        "--output NEW_DIR",
-        "```",
-        "",
+        f"| {markdown_line(key)} | {table_code(json.dumps(value, default=str))} |"
+        for key, value in settings_digest(config)
     ]
-    return lines
+    command = (
+        f"llamagym run {agent.get('name') or 'AGENT'} --config {run_dir / 'config.yaml'} "
+        "--output NEW_DIR"
+    )
+    return [*lines, "", "Reproduce (in a new run directory):", "", *code_block(command), ""]
 
 
 def render_markdown(
@@ -353,9 +340,9 @@ def render_markdown(
     train_seconds = float(updates[-1].get("seconds", 0.0)) if updates else 0.0
     eval_seconds = float(evaluation.get("seconds", 0.0)) if evaluation else 0.0
     lines = [
-        f"# {agent}: {algorithm} on {model}",
+        f"# {markdown_line(agent)}: {markdown_line(algorithm)} on {markdown_line(model)}",
         "",
-        f"Run directory `{run_dir}`. Wall time {_duration(train_seconds + eval_seconds)} "
+        f"Run directory {table_code(run_dir)}. Wall time {_duration(train_seconds + eval_seconds)} "
         f"(training {_duration(train_seconds)}, evaluation {_duration(eval_seconds)}).",
         "",
     ]
@@ -372,35 +359,44 @@ def render_markdown(
 def _transcripts_section(run_dir: Path) -> list[str]:
     """Two whole episodes from transcripts.jsonl: the earliest kept and the last (the
     final evaluation's, when there is one)."""
-    from llamagym.rollout.transcripts import TRANSCRIPTS, read_transcripts, render
+    from llamagym.rollout.transcripts import TRANSCRIPTS, render
+    from llamagym.training.run_files import read_transcripts
 
-    records = read_transcripts(run_dir / TRANSCRIPTS)
+    try:
+        records = read_transcripts(run_dir / TRANSCRIPTS, on_damage="skip")
+    except RunFileError as error:
+        logger.warning("%s; the report shows no transcripts", error)
+        return []
     if not records:
         return []
     chosen = [records[0]] if len(records) == 1 else [records[0], records[-1]]
     lines = ["## Transcripts", "",
              f"Two of the episodes kept in `{TRANSCRIPTS}` (`llamagym play RUN` plays more).", ""]
     for record in chosen:
-        lines += ["```text", render(record), "```", ""]
+        lines += [*code_block(render(record), "text"), ""]
     return lines
 
 
 def _plugins_section(run_dir: Path) -> list[str]:
     """Who answered the per-step hooks (prompt, observation text, parsing, reward
     shaping): the parser chain and any installed plugin that changed the run."""
+    from llamagym.training.run_files import read_plugins_record
+
     path = run_dir / "plugins.json"
     if not path.is_file():
         return []
     try:
-        plugins = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        plugins = read_plugins_record(path)
+    except RunFileError as error:
+        logger.warning("%s; the report leaves the plugins out", error)
         return []
     lines = ["## Plugins that answered per-step hooks", "",
              "| plugin | distribution | hooks |", "|---|---|---|"]
     for plugin in plugins:
         hooks = ", ".join(h.removeprefix("llamagym_") for h in plugin.get("hooks", []))
-        where = f"{plugin.get('distribution', '')} {plugin.get('version', '')}".strip()
-        lines.append(f"| {plugin.get('name', '?')} | {where} | {hooks} |")
+        where = f"{plugin.get('distribution') or ''} {plugin.get('version') or ''}".strip()
+        cells = (plugin["name"], where, hooks)
+        lines.append("| " + " | ".join(map(markdown_line, cells)) + " |")
     return [*lines, ""]
 
 
@@ -469,12 +465,18 @@ def plot_learning_curve(
 
 
 def load_config(run_dir: Path) -> dict[str, Any]:
-    import yaml  # here, not at the top: the logger plugins import this module at start-up
+    """The run's ``config.yaml``; {} without one, or (with a warning) when it is damaged:
+    the report goes on without the settings."""
+    from llamagym.training.run_files import read_run_config
 
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         return {}
-    return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    try:
+        return read_run_config(path)
+    except RunFileError as error:
+        logger.warning("%s; the report leaves the settings out", error)
+        return {}
 
 
 def write_report(
@@ -490,7 +492,10 @@ def write_report(
     names a picture that was not written.
     """
     run_dir = Path(run_dir)
-    records = read_records(run_dir / METRICS) if records is None else records
+    if records is None:
+        from llamagym.training.run_files import read_metrics
+
+        records = read_metrics(run_dir / METRICS, on_damage="skip")
     config = load_config(run_dir) if config is None else config
     picture = run_dir / CURVE
     curve: Path | None = picture

@@ -66,11 +66,11 @@ from llamagym.training import distributed
 from llamagym.training.report import (
     METRICS,
     append_record,
-    read_records,
     records_until,
     rewrite_records,
     write_report,
 )
+from llamagym.training.run_files import read_metrics, read_transcripts
 from llamagym.training.run_lock import RunDirectoryLock
 from llamagym.training.schedule import Control
 
@@ -406,8 +406,19 @@ class Trainer:
         if distributed.is_main():
             write_atomically(self.output_dir / "config.yaml", self._config_yaml)
 
-    def _restore(self, checkpoint: Path, counters: Counters) -> list[dict[str, Any]]:
-        """Load the checkpoint into the agent; return the metrics history up to it."""
+    def _read_resumed_files(self, checkpoint: Path) -> list[dict[str, Any]]:
+        """The metrics of the run a resume continues, read (and its transcripts checked)
+        before anything is written: a damaged file stops the resume in one line naming
+        it, with every file as it was."""
+        if self.run_dir_of(checkpoint) == self.output_dir.resolve():
+            read_transcripts(self.output_dir / TRANSCRIPTS)
+        return read_metrics(self.run_dir_of(checkpoint) / METRICS)
+
+    def _restore(
+        self, checkpoint: Path, counters: Counters, earlier: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """Load the checkpoint into the agent; return the metrics history up to it
+        (``earlier``: the records of the run it belongs to)."""
         saved = checkpoints.restore_training_checkpoint(checkpoint, self.agent.run)
         self._resumed_plugins = checkpoints.read_meta(checkpoint).get("plugins")
         for name, value in saved.items():
@@ -417,8 +428,7 @@ class Trainer:
         stats.env_steps, stats.env_failures = counters.env_steps, counters.env_failures
         # The history continues the old run's metrics up to the checkpoint; lines a
         # crashed run wrote after it would be written again, so they are dropped.
-        source = checkpoints.run_dir_of(checkpoint) / METRICS
-        history = records_until(read_records(source), counters.updates)
+        history = records_until(earlier, counters.updates)
         history.append(
             {"kind": "resume", "update": counters.updates, "checkpoint": str(checkpoint)}
         )
@@ -532,15 +542,17 @@ class Trainer:
         rank = distributed.rank()
         seed_everything(distributed.process_seed(config.training.seed, rank))
         resume_checkpoint = None
+        earlier: list[dict[str, Any]] = []
         if self.resume_from is not None:
             resume_checkpoint = checkpoints.find_checkpoint(self.resume_from)
             meta = checkpoints.read_meta(resume_checkpoint)
             checkpoints.check_compatible(
                 meta, config.model_dump(mode="json"), resume_checkpoint
             )
-        # Every refusal comes before the run directory is touched: a directory that
-        # holds another run or cannot be written, a missing env, a model that does not
-        # load.
+            earlier = self._read_resumed_files(resume_checkpoint)
+        # Every refusal comes before the run directory is touched: a damaged run file, a
+        # directory that holds another run or cannot be written, a missing env, a model
+        # that does not load.
         self._replaces_a_run(resume_checkpoint)
         if distributed.is_main():
             check_writable(self.output_dir, resume_checkpoint is not None, create=False)
@@ -570,7 +582,7 @@ class Trainer:
         counters = Counters()
         history: list[dict[str, Any]] = []
         if resume_checkpoint is not None:
-            history = self._restore(resume_checkpoint, counters)  # last: sets the RNGs
+            history = self._restore(resume_checkpoint, counters, earlier)  # last: sets RNGs
         if rank > 0:
             # Its own episodes and samples. A checkpoint holds rank 0's random streams:
             # the other processes derive theirs from the seed, their rank and the update.

@@ -58,10 +58,10 @@ from llamagym.training import distributed
 from llamagym.training.report import (
     METRICS,
     append_record,
-    read_records,
     records_until,
     rewrite_records,
 )
+from llamagym.training.run_files import read_metrics
 from llamagym.training.trainer import (
     _RUN_FILES,
     MOVING_AVERAGE_EPISODES,
@@ -593,6 +593,8 @@ class TRLTrainer(Trainer):
         if distributed.is_main():
             check_writable(self.output_dir, resume is not None, create=False)
         make_first_env(agent)
+        if resume is not None:
+            self._read_resumed_files(resume)
         settings = config.model
         # TRL wraps the model in its LoRA adapter (peft_config); a quantized model gets
         # the loader's, which prepares the quantized weights for it first.
@@ -745,7 +747,7 @@ class _Clock(TrainerCallback):
         self.recent: deque[float] = deque(maxlen=MOVING_AVERAGE_EPISODES)
         if resume is not None:
             earlier = records_until(
-                read_records(owner.output_dir / METRICS), self._update_of_checkpoint(resume)
+                read_metrics(owner.output_dir / METRICS), self._update_of_checkpoint(resume)
             )
             rewrite_records(owner.output_dir / METRICS, earlier)
             history += earlier

@@ -1,0 +1,67 @@
+"""Showing text that came from outside (a model's reply, an env's observation, a field of
+a run file) without letting it act.
+
+A terminal obeys control characters: ESC sequences move the cursor, clear the screen,
+set the window title or write the clipboard (OSC 52). :func:`printable` shows each of
+them as its Python escape (``\\x1b``), so the text is read, not executed. Markdown obeys
+fences, table bars, links and HTML: :func:`code_block` puts text in a fence longer than
+any run of backticks it holds, :func:`markdown_line` keeps text on one line and escapes
+what would make it a link, an image, HTML or a new table cell, and :func:`table_code`
+puts it in a code span that neither ends early nor leaves its cell.
+Rich markup is never applied to such text: print it as a ``rich.text.Text``, or put it
+through :func:`shown` inside a line that has markup of its own.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: Kept as they are where text is laid out on several lines.
+LAYOUT = "\n\t"
+
+_BACKTICKS = re.compile(r"`+")
+_MARKDOWN_SYNTAX = re.compile(r"([\\`\[\]<>|])")
+
+
+def printable(text: object, keep: str = LAYOUT) -> str:
+    """``text`` with every character that is not printable (C0 and C1 controls, DEL, ESC,
+    bidirectional overrides, line and paragraph separators...) written as its Python
+    escape, except those in ``keep``."""
+    text = str(text)
+    if text.isprintable() or all(c.isprintable() or c in keep for c in text):
+        return text
+    return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in text)
+
+
+def shown(text: object) -> str:
+    """``text`` on one line for a rich print whose markup is its own: control characters
+    escaped, and brackets taken as text, not as markup."""
+    from rich.markup import escape
+
+    return escape(printable(text, keep=""))
+
+
+def code_block(text: str, info: str = "") -> list[str]:
+    """``text`` as the lines of a fenced Markdown code block that nothing in it can close:
+    the fence is one backtick longer than the longest run of backticks in the text."""
+    longest = max((len(run) for run in _BACKTICKS.findall(text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence + info, printable(text), fence]
+
+
+def markdown_line(text: object) -> str:
+    """``text`` for one line of Markdown (a heading, a table cell): control characters
+    escaped, and the characters that would start a link or an image, HTML, a code span
+    or a new table cell escaped with a backslash."""
+    return _MARKDOWN_SYNTAX.sub(r"\\\1", printable(text, keep=""))
+
+
+def table_code(text: object) -> str:
+    """``text`` as a code span in a Markdown table cell: delimited by more backticks than
+    any run it holds, its bars escaped (GitHub's tables split cells at a bar even inside
+    a code span)."""
+    line = printable(text, keep="")
+    longest = max((len(run) for run in _BACKTICKS.findall(line)), default=0)
+    ticks = "`" * (longest + 1)
+    padded = f" {line} " if line.startswith("`") or line.endswith("`") else line
+    return ticks + padded.replace("|", "\\|") + ticks
