@@ -71,6 +71,8 @@ __all__ = [
     "check_agent",
     "fake_llm",
     "format_results",
+    "model_with_its_own_code",
+    "one_error_line",
     "register_plugin",
     "smollm2_dir",
     "temporary_plugin",
@@ -196,6 +198,39 @@ def action_probabilities(agent: Agent, observation: Any, info: dict | None = Non
     with torch.no_grad():
         scores, _ = agent.policy.score(prompts, candidates)
     return (scores / agent.config.rollout.temperature).softmax(-1)[0].cpu().numpy()
+
+
+def one_error_line(err: str) -> str:
+    """The one ``error:`` line a CLI run printed; fails the test on a traceback or on
+    any other number of error lines (what every user mistake must give)."""
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def model_with_its_own_code(directory: Path) -> tuple[Path, Path]:
+    """A copy of the tiny model under ``directory`` whose config maps its classes
+    (``auto_map``) to a module of its own that writes a marker file once imported; returns
+    the model's directory and the marker, which exists only if the model's code ran."""
+    import json
+    import shutil
+
+    from llamagym.models.tiny import build_tiny_model
+
+    model = directory / "evil-model"
+    shutil.copytree(build_tiny_model(), model)
+    marker = directory / "code-ran"
+    (model / "evil.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\n"
+        "from transformers import LlamaConfig, LlamaForCausalLM\n\n\n"
+        "class EvilConfig(LlamaConfig):\n    pass\n\n\n"
+        "class EvilModel(LlamaForCausalLM):\n    config_class = EvilConfig\n"
+    )
+    config = json.loads((model / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel"}
+    (model / "config.json").write_text(json.dumps(config))
+    return model, marker
 
 
 # -- fixtures ---------------------------------------------------------------------------

@@ -22,7 +22,13 @@ import yaml
 from llamagym.config import ConfigError
 from llamagym.errors import EnvFailureError
 from llamagym.models.chat_template import ChatTemplateError, render_chat
-from llamagym.testing import BanditAgent, TwoArmedBandit, tiny_agent
+from llamagym.testing import (
+    BanditAgent,
+    TwoArmedBandit,
+    model_with_its_own_code,
+    one_error_line,
+    tiny_agent,
+)
 from llamagym.training.run_lock import WRITER, RunDirectoryBusyError, RunDirectoryLock
 
 FAST = [
@@ -32,37 +38,9 @@ FAST = [
 ]
 
 
-def one_error_line(err: str) -> str:
-    """The CLI's message: exactly one ``error:`` line and no traceback."""
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, err
-    return lines[0]
-
-
-def evil_model(tmp_path: Path) -> tuple[Path, Path]:
-    """The tiny model with an ``auto_map`` to a module of its own that writes a marker
-    file when imported; returns the directory and the marker."""
-    from llamagym.models.tiny import build_tiny_model
-
-    directory = tmp_path / "evil-model"
-    shutil.copytree(build_tiny_model(), directory)
-    marker = tmp_path / "code-ran"
-    (directory / "evil.py").write_text(
-        f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\n"
-        "from transformers import LlamaConfig, LlamaForCausalLM\n\n\n"
-        "class EvilConfig(LlamaConfig):\n    pass\n\n\n"
-        "class EvilModel(LlamaForCausalLM):\n    config_class = EvilConfig\n"
-    )
-    config = json.loads((directory / "config.json").read_text())
-    config["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel"}
-    (directory / "config.json").write_text(json.dumps(config))
-    return directory, marker
-
-
 # -- 1. trust comes from the command line only --------------------------------------------
 def test_a_config_file_cannot_turn_on_remote_code(tmp_path, cli) -> None:
-    model, marker = evil_model(tmp_path)
+    model, marker = model_with_its_own_code(tmp_path)
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump({"model": {"name": str(model), "trust_remote_code": True}}))
     # A run's own config.yaml, tampered with, reused as --config as its header suggests.

@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from llamagym import load_agent
+from llamagym.testing import model_with_its_own_code, one_error_line
 from llamagym.training import checkpoint as checkpoints
 from llamagym.training.run_files import read_metrics
 
@@ -80,39 +81,8 @@ def edit_tensors(checkpoint: Path, file: str, change) -> None:
     save_file(tensors, str(checkpoint / file))
 
 
-def one_error_line(err: str) -> str:
-    """The CLI's message: exactly one ``error:`` line and no traceback."""
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, err
-    return lines[0]
-
-
 def warnings_of(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-
-
-def evil_model(tmp_path: Path) -> tuple[Path, Path]:
-    """A copy of the tiny model whose config maps its classes to a module of its own
-    that, once imported, writes a marker file; returns the directory and the marker."""
-    from llamagym.models.tiny import build_tiny_model
-
-    directory = tmp_path / "evil-model"
-    shutil.copytree(build_tiny_model(), directory)
-    marker = tmp_path / "code-ran"
-    (directory / "evil.py").write_text(
-        f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\n"
-        "from transformers import LlamaConfig, LlamaForCausalLM\n\n\n"
-        "class EvilConfig(LlamaConfig):\n    pass\n\n\n"
-        "class EvilModel(LlamaForCausalLM):\n    config_class = EvilConfig\n"
-    )
-    config = json.loads((directory / "config.json").read_text())
-    config["auto_map"] = {
-        "AutoConfig": "evil.EvilConfig",
-        "AutoModelForCausalLM": "evil.EvilModel",
-    }
-    (directory / "config.json").write_text(json.dumps(config))
-    return directory, marker
 
 
 def point_at(model: Path | str, *, trust: bool):
@@ -145,7 +115,7 @@ class LoaderSpy:
 
 # -- 1. trust_remote_code and the model a checkpoint names -------------------------------
 def test_a_tampered_model_section_runs_no_code(run_dir, tmp_path, cli) -> None:
-    model, marker = evil_model(tmp_path)
+    model, marker = model_with_its_own_code(tmp_path)
     for name in (FIRST, SECOND):
         edit_meta(checkpoint_dir(run_dir, name), point_at(model, trust=True))
     before = snapshot(run_dir)
@@ -187,7 +157,7 @@ def test_a_checkpoint_cannot_turn_on_trust_remote_code(run_dir, monkeypatch, cap
 @pytest.mark.parametrize("how", ["load_agent", "eval", "resume"])
 def test_only_the_user_allows_model_code_and_is_warned(how, run_dir, tmp_path, monkeypatch,
                                                        caplog, cli) -> None:
-    model, marker = evil_model(tmp_path)
+    model, marker = model_with_its_own_code(tmp_path)
     edit_meta(checkpoint_dir(run_dir), point_at(model, trust=False))
     spy = LoaderSpy(monkeypatch)
     if how == "load_agent":

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from llamagym.testing import one_error_line
 from llamagym.training import checkpoint as checkpoints
 from llamagym.training.run_lock import LOCK
 
@@ -40,13 +41,6 @@ def finished_run(tmp_path_factory) -> Path:
 @pytest.fixture
 def run_copy(finished_run: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(finished_run, tmp_path / "run"))
-
-
-def one_error_line(err: str) -> str:
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, err
-    return lines[0]
 
 
 def leftovers(directory: Path) -> list[str]:

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from llamagym import load_agent, load_model_and_tokenizer
+from llamagym.testing import one_error_line
 
 FAST = [
     "-n", "32", "--num-envs", "8", "--eval-episodes", "100", "--quiet",
@@ -164,13 +165,6 @@ def lora_run(tmp_path_factory) -> Path:
     )
     Trainer(agent).run()
     return run_dir
-
-
-def one_error_line(err: str) -> str:
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, err
-    return lines[0]
 
 
 @pytest.mark.parametrize("where", ["a file", "under a file", "dangling link", "link loop"])

@@ -25,6 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from llamagym.testing import one_error_line
 from llamagym.training import checkpoint as checkpoints
 
 FIRST, SECOND = "update-000001", "update-000002"
@@ -77,14 +78,6 @@ def snapshot(directory: Path, leave_out: tuple[str, ...] = ()) -> dict[str, str]
 
 #: What `llamagym report` writes; everything else stays as it was.
 REPORT_FILES = ("report.md", "learning_curve.png")
-
-
-def one_error_line(err: str) -> str:
-    """The CLI's message: exactly one ``error:`` line and no traceback."""
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, err
-    return lines[0]
 
 
 def warnings_of(caplog) -> list[str]:
