@@ -130,8 +130,9 @@ class Agent:
         Default: none (a prefix with no ``$`` needs none; ``$$`` is a dollar sign)."""
         return {}
 
-    def outcome(self, episode_return: float) -> str | None:
-        """The named outcome of an episode that returned ``episode_return``: one of
+    def outcome(self, episode_return: float, info: Mapping[str, Any]) -> str | None:
+        """The named outcome of an episode that returned ``episode_return`` and whose last
+        step gave ``info`` (the env's JSON-friendly values: TextWorld's ``won``): one of
         ``outcome_names``, or None for an episode that fits none of them.
 
         Evaluations (the trained agent's and every baseline's, at the end of a run and
@@ -139,9 +140,12 @@ class Agent:
         mean return, in ``outcome_names`` order; ``metrics.jsonl`` keeps the shares in
         each evaluation's ``outcomes``. Blackjack says ``win`` / ``draw`` / ``loss`` by
         the sign of the return; a maze might say ``goal`` for a return of 1 and
-        ``no goal`` otherwise. The default names no outcome, and an agent that names
-        none gets no outcome column: a return's sign means different things in
-        different envs (a return of 0 is a draw in Blackjack, a hole in FrozenLake)."""
+        ``no goal`` otherwise; TextWorld says ``won`` / ``lost`` by its game's state,
+        which a return shaped by step penalties no longer tells. An override may take
+        the return alone (``outcome(self, episode_return)``). The default names no
+        outcome, and an agent that names none gets no outcome column: a return's sign
+        means different things in different envs (a return of 0 is a draw in
+        Blackjack, a hole in FrozenLake)."""
         return None
 
     def legal_actions(self, observation: Any, info: Mapping[str, Any]) -> Sequence[str] | None:

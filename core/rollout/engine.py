@@ -25,7 +25,7 @@ from llamagym.config import RolloutSettings
 from llamagym.errors import EnvFailureError, LlamaGymError
 from llamagym.models.chat_template import render_chat
 from llamagym.models.policy import Policy, Replies, name_tokens
-from llamagym.rollout.trajectory import Episode, Turn
+from llamagym.rollout.trajectory import Episode, Turn, info_summary
 from llamagym.training.schedule import Schedule
 
 if TYPE_CHECKING:
@@ -651,13 +651,17 @@ class RolloutEngine:
                 slot.history += turn.context_messages()
                 slot.observation, slot.info = observation, info
                 if terminated or truncated:
-                    finish(position, episode, {**_summary(info), "terminated": terminated})
+                    finish(position, episode, {**info_summary(info), "terminated": terminated})
                 elif episode.length >= turn_caps[position]:
                     # An env that never ends (or sets no limit) is cut here: truncated.
                     finish(
                         position,
                         episode,
-                        {**_summary(info), "terminated": False, "turn_cap": turn_caps[position]},
+                        {
+                            **info_summary(info),
+                            "terminated": False,
+                            "turn_cap": turn_caps[position],
+                        },
                     )
             if should_stop is not None and should_stop():
                 break
@@ -757,12 +761,3 @@ def feedback_message(legal_actions: Sequence[str], shown: int = 20) -> str:
     """What a re-prompt tells the model (a bounded list of the legal actions)."""
     names = ", ".join(legal_actions[:shown]) + (", ..." if len(legal_actions) > shown else "")
     return f"That reply named no legal action. Reply with one of: {names}."
-
-
-def _summary(info: dict) -> dict:
-    """The JSON-friendly scalars of a final ``info`` (won/lost/score and the like)."""
-    return {
-        key: value
-        for key, value in info.items()
-        if isinstance(value, (bool, int, float, str)) and not key.startswith("_")
-    }

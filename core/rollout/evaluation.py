@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
 from llamagym.errors import LlamaGymError
-from llamagym.rollout.trajectory import Episode
+from llamagym.rollout.trajectory import Episode, info_summary
 
 logger = logging.getLogger(__name__)
 
@@ -50,17 +51,36 @@ def episodes_identical(episodes: int, distinct_episodes: int | None) -> bool:
     return episodes > 1 and distinct_episodes == 1
 
 
-def outcome_shares(agent: Any, returns: Sequence[float]) -> dict[str, float]:
-    """The share of ``returns`` with each outcome the agent names
-    (:meth:`llamagym.Agent.outcome`), in its ``outcome_names`` order: ``{}`` for an agent
-    that names none. An outcome missing from ``outcome_names`` is an error that says so."""
+def outcome_reader(agent: Any) -> Callable[[float, Mapping[str, Any]], str | None]:
+    """``agent.outcome`` as a function of an episode's return and last ``info``; an
+    override that takes the return alone (as the method first did) is given it alone."""
+    method = agent.outcome
+    try:
+        parameters = list(inspect.signature(method).parameters.values())
+    except (TypeError, ValueError):  # a builtin or C callable: give it both
+        return method
+    takes_info = len(parameters) >= 2 or any(
+        p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in parameters
+    )
+    return method if takes_info else lambda episode_return, info: method(episode_return)
+
+
+def outcome_shares(
+    agent: Any, returns: Sequence[float], infos: Sequence[Mapping[str, Any]] | None = None
+) -> dict[str, float]:
+    """The share of episodes (their ``returns`` and last ``infos``, ``{}`` each if not
+    given) with each outcome the agent names (:meth:`llamagym.Agent.outcome`), in its
+    ``outcome_names`` order: ``{}`` for an agent that names none. An outcome missing
+    from ``outcome_names`` is an error that says so."""
     if agent is None:
         return {}
     names = list(getattr(agent, "outcome_names", ()) or ())
-    values, counts = np.unique(np.asarray(returns, dtype=float), return_counts=True)
+    if infos is None:
+        infos = [{}] * len(returns)
+    outcome = outcome_reader(agent)
     found: dict[str, int] = {}
-    for value, count in zip(values, counts, strict=True):
-        label = agent.outcome(float(value))  # a function of the return: once per value
+    for value, info in zip(returns, infos, strict=True):
+        label = outcome(float(value), info)
         if label is None:
             continue
         if label not in names:
@@ -69,10 +89,10 @@ def outcome_shares(agent: Any, returns: Sequence[float]) -> dict[str, float]:
                 f"which is not in its outcome_names ({', '.join(map(repr, names)) or 'empty'}): "
                 "list every outcome there, in the order evaluations should show them"
             )
-        found[label] = found.get(label, 0) + int(count)
+        found[label] = found.get(label, 0) + 1
     if not names:
         return {}
-    total = int(counts.sum()) or 1
+    total = len(returns) or 1
     return {name: found.get(name, 0) / total for name in names}
 
 
@@ -82,14 +102,16 @@ def summarise(
     invalid_rate: float = 0.0,
     *,
     agent: Any = None,
+    infos: Sequence[Mapping[str, Any]] | None = None,
     distinct_episodes: int | None = None,
 ) -> EvalResult:
-    """Mean return with its 95% CI, and the share of each outcome ``agent`` names."""
+    """Mean return with its 95% CI, and the share of each outcome ``agent`` names (from
+    the returns and each episode's last ``infos``)."""
     values = np.asarray(returns, dtype=float)
     n = len(values)
     mean = float(values.mean()) if n else float("nan")
     ci95 = float(1.96 * values.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
-    outcomes = outcome_shares(agent, returns) if n else {}
+    outcomes = outcome_shares(agent, returns, infos) if n else {}
     return EvalResult(name, n, mean, ci95, invalid_rate, outcomes, distinct_episodes)
 
 
@@ -204,6 +226,7 @@ def evaluate_agent(
         [e.env_return for e in finished],
         invalid,
         agent=agent,
+        infos=[e.info for e in finished],
         distinct_episodes=len({_episode_key(e) for e in finished}),
     )
     warn_if_identical(result, greedy)
@@ -220,6 +243,7 @@ class BaselineStep:
     action: str
     reward: float
     done: bool
+    next_info: dict  # the info the step gave (the episode's last, when ``done``)
 
 
 def play_baseline(
@@ -254,7 +278,9 @@ def play_baseline(
                     raise _baseline_failed(agent, name, error) from error
                 turns += 1
                 done = terminated or truncated or turns >= turn_cap
-                yield BaselineStep(index, observation, info, action_name, reward, done)
+                yield BaselineStep(
+                    index, observation, info, action_name, reward, done, next_info
+                )
                 observation, info = next_observation, next_info
     finally:
         env.close()
@@ -285,6 +311,7 @@ def evaluate_baseline(
         seeds = evaluation_seeds(seed, episodes)
     episodes = len(seeds)
     returns = [0.0] * episodes
+    infos: list[dict] = [{}] * episodes  # each episode's last info
     keys = [0] * episodes  # a running hash of each episode's steps
     done = 0
     if on_progress is not None:
@@ -295,7 +322,10 @@ def evaluate_baseline(
             (keys[step.episode], _observation_key(step.observation), step.action, step.reward)
         )
         if step.done:
+            infos[step.episode] = info_summary(step.next_info)
             done += 1
             if on_progress is not None:
                 on_progress(done, episodes)
-    return summarise(name, returns, agent=agent, distinct_episodes=len(set(keys)))
+    return summarise(
+        name, returns, agent=agent, infos=infos, distinct_episodes=len(set(keys))
+    )

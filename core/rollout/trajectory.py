@@ -102,3 +102,13 @@ class Episode:
     def total_reward(self) -> float:
         """The reward the learner saw: the env's plus penalties and shaping."""
         return sum(turn.reward for turn in self.turns)
+
+
+def info_summary(info: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON-friendly scalars of an episode's last ``info`` (won/lost/score and the
+    like): what :attr:`Episode.info` keeps and what an agent's outcome is read from."""
+    return {
+        key: value
+        for key, value in info.items()
+        if isinstance(value, (bool, int, float, str)) and not key.startswith("_")
+    }

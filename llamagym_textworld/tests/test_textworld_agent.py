@@ -26,7 +26,7 @@ from llamagym_textworld.cli import games_app
 from llamagym.errors import LlamaGymError
 from llamagym.errors import MissingDependencyError as LlamaGymMissingDependency
 from llamagym.plugin_manager import get_plugins
-from llamagym.rollout.evaluation import evaluate_baseline
+from llamagym.rollout.evaluation import evaluate_agent, evaluate_baseline
 from llamagym.testing import tiny_agent
 from llamagym.training.trainer import Trainer
 from llamagym_textworld import plugin
@@ -279,6 +279,24 @@ def test_baselines(agent: TextWorldAgent) -> None:
     assert walkthrough.mean == 1.0
     random_play = evaluate_baseline(agent, "random", 4)
     assert 0.0 <= random_play.mean < 1.0
+
+
+def test_evaluations_count_games_won_from_the_game_state_not_the_return() -> None:
+    # A win bonus and a step penalty put a won game's return anywhere; the outcome
+    # still says whether the game was won.
+    agent = tiny_agent(
+        TextWorldAgent,
+        agent={**TINY_GAMES, "max_episode_steps": 4, "win_bonus": 0.5, "step_penalty": 0.3},
+        rollout={"num_envs": 2},
+    )
+    walkthrough = evaluate_baseline(agent, "walkthrough", 4)
+    assert walkthrough.outcomes == {"won": 1.0, "lost": 0.0}
+    assert walkthrough.mean < 1.0  # won, with a return below the quest's 1
+    # The trained agent's evaluation reads each episode's last info the same way.
+    examples: list = []
+    result = evaluate_agent(agent, 4, examples=examples)
+    won = sum(episode.info.get("won") is True for episode in examples) / 4
+    assert result.outcomes == {"won": won, "lost": 1 - won}
 
 
 @pytest.mark.parametrize("mode", ["score", "generate"])

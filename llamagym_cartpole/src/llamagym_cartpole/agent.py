@@ -60,6 +60,17 @@ def angle_and_velocity(observation: Any, info: dict, legal: Sequence[str], rng: 
     return RIGHT if angle + 0.5 * angular_velocity > 0 else LEFT
 
 
+# A pretrained model's batch shape, in both action modes (see CartPoleAgent).
+_PRETRAINED_ALGORITHM = {
+    "lr": 5e-4,
+    "episodes_per_update": 8,
+    "minibatch_size": 64,
+    "microbatch_size": 64,
+    "epochs": 4,
+    "target_kl": None,
+}
+
+
 @CARTPOLE.bind  # name, description and env_id come from the registration
 class CartPoleAgent(Agent):
     action_names = (LEFT, RIGHT)  # index 0 pushes left, 1 right: CartPole-v1's Discrete(2)
@@ -109,18 +120,23 @@ class CartPoleAgent(Agent):
     # update from the kept trunk runs 4 layers, so epochs are cheap next to the rollout.
     # The adapter moves few weights: lr 5e-4, as Blackjack's score mode, and no
     # target-KL stop, as in tiny's recipe.
+    # Generate mode keeps all of that and the JSON reply prefix: the model writes the
+    # action name and closes the object (`LEFT"}`: two tokens). Sampled from the whole
+    # vocabulary, half of the untrained model's replies name no action (`SHOOT`,
+    # `DISABLED`; benchmarks/real_model.py formats); from its two likeliest tokens,
+    # which after the prefix are the two names, almost none do. Replies this short need
+    # no gradient checkpointing.
     pretrained_defaults = {
         "score": {
             "agent": {"cart": False},
             "rollout": {"num_envs": 8, "reply_prefix": ""},
-            "algorithm": {
-                "lr": 5e-4,
-                "episodes_per_update": 8,
-                "minibatch_size": 64,
-                "microbatch_size": 64,
-                "epochs": 4,
-                "target_kl": None,
-            },
+            "algorithm": _PRETRAINED_ALGORITHM,
+        },
+        "generate": {
+            "agent": {"cart": False},
+            "model": {"gradient_checkpointing": False},
+            "rollout": {"num_envs": 8, "top_k": 2},
+            "algorithm": _PRETRAINED_ALGORITHM,
         },
     }
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import difflib
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +124,10 @@ def closest_command(
 @TEXTWORLD.bind  # name, description and env_id come from the registration
 class TextWorldAgent(Agent):
     baselines = {"random": random_admissible, "walkthrough": WalkthroughBaseline()}
+    # A game is won or it is not (lost: TextWorld's own lost state, or the step limit
+    # reached first). Read from the game's state, not the return, which win bonuses
+    # and step penalties shift.
+    outcome_names = ("won", "lost")
     # Score mode ranks a dozen admissible commands per turn, which a small model learns
     # far faster than writing commands out. Rewards are sparse (1 for the quest, at the
     # end), so the discount is what rewards short solutions. One turn of history tells
@@ -223,6 +227,9 @@ class TextWorldAgent(Agent):
         if self.options.list_commands is None:
             return self.config.rollout.mode == "generate"
         return self.options.list_commands
+
+    def outcome(self, episode_return: float, info: Mapping[str, Any]) -> str:
+        return "won" if info.get("won") is True else "lost"
 
     # -- actions --------------------------------------------------------------------
     def legal_actions(self, observation: Any, info: dict) -> Sequence[str]:
