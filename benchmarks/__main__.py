@@ -4,6 +4,7 @@
     python -m benchmarks all              # the full benchmark (hours: see README.md)
     python -m benchmarks throughput       # one part: throughput, breakdown, learning, scaling
     python -m benchmarks table            # results/*.json -> results/table.md
+    python -m benchmarks table --results-doc   # ... and into docs/results.md
     python -m benchmarks peer-venv        # create the original LlamaGym's venv only
 
 JSON and PNG files go to ``benchmarks/results/`` (``--output-dir`` to change it).

@@ -1,8 +1,8 @@
-"""The README's results table, made from ``benchmarks/results/*.json``.
+"""The benchmark tables of docs/results.md, made from ``benchmarks/results/*.json``.
 
-    python -m benchmarks table            # full results -> results/table.md (and stdout)
-    python -m benchmarks table --quick    # the smoke-run results -> results/table-quick.md
-    python -m benchmarks table --readme   # ... and into README.md's results section
+    python -m benchmarks table                 # full results -> results/table.md (and stdout)
+    python -m benchmarks table --quick         # the smoke-run results -> results/table-quick.md
+    python -m benchmarks table --results-doc   # ... and into docs/results.md
 
 Every row names the command that produced it, the machine (cores, CPU model) and the
 date, all read from the JSON file the row comes from. A part without a result file is
@@ -300,34 +300,50 @@ def write_table(directory: Path, quick: bool | None = None) -> Path:
     return path
 
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+RESULTS_DOC = Path(__file__).resolve().parents[1] / "docs" / "results.md"
 START, END = "<!-- benchmark tables: start -->", "<!-- benchmark tables: end -->"
 
 
-def update_readme(table: str, readme: Path = README) -> Path:
-    """Put ``table`` (without its title) between the README's two marker lines."""
-    text = readme.read_text(encoding="utf-8")
+def _split(document: Path) -> tuple[str, str, str]:
+    """``document``'s text before, between and after its two marker lines."""
+    text = document.read_text(encoding="utf-8")
     if START not in text or END not in text:
-        raise SystemExit(f"{readme} has no {START} ... {END} block to fill")
-    body = table.split("\n", 2)[2] if table.startswith("## ") else table
+        raise SystemExit(f"{document} has no {START} ... {END} block to fill")
     head, rest = text.split(START, 1)
-    tail = rest.split(END, 1)[1]
-    readme.write_text(f"{head}{START}\n\n{body.strip()}\n\n{END}{tail}", encoding="utf-8")
-    return readme
+    block, tail = rest.split(END, 1)
+    return head, block, tail
+
+
+def generated_block(document: Path = RESULTS_DOC) -> str:
+    """The tables between ``document``'s two marker lines, without the blank lines around."""
+    return _split(document)[1].strip()
+
+
+def table_body(table: str) -> str:
+    """``table`` without its ``## Benchmarks`` title: the part that goes between the markers."""
+    return (table.split("\n", 2)[2] if table.startswith("## ") else table).strip()
+
+
+def update_results_doc(table: str, document: Path = RESULTS_DOC) -> Path:
+    """Put ``table`` (without its title) between ``document``'s two marker lines."""
+    head, _, tail = _split(document)
+    document.write_text(f"{head}{START}\n\n{table_body(table)}\n\n{END}{tail}",
+                        encoding="utf-8")
+    return document
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="tabulate the --quick results")
     parser.add_argument("--output-dir", type=Path, default=DEFAULT_RESULTS_DIR,
                         help="where the result files are (default: benchmarks/results)")
-    parser.add_argument("--readme", action="store_true",
-                        help="also put the tables into README.md's results section")
+    parser.add_argument("--results-doc", action="store_true",
+                        help="also put the tables into docs/results.md, between its marker lines")
 
 
 def main_from_args(args: argparse.Namespace) -> int:
     path = write_table(args.output_dir, args.quick)
     table = path.read_text(encoding="utf-8")
     print(table, end="")
-    if getattr(args, "readme", False):
-        print(f"updated {update_readme(table)}")
+    if getattr(args, "results_doc", False):
+        print(f"updated {update_results_doc(table)}")
     return 0
