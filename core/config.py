@@ -339,7 +339,7 @@ PRETRAINED_MODEL_DEFAULTS: dict[str, Any] = {
         "minibatch_size": 32,
         # Each step's 32 turns in passes of 8: the same step, with a quarter of the
         # activations alive at once (SmolLM2-135M, one generate-mode PPO update at
-        # minibatch 32: README, Real models).
+        # minibatch 32: docs/results.md).
         "microbatch_size": 8,
         "epochs": 2,
         "target_kl": 0.02,

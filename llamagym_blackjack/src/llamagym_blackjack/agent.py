@@ -90,7 +90,7 @@ class BlackjackAgent(Agent):
     # trunk, so each step takes a whole minibatch of 32 in one pass; the adapter then
     # moves fewer weights, and at lr 1e-4 it could not fit basic strategy in 40
     # supervised steps (agreement 0.61, as always-hit), at 1e-3 it could (0.89), so the
-    # rate is 5e-4 with the target-KL stop as the brake (README, Real models).
+    # rate is 5e-4 with the target-KL stop as the brake (docs/results.md).
     # Generate mode samples from the model's two most likely tokens, and its reply starts
     # by restating the player's sum: after '{"action": "' alone, one of those two tokens
     # was often not an action (22% of sampled replies zero-shot), after the sum both are
@@ -99,7 +99,7 @@ class BlackjackAgent(Agent):
     # Short replies leave room for the update's activations without gradient
     # checkpointing (25% faster). These are the best tried, not good: after 30 minutes
     # the greedy policy still sticks everywhere, as it did with every generate-mode
-    # setting tried (README, Real models).
+    # setting tried (docs/results.md).
     pretrained_defaults = {
         "score": {
             "algorithm": {

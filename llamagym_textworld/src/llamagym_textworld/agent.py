@@ -158,8 +158,8 @@ class TextWorldAgent(Agent):
     }
     # A pretrained model: a turn's prompt (hundreds of tokens, a dozen commands scored
     # after it) costs SmolLM2-135M seconds on the CPU. 16 episodes (~400 turns) make
-    # one update in about 10 minutes on both cores of a 2-core machine (README, Real
-    # models); the generic 64 episodes would take four times as long per update.
+    # one update in about 10 minutes on both cores of a 2-core machine
+    # (docs/results.md); the generic 64 episodes would take four times as long per update.
     pretrained_defaults = {
         "score": {"rollout": {"num_envs": 8}, "algorithm": {"episodes_per_update": 16}}
     }
