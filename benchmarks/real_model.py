@@ -691,7 +691,8 @@ def main() -> None:
     elif args.part == "fit":
         data, name = fit_part(args), "smollm2-fit-layers" if args.layers else "smollm2-fit"
     elif args.part == "cost":
-        data, name = cost_part(args), f"smollm2-cost-{args.mode}"
+        agents = "-".join(args.agents or ["blackjack", "cartpole"])
+        data, name = cost_part(args), f"smollm2-cost-{args.mode}-{agents}"
     elif args.part == "generation":
         data = run_worker({"work": "generation", "model": args.model}, args.threads)
         name = "smollm2-generation"
