@@ -298,8 +298,29 @@ def tokenizer():
         "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
         "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
         "{{ 'x' * 100000000 }}",
+        "{% set n = 10**10 %}{{ 'x' * n }}",
+        "{{ 10**(10**10) }}",
+        "{{ 'x' * 10**9 }}",
+        "{% set n = 10**9 %}{{ ([1] * n)|length }}",
+        "{{ '%1000000000s' % 'x' }}",
+        "{{ '%*s' % (10**9, 'x') }}",
+        "{{ '%1000000000s'|format('x') }}",
+        "{{ '{:>1000000000}'.format(1) }}",
+        "{{ '{:>{}}'.format(1, 10**9) }}",
+        "{{ 'x'|center(10**9) }}",
+        "{{ 'x'|center(1000000000) }}",
+        "{{ 'x'.ljust(10**9) }}",
+        "{{ 'x'|indent(10**9) }}",
+        "{{ lipsum(10**9) }}",
+        "{% set s = 'x' * 200000 %}{{ s.replace('x', s)|length }}",
+        "{% set s = 'x' * 100000 %}{{ [s, s, s]|join(s)|length }}",
+        "{% set ns = namespace(s='x') %}{% for i in range(64) %}"
+        "{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
     ],
-    ids=["nested-loops", "silent-nested-loops", "huge-string"],
+    ids=["nested-loops", "silent-nested-loops", "huge-string", "times-a-variable",
+         "power", "times-a-power", "list-times", "percent-width", "percent-star",
+         "format-filter", "format-width", "format-nested-width", "center-filter",
+         "center-folded", "ljust", "indent", "lipsum", "replace", "join", "concat-doubling"],
 )
 def test_a_runaway_chat_template_is_refused_within_two_seconds(template, tokenizer) -> None:
     tokenizer.chat_template = template
@@ -334,6 +355,46 @@ def test_a_chat_template_error_is_one_line(template, problem, tmp_path, cli) -> 
     assert code == 2, err
     line = one_error_line(err)
     assert f"the chat template of model {str(model)!r} failed" in line and problem in line
+
+
+# SmolLM2's own chat template (its chat_template.jinja), as text.
+SMOLLM2_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+    "Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def test_real_templates_render_the_same_text_in_the_bounded_sandbox(tokenizer) -> None:
+    from llamagym.models.tiny import CHAT_TEMPLATE
+
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "1 or 2?"}]
+    tokenizer.chat_template = SMOLLM2_TEMPLATE
+    assert render_chat(tokenizer, [chat, chat[1:2]]) == [
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+        "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\n1 or 2?<|im_end|>\n"
+        "<|im_start|>assistant\n",
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+        "Face<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+    ]
+    tokenizer.chat_template = CHAT_TEMPLATE
+    assert render_chat(tokenizer, [chat, chat[1:2]]) == [
+        "<|system|>\nBe brief.<|end|>\n<|user|>\nhi<|end|>\n<|assistant|>\nHello.<|end|>\n"
+        "<|user|>\n1 or 2?<|end|>\n<|assistant|>\n",
+        "<|user|>\nhi<|end|>\n<|assistant|>\n",
+    ]
+    # What a template does with numbers, formats and filters within the limits is kept.
+    tokenizer.chat_template = (
+        "{{ '%s-%d' % ('a', 1700000000) }} {{ '{}:{:>4}'.format('b', 7) }} {{ 2 ** 10 }} "
+        "{{ ['x', 'y']|join(', ') }} {{ 'ab'.replace('a', 'c') }} {{ '-' * 3 ~ 'z' }} "
+        "{{ 'hi\nthere'|indent(2) }}"
+    )
+    assert render_chat(tokenizer, [chat]) == [
+        "a-1700000000 b:   7 1024 x, y cb ---z hi\n  there"
+    ]
 
 
 def test_a_real_template_renders_as_before(tokenizer) -> None:
