@@ -166,6 +166,45 @@ def test_the_python_call_gets_a_config_error_for_them() -> None:
         tiny_agent(BanditAgent, training={"eval_episodes": 10**9})
 
 
+@pytest.mark.parametrize("command", ["eval", "play", "record"])
+def test_episodes_to_play_beyond_the_machines_memory_are_refused_before_loading(
+    command, tmp_path, cli
+) -> None:
+    target = tmp_path / "no-run-yet"  # refused before anything is read or loaded
+    words = {
+        "eval": ["eval", "blackjack", "--checkpoint", target],
+        "play": ["play", target],
+        "record": ["record", "blackjack", "-b", "basic-strategy", "-o", target],
+    }[command]
+    code, _, err = cli(*words, "-n", str(10**9))
+    assert code == 2, err
+    line = one_error_line(err)
+    assert "--episodes = 1,000,000,000" in line and "GiB" in line and "this machine" in line
+    assert not target.exists()
+
+
+def test_logits_a_generation_would_keep_beyond_the_machines_memory_are_refused(
+    tmp_path, cli, monkeypatch
+) -> None:
+    monkeypatch.setattr("llamagym.config.machine_memory", lambda: 16 << 30)
+    output = tmp_path / "run"
+    code, _, err = cli("run", "blackjack", *FAST, "--num-envs", "4096", "--output", output,
+                       "--set", "rollout.mode=generate", "--set", "rollout.max_new_tokens=4096")
+    assert code == 2, err
+    line = one_error_line(err)
+    # 4,096 rows x 4,096 steps x the tiny model's 1,024 logits x 4 bytes = 64 GiB
+    assert "rollout.num_envs = 4,096 x rollout.max_new_tokens = 4,096" in line
+    assert "vocabulary of 1,024 tokens" in line and "64.0 GiB" in line and "16.0 GiB" in line
+    assert not output.exists()
+    agent = tiny_agent(BanditAgent, rollout={"num_envs": 4096, "mode": "generate",
+                                             "max_new_tokens": 4096})
+    with pytest.raises(ConfigError, match="64.0 GiB of logits"):
+        agent.policy  # noqa: B018 (loading the model checks it)
+    # Within the machine's memory it loads.
+    assert tiny_agent(BanditAgent, rollout={"num_envs": 4, "mode": "generate",
+                                            "max_new_tokens": 4096}).policy is not None
+
+
 # -- 4. hostile envs --------------------------------------------------------------------
 class HostileBandit(TwoArmedBandit):
     """The bandit, made hostile in one way (``how``)."""

@@ -459,9 +459,10 @@ def eval_command(
 
     from rich.console import Console
 
-    from llamagym.config import deep_merge, parse_assignment
+    from llamagym.config import check_episode_memory, deep_merge, parse_assignment
     from llamagym.run import load_agent
 
+    check_episode_memory(episodes, "--episodes")  # before the model loads
     report_plugin_problems()
     overrides: dict[str, Any] = {}
     for assignment in assignments:
