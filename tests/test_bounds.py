@@ -19,6 +19,7 @@ import gymnasium
 import pytest
 import yaml
 
+from llamagym import hookimpl
 from llamagym.config import ConfigError
 from llamagym.errors import EnvFailureError
 from llamagym.models.chat_template import ChatTemplateError, render_chat
@@ -27,6 +28,7 @@ from llamagym.testing import (
     TwoArmedBandit,
     model_with_its_own_code,
     one_error_line,
+    temporary_plugin,
     tiny_agent,
 )
 from llamagym.training.run_lock import WRITER, RunDirectoryBusyError, RunDirectoryLock
@@ -244,6 +246,39 @@ def hostile(monkeypatch):
         return tiny_agent(HostileAgent, **overrides)
 
     return make
+
+
+class BanditRegistration:
+    @hookimpl
+    def llamagym_register_agents(self, register):
+        register("bandit", "llamagym.testing:BanditAgent", description="two levers")
+
+
+def test_a_warning_that_quotes_an_env_cannot_drive_the_terminal(tmp_path, cli,
+                                                                 monkeypatch) -> None:
+    import logging
+
+    from llamagym.display import PrintableFormatter
+
+    clipboard = "\x1b]52;c;cm0gLXJmIH4=\x07"  # OSC 52: write the clipboard
+    bandit_step = TwoArmedBandit.step
+
+    def step(self, action):
+        observation, *rest = bandit_step(self, action)
+        # An env plugin that warns about what its env showed, quoting it.
+        logging.getLogger("hostile_env").warning("odd observation %s\x1b[2J", clipboard)
+        return observation, *rest
+
+    monkeypatch.setattr(TwoArmedBandit, "step", step)
+    with temporary_plugin(BanditRegistration(), "bandit-plugin"):
+        code, _, err = cli("run", "bandit", *FAST, "--output", tmp_path / "run")
+    assert code == 0, err
+    assert "odd observation \\x1b]52;c;cm0gLXJmIH4=\\x07\\x1b[2J" in err  # shown, escaped
+    assert "\x1b" not in err and "\x07" not in err
+    # The plain handler of the commands without a progress bar formats the same way.
+    record = logging.LogRecord("hostile_env", logging.WARNING, "", 0, "odd %s", (clipboard,), None)
+    line = PrintableFormatter("%(levelname)s %(name)s: %(message)s").format(record)
+    assert line == "WARNING hostile_env: odd \\x1b]52;c;cm0gLXJmIH4=\\x07"
 
 
 @pytest.mark.parametrize("how", ["raises", "old-api", "nan", "inf"])
