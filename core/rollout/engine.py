@@ -584,9 +584,10 @@ class RolloutEngine:
         ``should_stop`` is called after each batched env step, and in generate mode
         between the tokens of a generation and after it (replies it cut short are never
         stepped); once it returns True the collection ends there and returns the
-        episodes finished so far, fewer than ``num_episodes`` (the ones in progress are abandoned; the next collection resets
-        their envs); the caller knows this happened, since the callable is its own. The
-        random draws made so far are not undone.
+        episodes finished so far, fewer than ``num_episodes`` (the ones in progress are
+        abandoned; the next collection resets their envs); the caller knows this
+        happened, since the callable is its own. The random draws made so far are not
+        undone.
         """
         started_at = time.perf_counter()
         if seeds is None:
