@@ -86,6 +86,27 @@ def check_episode_memory(episodes: int, what: str) -> None:
         )
 
 
+#: Bytes of one logit as generate keeps it (a 32-bit float at the most).
+LOGIT_BYTES = 4
+
+
+def check_generation_memory(rows: int, max_new_tokens: int, vocabulary: int) -> None:
+    """A ``ConfigError`` when one batched generation would keep more logits than this
+    machine's memory: every step's, for every row (``rows`` x ``max_new_tokens`` x
+    ``vocabulary``, :data:`LOGIT_BYTES` each), before any is allocated."""
+    needed, memory = rows * max_new_tokens * vocabulary * LOGIT_BYTES, machine_memory()
+    if needed > memory:
+        fits = memory // (rows * vocabulary * LOGIT_BYTES) // 10
+        raise ConfigError(
+            f"rollout.num_envs = {rows:,} x rollout.max_new_tokens = {max_new_tokens:,} x "
+            f"the model's vocabulary of {vocabulary:,} tokens would keep "
+            f"{needed / 2**30:,.1f} GiB of logits in one generation ({LOGIT_BYTES} bytes "
+            f"each), more than this machine's {memory / 2**30:,.1f} GiB; lower "
+            f"rollout.num_envs, or rollout.max_new_tokens to at most {max(fits, 1):,} "
+            "(a tenth of that bound)"
+        )
+
+
 def check_seed(seed: int, where: str = "the seed") -> int:
     """``seed`` if numpy can take it, else a ``ConfigError`` naming ``where`` it came from."""
     if not 0 <= seed <= MAX_SEED:

@@ -14,6 +14,7 @@ through :func:`shown` inside a line that has markup of its own.
 
 from __future__ import annotations
 
+import logging
 import re
 
 #: Kept as they are where text is laid out on several lines.
@@ -31,6 +32,15 @@ def printable(text: object, keep: str = LAYOUT) -> str:
     if text.isprintable() or all(c.isprintable() or c in keep for c in text):
         return text
     return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in text)
+
+
+class PrintableFormatter(logging.Formatter):
+    """Log lines as :func:`printable` text: a warning that quotes an observation, a
+    reply, a file or a model name cannot drive the terminal it is printed on. The CLI's
+    log handlers format every record through it."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record))
 
 
 def shown(text: object) -> str:

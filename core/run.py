@@ -23,7 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llamagym.config import Layer, ResolvedConfig, RunConfig, resolve_config, run_layers
+from llamagym.config import (
+    Layer,
+    ResolvedConfig,
+    RunConfig,
+    check_generation_memory,
+    resolve_config,
+    run_layers,
+)
 from llamagym.errors import ConfigError, LlamaGymError
 
 if TYPE_CHECKING:
@@ -104,6 +111,11 @@ def load_policy(
         # Replies make long rows whose activations dominate an update's memory;
         # score-mode rows are short, so recomputing them would only cost time.
         checkpointing = config.rollout.mode == "generate" and hasattr(model, "peft_config")
+    if config.rollout.mode == "generate":  # generate keeps every step's logits
+        vocabulary = getattr(model.config, "vocab_size", None) or len(tokenizer)
+        check_generation_memory(
+            config.rollout.num_envs, config.rollout.max_new_tokens, int(vocabulary)
+        )
     policy = Policy(model, tokenizer, device, gradient_checkpointing=checkpointing)
     _choose_threads(policy, config.training.threads)
     return policy

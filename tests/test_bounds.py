@@ -19,6 +19,7 @@ import gymnasium
 import pytest
 import yaml
 
+from llamagym import hookimpl
 from llamagym.config import ConfigError
 from llamagym.errors import EnvFailureError
 from llamagym.models.chat_template import ChatTemplateError, render_chat
@@ -27,6 +28,7 @@ from llamagym.testing import (
     TwoArmedBandit,
     model_with_its_own_code,
     one_error_line,
+    temporary_plugin,
     tiny_agent,
 )
 from llamagym.training.run_lock import WRITER, RunDirectoryBusyError, RunDirectoryLock
@@ -166,6 +168,45 @@ def test_the_python_call_gets_a_config_error_for_them() -> None:
         tiny_agent(BanditAgent, training={"eval_episodes": 10**9})
 
 
+@pytest.mark.parametrize("command", ["eval", "play", "record"])
+def test_episodes_to_play_beyond_the_machines_memory_are_refused_before_loading(
+    command, tmp_path, cli
+) -> None:
+    target = tmp_path / "no-run-yet"  # refused before anything is read or loaded
+    words = {
+        "eval": ["eval", "blackjack", "--checkpoint", target],
+        "play": ["play", target],
+        "record": ["record", "blackjack", "-b", "basic-strategy", "-o", target],
+    }[command]
+    code, _, err = cli(*words, "-n", str(10**9))
+    assert code == 2, err
+    line = one_error_line(err)
+    assert "--episodes = 1,000,000,000" in line and "GiB" in line and "this machine" in line
+    assert not target.exists()
+
+
+def test_logits_a_generation_would_keep_beyond_the_machines_memory_are_refused(
+    tmp_path, cli, monkeypatch
+) -> None:
+    monkeypatch.setattr("llamagym.config.machine_memory", lambda: 16 << 30)
+    output = tmp_path / "run"
+    code, _, err = cli("run", "blackjack", *FAST, "--num-envs", "4096", "--output", output,
+                       "--set", "rollout.mode=generate", "--set", "rollout.max_new_tokens=4096")
+    assert code == 2, err
+    line = one_error_line(err)
+    # 4,096 rows x 4,096 steps x the tiny model's 1,024 logits x 4 bytes = 64 GiB
+    assert "rollout.num_envs = 4,096 x rollout.max_new_tokens = 4,096" in line
+    assert "vocabulary of 1,024 tokens" in line and "64.0 GiB" in line and "16.0 GiB" in line
+    assert not output.exists()
+    agent = tiny_agent(BanditAgent, rollout={"num_envs": 4096, "mode": "generate",
+                                             "max_new_tokens": 4096})
+    with pytest.raises(ConfigError, match="64.0 GiB of logits"):
+        agent.policy  # noqa: B018 (loading the model checks it)
+    # Within the machine's memory it loads.
+    assert tiny_agent(BanditAgent, rollout={"num_envs": 4, "mode": "generate",
+                                            "max_new_tokens": 4096}).policy is not None
+
+
 # -- 4. hostile envs --------------------------------------------------------------------
 class HostileBandit(TwoArmedBandit):
     """The bandit, made hostile in one way (``how``)."""
@@ -205,6 +246,39 @@ def hostile(monkeypatch):
         return tiny_agent(HostileAgent, **overrides)
 
     return make
+
+
+class BanditRegistration:
+    @hookimpl
+    def llamagym_register_agents(self, register):
+        register("bandit", "llamagym.testing:BanditAgent", description="two levers")
+
+
+def test_a_warning_that_quotes_an_env_cannot_drive_the_terminal(tmp_path, cli,
+                                                                 monkeypatch) -> None:
+    import logging
+
+    from llamagym.display import PrintableFormatter
+
+    clipboard = "\x1b]52;c;cm0gLXJmIH4=\x07"  # OSC 52: write the clipboard
+    bandit_step = TwoArmedBandit.step
+
+    def step(self, action):
+        observation, *rest = bandit_step(self, action)
+        # An env plugin that warns about what its env showed, quoting it.
+        logging.getLogger("hostile_env").warning("odd observation %s\x1b[2J", clipboard)
+        return observation, *rest
+
+    monkeypatch.setattr(TwoArmedBandit, "step", step)
+    with temporary_plugin(BanditRegistration(), "bandit-plugin"):
+        code, _, err = cli("run", "bandit", *FAST, "--output", tmp_path / "run")
+    assert code == 0, err
+    assert "odd observation \\x1b]52;c;cm0gLXJmIH4=\\x07\\x1b[2J" in err  # shown, escaped
+    assert "\x1b" not in err and "\x07" not in err
+    # The plain handler of the commands without a progress bar formats the same way.
+    record = logging.LogRecord("hostile_env", logging.WARNING, "", 0, "odd %s", (clipboard,), None)
+    line = PrintableFormatter("%(levelname)s %(name)s: %(message)s").format(record)
+    assert line == "WARNING hostile_env: odd \\x1b]52;c;cm0gLXJmIH4=\\x07"
 
 
 @pytest.mark.parametrize("how", ["raises", "old-api", "nan", "inf"])
@@ -298,8 +372,29 @@ def tokenizer():
         "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
         "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
         "{{ 'x' * 100000000 }}",
+        "{% set n = 10**10 %}{{ 'x' * n }}",
+        "{{ 10**(10**10) }}",
+        "{{ 'x' * 10**9 }}",
+        "{% set n = 10**9 %}{{ ([1] * n)|length }}",
+        "{{ '%1000000000s' % 'x' }}",
+        "{{ '%*s' % (10**9, 'x') }}",
+        "{{ '%1000000000s'|format('x') }}",
+        "{{ '{:>1000000000}'.format(1) }}",
+        "{{ '{:>{}}'.format(1, 10**9) }}",
+        "{{ 'x'|center(10**9) }}",
+        "{{ 'x'|center(1000000000) }}",
+        "{{ 'x'.ljust(10**9) }}",
+        "{{ 'x'|indent(10**9) }}",
+        "{{ lipsum(10**9) }}",
+        "{% set s = 'x' * 200000 %}{{ s.replace('x', s)|length }}",
+        "{% set s = 'x' * 100000 %}{{ [s, s, s]|join(s)|length }}",
+        "{% set ns = namespace(s='x') %}{% for i in range(64) %}"
+        "{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
     ],
-    ids=["nested-loops", "silent-nested-loops", "huge-string"],
+    ids=["nested-loops", "silent-nested-loops", "huge-string", "times-a-variable",
+         "power", "times-a-power", "list-times", "percent-width", "percent-star",
+         "format-filter", "format-width", "format-nested-width", "center-filter",
+         "center-folded", "ljust", "indent", "lipsum", "replace", "join", "concat-doubling"],
 )
 def test_a_runaway_chat_template_is_refused_within_two_seconds(template, tokenizer) -> None:
     tokenizer.chat_template = template
@@ -334,6 +429,46 @@ def test_a_chat_template_error_is_one_line(template, problem, tmp_path, cli) -> 
     assert code == 2, err
     line = one_error_line(err)
     assert f"the chat template of model {str(model)!r} failed" in line and problem in line
+
+
+# SmolLM2's own chat template (its chat_template.jinja), as text.
+SMOLLM2_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+    "Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def test_real_templates_render_the_same_text_in_the_bounded_sandbox(tokenizer) -> None:
+    from llamagym.models.tiny import CHAT_TEMPLATE
+
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "1 or 2?"}]
+    tokenizer.chat_template = SMOLLM2_TEMPLATE
+    assert render_chat(tokenizer, [chat, chat[1:2]]) == [
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+        "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\n1 or 2?<|im_end|>\n"
+        "<|im_start|>assistant\n",
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+        "Face<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+    ]
+    tokenizer.chat_template = CHAT_TEMPLATE
+    assert render_chat(tokenizer, [chat, chat[1:2]]) == [
+        "<|system|>\nBe brief.<|end|>\n<|user|>\nhi<|end|>\n<|assistant|>\nHello.<|end|>\n"
+        "<|user|>\n1 or 2?<|end|>\n<|assistant|>\n",
+        "<|user|>\nhi<|end|>\n<|assistant|>\n",
+    ]
+    # What a template does with numbers, formats and filters within the limits is kept.
+    tokenizer.chat_template = (
+        "{{ '%s-%d' % ('a', 1700000000) }} {{ '{}:{:>4}'.format('b', 7) }} {{ 2 ** 10 }} "
+        "{{ ['x', 'y']|join(', ') }} {{ 'ab'.replace('a', 'c') }} {{ '-' * 3 ~ 'z' }} "
+        "{{ 'hi\nthere'|indent(2) }}"
+    )
+    assert render_chat(tokenizer, [chat]) == [
+        "a-1700000000 b:   7 1024 x, y cb ---z hi\n  there"
+    ]
 
 
 def test_a_real_template_renders_as_before(tokenizer) -> None:

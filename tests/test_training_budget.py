@@ -299,6 +299,45 @@ def test_collect_stops_when_asked_and_returns_the_finished_episodes() -> None:
 
 
 
+@pytest.mark.parametrize("stop", ["time budget", "SIGINT"])
+def test_a_long_generation_stops_between_tokens(stop, tmp_path, monkeypatch, caplog) -> None:
+    """Replies of 4,096 tokens that never end early: the budget or a signal ends the
+    generation between tokens, and the run stops as it does between env steps (the
+    cut batch dropped, the checkpoint the last completed update's)."""
+    import threading
+
+    from llamagym.models import policy
+    from llamagym.testing import BanditAgent, tiny_agent
+
+    budget = 0.02 if stop == "time budget" else 1000  # minutes
+    agent = tiny_agent(
+        BanditAgent,
+        training={"threads": 1, "episodes": None, "minutes": budget, "eval_episodes": 0},
+        rollout={"num_envs": 2, "mode": "generate", "max_new_tokens": 4096},
+        algorithm={"episodes_per_update": 4, "minibatch_size": 4, "epochs": 1},
+        output={"dir": str(tmp_path), "quiet": True},
+    )
+    # No reply closes its JSON object or says the end-of-turn token: each runs 4,096 tokens.
+    monkeypatch.setattr(policy, "closes_json", lambda text: False)
+    agent.policy.eos_id = len(agent.policy.tokenizer) + 1000
+    trainer = training.Trainer(agent)
+    if stop == "SIGINT":
+        interrupt = threading.Timer(1.2, os.kill, (os.getpid(), signal.SIGINT))
+        interrupt.start()
+    with caplog.at_level(logging.WARNING, logger="llamagym"):
+        summary = trainer.run()
+    # On the run's own clock, within a few seconds of the budget (or of the signal),
+    # with the first generation cut before its 4,096 tokens (2 rows).
+    assert summary.seconds < 1.2 + 5
+    assert agent.policy.head_positions < 2 * 4096
+    assert summary.updates == 0 and summary.episodes == 0 and summary.dropped_episodes == 0
+    assert summary.interrupted == (None if stop == "time budget" else "SIGINT")
+    used_up = "time budget used up" if stop == "time budget" else "SIGINT received"
+    assert f"{used_up} during the collection of update 1" in caplog.text
+    assert summary.checkpoint == tmp_path / "checkpoints" / "update-000000"
+    assert not [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["kind"] == "update"]
+
+
 def test_signal_during_a_collection_drops_the_batch_and_skips_the_evaluation(tmp_path) -> None:
     from llamagym.testing import BanditAgent, tiny_agent
 

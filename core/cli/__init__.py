@@ -20,14 +20,16 @@ from llamagym.cli import (  # noqa: F401  (importing a module attaches its comma
     trained_commands,
 )
 from llamagym.cli.app import app
-from llamagym.display import printable
+from llamagym.display import PrintableFormatter, printable
 from llamagym.errors import LlamaGymError
 
 __all__ = ["app", "main"]
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    plain = logging.StreamHandler()  # stderr, until a command shows progress (run, eval)
+    plain.setFormatter(PrintableFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[plain])
     logging.getLogger("llamagym.plugin_manager").setLevel(logging.ERROR)  # shown once, below
     try:
         from llamagym.plugin_manager import get_plugins

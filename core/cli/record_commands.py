@@ -23,10 +23,11 @@ def record_command(
     the conversation the model sees in generate mode, answered with the baseline's
     action. Train on it first with `--set algorithm.warm_start.demonstrations=FILE`."""
     from llamagym.cli.run_commands import resolve_run_config
-    from llamagym.config import check_seed
+    from llamagym.config import check_episode_memory, check_seed
     from llamagym.rollout.demonstrations import record_demonstrations
 
     check_seed(seed, "--seed")
+    check_episode_memory(episodes, "--episodes")  # every demonstration is held until written
     # Generate mode: the prompts keep room for a reply, as when the file is trained on.
     flags = {"rollout.mode": "generate"}
     agent_class, resolved = resolve_run_config(agent, config_file, assignments, flags)

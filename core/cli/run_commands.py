@@ -74,6 +74,8 @@ def configure_logging(console: Any, quiet: bool, verbose: bool) -> None:
     line per update."""
     from rich.logging import RichHandler
 
+    from llamagym.display import PrintableFormatter
+
     root = logging.getLogger()
     for handler in list(root.handlers):
         # Replace the plain stderr handler of logging.basicConfig (and ours from an
@@ -82,6 +84,7 @@ def configure_logging(console: Any, quiet: bool, verbose: bool) -> None:
         if plain or getattr(handler, "_llamagym_cli", False):
             root.removeHandler(handler)
     handler = RichHandler(console=console, show_path=False, show_time=False, markup=False)
+    handler.setFormatter(PrintableFormatter())
     handler._llamagym_cli = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
@@ -459,9 +462,10 @@ def eval_command(
 
     from rich.console import Console
 
-    from llamagym.config import deep_merge, parse_assignment
+    from llamagym.config import check_episode_memory, deep_merge, parse_assignment
     from llamagym.run import load_agent
 
+    check_episode_memory(episodes, "--episodes")  # before the model loads
     report_plugin_problems()
     overrides: dict[str, Any] = {}
     for assignment in assignments:

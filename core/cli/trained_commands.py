@@ -94,6 +94,7 @@ def play_command(
     from rich.console import Console
     from rich.text import Text
 
+    from llamagym.config import check_episode_memory
     from llamagym.rollout.evaluation import evaluation_seeds
     from llamagym.rollout.transcripts import TRANSCRIPTS, render, transcript
     from llamagym.run import load_agent
@@ -110,6 +111,7 @@ def play_command(
             console.print(Text(render(record)), soft_wrap=True)
             console.print()
         return
+    check_episode_memory(episodes, "--episodes")  # played, then printed: held at once
     report_plugin_problems()
     agent = load_agent(
         run, overrides={"rollout": {"num_envs": 1}}, trust_remote_code=trust_remote_code

@@ -164,6 +164,7 @@ class FakePolicy:
         greedy: bool = False,
         generator: Any = None,  # the script decides; nothing is sampled
         reply_prefix: str | Sequence[str] = "",
+        should_stop: Any = None,  # a scripted reply is one step
     ) -> Replies:
         from llamagym.models.policy import Replies, reply_prefixes
 

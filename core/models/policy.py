@@ -13,7 +13,7 @@ import copy
 import functools
 import inspect
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -602,6 +602,7 @@ class Policy(nn.Module):
         greedy: bool = False,
         generator: torch.Generator | None = None,
         reply_prefix: str | Sequence[str] = "",
+        should_stop: Callable[[], bool] | None = None,
     ) -> Replies:
         """Sample one reply per prompt in one batched ``generate`` (left padding), with
         the log-probabilities and values the rollout keeps, from the same passes.
@@ -611,7 +612,8 @@ class Policy(nn.Module):
         temperature or top-p) do not apply: the rollout settings are the one source.
         A reply ends at the end-of-turn token, or where it closes the JSON object that
         it (or ``reply_prefix``, which the prompts already end with: one for all, or one
-        per prompt) opened.
+        per prompt) opened. Every reply ends, cut short, once ``should_stop()`` (asked
+        between tokens) says so: a stop requested or a time budget used up.
 
         The tokens all prompts start with (system prompt, chat template) run once, as a
         cache copied to every row; each row's own tokens follow after its padding, so
@@ -665,6 +667,7 @@ class Policy(nn.Module):
                 eos_token_id=self.eos_id,
                 stopping_criteria=StoppingCriteriaList(
                     [JsonClosed(self.tokenizer, width, prefixes)]
+                    + ([StopRequested(should_stop)] if should_stop is not None else [])
                 ),
                 return_dict_in_generate=True,
                 output_logits=True,  # before any processor: the policy's own
@@ -731,6 +734,17 @@ class JsonClosed:
         pairs = zip(self.prefixes, texts, strict=True)
         done = [closes_json(prefix + text) for prefix, text in pairs]
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
+class StopRequested:
+    """A stopping criterion: every row is done once ``should_stop()`` returns True."""
+
+    def __init__(self, should_stop: Callable[[], bool]):
+        self.should_stop = should_stop
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+        stop = bool(self.should_stop())
+        return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
 
 
 def sampling_processors(

@@ -68,6 +68,7 @@ class RolloutPolicy(Protocol):
         greedy: bool = False,
         generator: torch.Generator | None = None,
         reply_prefix: str | Sequence[str] = "",
+        should_stop: Callable[[], bool] | None = None,
     ) -> Replies: ...
 
 
@@ -330,7 +331,14 @@ class RolloutEngine:
 
     # -- one decision for every active env --------------------------------------------
     @torch.no_grad()
-    def decide(self, slots: Sequence[Slot], greedy: bool = False) -> list[Turn]:
+    def decide(
+        self,
+        slots: Sequence[Slot],
+        greedy: bool = False,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> list[Turn]:
+        """A turn for each slot. A generation ends between tokens once ``should_stop()``
+        says so; its cut replies are for a collection that ends there."""
         prefixes = self.reply_prefixes(slots) if self.settings.mode == "generate" else []
         user_texts, prompts, conversations = self.render_prompts(slots, prefixes)
         named = [self.agent.legal_actions(s.observation, s.info) for s in slots]
@@ -367,6 +375,7 @@ class RolloutEngine:
                 [conversations[row] for row in new],
                 [prefixes[row] for row in new] if prefixes else [],
                 greedy,
+                should_stop,
             )
         self.stats.seconds_model += time.perf_counter() - started
         for row, turn in zip(new, fresh, strict=True):
@@ -396,12 +405,13 @@ class RolloutEngine:
         conversations: list[list[dict[str, str]]],
         prefixes: list[str],
         greedy: bool,
+        should_stop: Callable[[], bool] | None = None,
     ) -> list[Turn]:
         if self.settings.mode == "score":
             return self._decide_by_score(prompts, legal, greedy)
-        turns = self._decide_by_generation(prompts, legal, prefixes, greedy)
+        turns = self._decide_by_generation(prompts, legal, prefixes, greedy, should_stop)
         if self.settings.invalid_action.policy == "reprompt":
-            self._reprompt(turns, conversations, prefixes, greedy)
+            self._reprompt(turns, conversations, prefixes, greedy, should_stop)
         for turn in turns:
             if not turn.valid:
                 self._apply_invalid_action_policy(turn)
@@ -435,7 +445,12 @@ class RolloutEngine:
         return turns
 
     def _decide_by_generation(
-        self, prompts: list[list[int]], legal: list[list[str]], prefixes: list[str], greedy: bool
+        self,
+        prompts: list[list[int]],
+        legal: list[list[str]],
+        prefixes: list[str],
+        greedy: bool,
+        should_stop: Callable[[], bool] | None = None,
     ) -> list[Turn]:
         settings = self.settings
         # The reply prefix is context: the model continues it, the parsers read both.
@@ -453,6 +468,7 @@ class RolloutEngine:
             greedy=greedy,
             generator=self.generator,
             reply_prefix=prefixes,
+            should_stop=should_stop,
         )
         tokenizer = self.policy.tokenizer
         turns = []
@@ -500,6 +516,7 @@ class RolloutEngine:
         conversations: list[list[dict[str, str]]],
         prefixes: list[str],
         greedy: bool,
+        should_stop: Callable[[], bool] | None = None,
     ) -> None:
         """Ask again, up to ``max_reprompts`` times, the envs whose reply had no legal
         action; the failed reply and the feedback stay in the conversation."""
@@ -525,7 +542,9 @@ class RolloutEngine:
             ):
                 return  # no room left to ask again: the fallback applies
             legal = [turns[row].legal_actions for row in pending]
-            retried = self._decide_by_generation(prompts, legal, pending_prefixes, greedy)
+            retried = self._decide_by_generation(
+                prompts, legal, pending_prefixes, greedy, should_stop
+            )
             for row, turn in zip(pending, retried, strict=True):
                 turn.retries = [*turns[row].retries, turns[row]]
                 turns[row].retries = []
@@ -562,11 +581,13 @@ class RolloutEngine:
         seeded generator), and episodes ``k`` with the same ``k // group_size`` share a
         seed, so a group starts from the same state.
 
-        ``should_stop`` is called after each batched env step; once it returns True the
-        collection ends there and returns the episodes finished so far, fewer than
-        ``num_episodes`` (the ones in progress are abandoned; the next collection resets
-        their envs); the caller knows this happened, since the callable is its own. The
-        random draws made so far are not undone.
+        ``should_stop`` is called after each batched env step, and in generate mode
+        between the tokens of a generation and after it (replies it cut short are never
+        stepped); once it returns True the collection ends there and returns the
+        episodes finished so far, fewer than ``num_episodes`` (the ones in progress are
+        abandoned; the next collection resets their envs); the caller knows this
+        happened, since the callable is its own. The random draws made so far are not
+        undone.
         """
         started_at = time.perf_counter()
         if seeds is None:
@@ -606,7 +627,9 @@ class RolloutEngine:
 
         while any(slot is not None for slot in slots):
             active = [(p, slot) for p, slot in enumerate(slots) if slot is not None]
-            turns = self.decide([slot for _, slot in active], greedy=greedy)
+            turns = self.decide([slot for _, slot in active], greedy, should_stop)
+            if self.settings.mode == "generate" and should_stop is not None and should_stop():
+                break  # the replies may be cut short: no env steps them
             include_retries = self.settings.invalid_action.train_on_reprompts
             for (position, slot), turn in zip(active, turns, strict=True):
                 episode = slot.episode

@@ -37,7 +37,7 @@ import os
 import time
 import warnings
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -313,8 +313,13 @@ class SequenceEngine(RolloutEngine):
         self._rendered = list(texts)
         return user_texts, ids, conversations
 
-    def decide(self, slots: Sequence[Slot], greedy: bool = False) -> list[Turn]:
-        turns = super().decide(slots, greedy=greedy)
+    def decide(
+        self,
+        slots: Sequence[Slot],
+        greedy: bool = False,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> list[Turn]:
+        turns = super().decide(slots, greedy, should_stop)
         for slot, turn, text in zip(slots, turns, self._rendered, strict=True):
             self._sequences[id(slot)] = (
                 slot,
