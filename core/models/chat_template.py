@@ -141,7 +141,8 @@ def _compile_in_bounded_sandbox() -> None:
             "this transformers version compiles chat templates where LlamaGym cannot bound "
             "them: install the transformers version LlamaGym's requirements name"
         )
-    chat_template_utils.ImmutableSandboxedEnvironment = BoundedSandbox
+    # A module attribute that holds a class: mypy reads it as the class itself.
+    chat_template_utils.ImmutableSandboxedEnvironment = BoundedSandbox  # type: ignore[misc]
     chat_template_utils._compile_jinja_template.cache_clear()
 
 
