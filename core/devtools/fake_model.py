@@ -164,6 +164,7 @@ class FakePolicy:
         greedy: bool = False,
         generator: Any = None,  # the script decides; nothing is sampled
         reply_prefix: str | Sequence[str] = "",
+        keys: Sequence[Any] | None = None,  # no model, no cache to keep
     ) -> Replies:
         from llamagym.models.policy import Replies, reply_prefixes
 
@@ -184,6 +185,7 @@ class FakePolicy:
         prompts: Sequence[Sequence[int]],
         candidates: Sequence[Sequence[Sequence[int]]],
         reference: bool = False,
+        keys: Sequence[Any] | None = None,
     ) -> tuple[Any, Any]:
         import torch
 
