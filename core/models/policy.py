@@ -533,14 +533,20 @@ class Policy(nn.Module):
         turns = None
         if keys is not None and not reference and not torch.is_grad_enabled():
             turns = self._turns()
-        laid = self._lay_out(prompts, pairs)
+        # The plain layout, unless the turn caches will lay the pass out (where the
+        # trunk holds every context, its top layers alone cost less).
+        laid = None
+        if turns is None or self.trunk is not None:
+            laid = self._lay_out(prompts, pairs)
+            if self.trunk is not None and self.trunk.holds(laid.layout):
+                turns = None
         with self._reference_context(reference) as model:
             decoder, head = _decoder_and_head(model)
-            trunk = self.trunk
-            if turns is not None and not (trunk is not None and trunk.holds(laid.layout)):
+            if turns is not None:
                 assert keys is not None
                 laid, hidden = self._hidden_from_turns(decoder, prompts, pairs, keys, turns)
             else:
+                assert laid is not None
                 hidden = self._hidden(decoder, laid, reference)
             layout = laid.layout
             width, starts, unique = layout.width, layout.starts, layout.unique
