@@ -360,7 +360,9 @@ def turncache(spec: dict[str, Any]) -> dict[str, Any]:
     seeds = list(range(spec["episodes"]))
     kept = policy.turn_cache
     assert kept is not None, "this model keeps no plain key/value cache"
-    engine.collect(envs, spec["envs"], greedy=True, seeds=seeds[: spec["envs"]])  # warm-up
+    # Warm-up (the allocator, the games' first load): one batched turn, then stopped.
+    engine.collect(envs, spec["envs"], greedy=True, seeds=seeds[: spec["envs"]],
+                   should_stop=lambda: True)
     result: dict[str, Any] = {"envs": spec["envs"], "episodes": spec["episodes"],
                               "max_turns": spec["steps"]}
     turns = {}

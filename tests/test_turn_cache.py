@@ -201,12 +201,13 @@ def test_the_update_finds_the_trunk_states_of_the_prompts_a_cached_rollout_ran(
 ) -> None:
     """LoRA on the top layer: the rollout from turn caches records the trunk's output for
     every whole prompt and candidate, as whole passes did, and the update's pass from
-    those states gives the numbers of a whole pass."""
+    those states gives the numbers of a whole pass. Blackjack as shipped (no history:
+    its prompts share the system prompt only), CartPole with the whole history."""
     if env == "blackjack":
         from llamagym_blackjack.agent import BlackjackAgent
 
-        agent = tiny_agent(BlackjackAgent, model={"lora": True, "lora_layers": 1},
-                           rollout={"history_turns": None})
+        agent = tiny_agent(BlackjackAgent, model={"lora": True, "lora_layers": 1})
+        assert agent.config.rollout.history_turns == 0
     else:
         agent = cartpole("score", None, lora=True, lora_layers=1)
     policy = agent.policy
