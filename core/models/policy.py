@@ -389,9 +389,12 @@ class Policy(nn.Module):
         (padding masked out) before the rows' own tokens, which run at their own positions
         (explicit position ids); the candidates' blocks follow as in :meth:`_lay_out`.
         The candidates are not kept: the next prompt renders the chosen action through
-        the chat template, and the common prefix of tokens decides what is reused. With
-        a frozen trunk, its output for each whole prompt (the kept part's, kept with the
-        cache, then the pass's) is recorded as a whole pass would, so the update finds it.
+        the chat template, and the common prefix of tokens decides what is reused. A
+        window (``rollout.history_turns: N``) shifts the oldest turn out every turn, so
+        the common prefix is the system prompt (and template) alone: the numbers are the
+        same, the pass only no cheaper than without a cache. With a frozen trunk, its
+        output for each whole prompt (the kept part's, kept with the cache, then the
+        pass's) is recorded as a whole pass would, so the update finds it.
         """
         trunk = self.trunk if self.trunk is not None and not self.trunk.disabled else None
         rows = self._cached_rows(decoder, prompts, keys, turns, trunk)
