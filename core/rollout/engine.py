@@ -44,7 +44,10 @@ class RolloutPolicy(Protocol):
     """What the engine asks of a policy: a tokenizer, the context length, and the
     batched passes that score candidates and that generate (and score) replies.
     :class:`~llamagym.models.policy.Policy` is one; a stand-in such as
-    :class:`~llamagym.devtools.fake_model.FakePolicy` plays without a model."""
+    :class:`~llamagym.devtools.fake_model.FakePolicy` plays without a model. ``keys``
+    name each row's episode in progress (its slot's key), so a policy may keep what a
+    row's pass computed for the episode's next turn (Policy's turn cache); a policy
+    with a ``drop_turn_cache(key)`` method is told when that episode is over."""
 
     @property
     def tokenizer(self) -> Any: ...
