@@ -25,9 +25,12 @@ def play(
     agent: Any, envs: int, episodes: int, cached: bool = True, memo: bool = False
 ) -> list[Turn]:
     """Greedy episodes with fixed seeds, with the policy's turn cache or without it (then
-    every prompt runs whole, its shared prefix once: the rollout before turn caches)."""
+    every prompt runs whole, its shared prefix once: the rollout before turn caches).
+    The frozen trunk, if any, starts empty, so no pass runs from another's states."""
     policy, engine = agent.policy, agent.engine
     kept = policy.turn_cache
+    if policy.trunk is not None:
+        policy.trunk.clear()
     if not cached:
         policy.turn_cache = None
     try:
@@ -52,6 +55,15 @@ def assert_same_turns(cached: list[Turn], whole: list[Turn]) -> None:
         for a, b in zip([*mine.logprobs, mine.value], [*theirs.logprobs, theirs.value],
                         strict=True):
             assert abs(a - b) <= TOLERANCE
+
+
+@pytest.fixture(params=["tiny", pytest.param("smollm2", marks=pytest.mark.real_model)])
+def model(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The model section: the tiny model, or the real SmolLM2-135M (LoRA on its last 4
+    layers, as its registry entry says: a frozen trunk below them)."""
+    if request.param == "tiny":
+        return {}
+    return {"name": str(request.getfixturevalue("smollm2_dir"))}
 
 
 def cartpole(mode: str, history: int | None, **model: Any) -> Any:
@@ -96,11 +108,11 @@ def test_greedy_evaluation_with_its_memo_equals_reencoding() -> None:
     assert_same_turns(cached, play(agent, envs=4, episodes=24, cached=False, memo=True))
 
 
-def test_each_turn_runs_the_tokens_after_what_its_env_ran_before() -> None:
+def test_each_turn_runs_the_tokens_after_what_its_env_ran_before(model: dict[str, Any]) -> None:
     """One env, the whole history, score mode: turn t's prompt extends turn t-1's, and
     the decoder runs the new tokens (and the candidates) only, where it ran the whole
     prompt before."""
-    agent = cartpole("score", None)
+    agent = cartpole("score", None, **model)
     policy = agent.policy
     start = policy.positions_run
     turns = play(agent, envs=1, episodes=1)
@@ -122,8 +134,8 @@ def test_each_turn_runs_the_tokens_after_what_its_env_ran_before() -> None:
     assert max(new[1:]) < len(prompts[-1]) / 5  # a few dozen tokens, not the episode
 
 
-def test_an_ended_episode_drops_its_cache() -> None:
-    agent = cartpole("score", None)
+def test_an_ended_episode_drops_its_cache(model: dict[str, Any]) -> None:
+    agent = cartpole("score", None, **model)
     policy, cache = agent.policy, agent.policy.turn_cache
     env = agent.make_env()
     observation, info = env.reset(seed=0)
@@ -144,8 +156,10 @@ def test_an_ended_episode_drops_its_cache() -> None:
 
 
 @pytest.mark.parametrize("mode", ["score", "generate"])
-def test_the_memory_bound_holds_and_a_cut_cache_stays_exact(mode: str) -> None:
-    agent = cartpole(mode, None)
+def test_the_memory_bound_holds_and_a_cut_cache_stays_exact(
+    mode: str, model: dict[str, Any]
+) -> None:
+    agent = cartpole(mode, None, **model)
     policy, cache = agent.policy, agent.policy.turn_cache
     play(agent, envs=1, episodes=1)
     per_token = cache.bytes  # nothing kept now: measure one entry's size below
@@ -177,8 +191,8 @@ def test_the_memory_bound_holds_and_a_cut_cache_stays_exact(mode: str) -> None:
     assert_same_turns(nothing, cached)
 
 
-def test_changed_weights_empty_the_cache() -> None:
-    agent = cartpole("score", None)
+def test_changed_weights_empty_the_cache(model: dict[str, Any]) -> None:
+    agent = cartpole("score", None, **model)
     policy, engine = agent.policy, agent.engine
     slot = engine.new_slot(*agent.make_env().reset(seed=0), None, None)
     prompt = engine.render_prompts([slot])[1][0]
@@ -195,21 +209,29 @@ def test_changed_weights_empty_the_cache() -> None:
     assert torch.allclose(values, again_values, atol=TOLERANCE)
 
 
-@pytest.mark.parametrize("env", ["blackjack", "cartpole"])
+@pytest.mark.parametrize(
+    ("env", "real"),
+    [("blackjack", False), ("cartpole", False),
+     pytest.param("blackjack", True, marks=pytest.mark.real_model)],
+)
 def test_the_update_finds_the_trunk_states_of_the_prompts_a_cached_rollout_ran(
-    env: str,
+    env: str, real: bool, request: pytest.FixtureRequest
 ) -> None:
     """LoRA on the top layer: the rollout from turn caches records the trunk's output for
     every whole prompt and candidate, as whole passes did, and the update's pass from
     those states gives the numbers of a whole pass. Blackjack as shipped (no history:
-    its prompts share the system prompt only), CartPole with the whole history."""
+    its prompts share the system prompt only), CartPole with the whole history; the
+    tiny model with LoRA on its top layer, SmolLM2 on its last 4."""
+    model = {"lora": True, "lora_layers": 1}
+    if real:
+        model = {"name": str(request.getfixturevalue("smollm2_dir"))}
     if env == "blackjack":
         from llamagym_blackjack.agent import BlackjackAgent
 
-        agent = tiny_agent(BlackjackAgent, model={"lora": True, "lora_layers": 1})
+        agent = tiny_agent(BlackjackAgent, model=model)
         assert agent.config.rollout.history_turns == 0
     else:
-        agent = cartpole("score", None, lora=True, lora_layers=1)
+        agent = cartpole("score", None, **model)
     policy = agent.policy
     with torch.no_grad():  # an adapter that does something: B starts at zero
         for name, parameter in policy.named_parameters():
