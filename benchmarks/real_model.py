@@ -366,8 +366,10 @@ def turncache(spec: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {"envs": spec["envs"], "episodes": spec["episodes"],
                               "max_turns": spec["steps"]}
     turns = {}
-    for variant in ("cached", "reencoded"):
+    for variant in ("reencoded", "cached"):
         policy.turn_cache = kept if variant == "cached" else None
+        if policy.trunk is not None:  # else the second play's passes run the top layers only
+            policy.trunk.clear()
         positions, model_seconds = policy.positions_run, engine.stats.seconds_model
         started = time.perf_counter()
         batch = engine.collect(envs, spec["episodes"], greedy=True, seeds=seeds)

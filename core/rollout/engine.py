@@ -706,9 +706,9 @@ class RolloutEngine:
                 if should_stop is not None and should_stop():
                     break
         finally:
-            for slot in slots:  # abandoned (a stop, an error): their caches go
-                if slot is not None:
-                    self.end_slot(slot)
+            for abandoned in slots:  # a stop, an error: their caches go
+                if abandoned is not None:
+                    self.end_slot(abandoned)
         self.stats.seconds_total += time.perf_counter() - started_at
         return finished
 
