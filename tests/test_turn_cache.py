@@ -295,3 +295,29 @@ def test_smollm2_textworld_from_turn_caches_equals_reencoding(
         assert ran_cached < ran_whole / 2
     else:
         assert ran_cached <= ran_whole
+
+
+
+def test_a_model_without_a_plain_cache_runs_every_prompt_whole() -> None:
+    """A sliding-window model (Mistral's cache keeps the last window of keys only): no
+    turn cache, the numbers of passes without keys."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from llamagym.models.loading import load_model_and_tokenizer
+    from llamagym.models.policy import Policy
+
+    _, tokenizer = load_model_and_tokenizer("tiny", device="cpu")
+    config = MistralConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        sliding_window=16, pad_token_id=tokenizer.pad_token_id, attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    policy = Policy(MistralForCausalLM(config).eval(), tokenizer)
+    prompts = [tokenizer("a b c d e f g h i j", add_special_tokens=False)["input_ids"]] * 2
+    candidates = [[[5], [6, 7]]] * 2
+    with torch.no_grad():
+        keyed, keyed_values = policy.score(prompts, candidates, keys=["a", "b"])
+        plain, plain_values = policy.score(prompts, candidates)
+    assert policy.turn_cache is None
+    assert torch.equal(keyed, plain) and torch.equal(keyed_values, plain_values)
