@@ -63,7 +63,8 @@ def model(request: pytest.FixtureRequest) -> dict[str, Any]:
     layers, as its registry entry says: a frozen trunk below them)."""
     if request.param == "tiny":
         return {}
-    return {"name": str(request.getfixturevalue("smollm2_dir"))}
+    # Named by its directory, the registry's lora_layers does not apply: say it here.
+    return {"name": str(request.getfixturevalue("smollm2_dir")), "lora_layers": 4}
 
 
 def cartpole(mode: str, history: int | None, **model: Any) -> Any:
@@ -224,7 +225,7 @@ def test_the_update_finds_the_trunk_states_of_the_prompts_a_cached_rollout_ran(
     tiny model with LoRA on its top layer, SmolLM2 on its last 4."""
     model = {"lora": True, "lora_layers": 1}
     if real:
-        model = {"name": str(request.getfixturevalue("smollm2_dir"))}
+        model = {"name": str(request.getfixturevalue("smollm2_dir")), "lora_layers": 4}
     if env == "blackjack":
         from llamagym_blackjack.agent import BlackjackAgent
 
@@ -274,7 +275,7 @@ def test_smollm2_textworld_from_turn_caches_equals_reencoding(
 
     agent = TextWorldAgent(
         config={
-            "model": {"name": str(smollm2_dir)},
+            "model": {"name": str(smollm2_dir), "lora_layers": 4},
             "rollout": {"mode": mode, "num_envs": 2, "history_turns": history,
                         "max_new_tokens": 8},
             "agent": TINY_GAMES,
