@@ -10,6 +10,7 @@
     python benchmarks/real_model.py fit        # how fast each prompt format can learn the hand
     python benchmarks/real_model.py fit --layers  # ... with LoRA on the last N layers
     python benchmarks/real_model.py cost       # s/update at a fixed batch, before/after the trunk
+    python benchmarks/real_model.py turncache  # TextWorld's rollout with turn caches or without
     python benchmarks/real_model.py blackjack --quick   # a smoke run (1 seed, 1 min)
 
 ``--model`` is ``smollm2-135m`` by default (fetched once from the Hub or, offline, from
@@ -55,6 +56,15 @@ supervision toward basic strategy at the decision token (Adam at lr 1e-4, 40 ste
 32 states drawn from the 280), valued every 5 steps by agreement with basic strategy
 over all 280 states (always hitting agrees on 61%) and by the spread of the probability
 of hitting over hard sums 4-20 against a dealer 10. Result: ``results/smollm2-fit.json``.
+
+turncache: TextWorld in score mode with the whole history (``rollout.history_turns:
+null``), 8 envs, 32 greedy episodes of at most 30 turns (``--quick``: 8 of at most 6) on
+fixed seeds, played twice in one process: with each env's key/value cache kept from its
+last turn (``Policy.turn_cache``) and with every prompt re-encoded (the turn cache off,
+its shared prefix still run once). The token positions the decoder ran (padding
+included; exact), per turn and in all, the rollout's seconds, and whether both played
+the same actions with the same log-probabilities. Result:
+``results/smollm2-turncache.json``.
 """
 
 from __future__ import annotations
@@ -336,6 +346,59 @@ def generation(spec: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def turncache(spec: dict[str, Any]) -> dict[str, Any]:
+    """The same greedy TextWorld episodes with turn caches and without, in one process."""
+    from llamagym_textworld.agent import TextWorldAgent
+
+    agent = TextWorldAgent(config={
+        "model": {"name": spec["model"]}, "output": {"dir": None},
+        "rollout": {"mode": "score", "num_envs": spec["envs"], "history_turns": None},
+        "agent": {"games": spec["envs"], "max_episode_steps": spec["steps"]},
+    })
+    policy, engine = agent.policy, agent.engine
+    envs = [agent.make_env() for _ in range(spec["envs"])]
+    seeds = list(range(spec["episodes"]))
+    kept = policy.turn_cache
+    assert kept is not None, "this model keeps no plain key/value cache"
+    # Warm-up (the allocator, the games' first load): one batched turn, then stopped.
+    engine.collect(envs, spec["envs"], greedy=True, seeds=seeds[: spec["envs"]],
+                   should_stop=lambda: True)
+    result: dict[str, Any] = {"envs": spec["envs"], "episodes": spec["episodes"],
+                              "max_turns": spec["steps"]}
+    turns = {}
+    for variant in ("reencoded", "cached"):
+        policy.turn_cache = kept if variant == "cached" else None
+        if policy.trunk is not None:  # else the second play's passes run the top layers only
+            policy.trunk.clear()
+        positions, model_seconds = policy.positions_run, engine.stats.seconds_model
+        started = time.perf_counter()
+        batch = engine.collect(envs, spec["episodes"], greedy=True, seeds=seeds)
+        seconds = time.perf_counter() - started
+        turns[variant] = [turn for episode in batch for turn in episode.turns]
+        ran = policy.positions_run - positions
+        count = len(turns[variant])
+        result[variant] = {
+            "turns": count,
+            "prompt_tokens": sum(len(turn.prompt_tokens) for turn in turns[variant]),
+            "decoder_positions": ran,
+            "decoder_positions_per_turn": ran / count,
+            "seconds": seconds,
+            "model_seconds": engine.stats.seconds_model - model_seconds,
+            "seconds_per_turn": seconds / count,
+        }
+    policy.turn_cache = kept
+    cached, whole = turns["cached"], turns["reencoded"]
+    result["same_actions"] = [t.action_index for t in cached] == [t.action_index for t in whole]
+    result["max_logprob_difference"] = max(
+        abs(a.logprobs[0] - b.logprobs[0]) for a, b in zip(cached, whole, strict=False))
+    result["max_value_difference"] = max(
+        abs(a.value - b.value) for a, b in zip(cached, whole, strict=False))
+    result["positions_ratio"] = (result["reencoded"]["decoder_positions"]
+                                 / result["cached"]["decoder_positions"])
+    result["speedup"] = result["reencoded"]["seconds"] / result["cached"]["seconds"]
+    return result
+
+
 def reply_format(spec: dict[str, Any]) -> dict[str, Any]:
     """Zero-shot replies of one env plugin's agent in generate mode: the share without a
     legal action, greedy and sampled, over the first ``turns`` decisions."""
@@ -430,7 +493,7 @@ def fit(spec: dict[str, Any]) -> dict[str, Any]:
 
 WORKERS = {"zero_shot": zero_shot, "final_exact": final_exact, "memory": memory,
            "speed": speed, "reply_format": reply_format, "generation": generation, "fit": fit,
-           "cost": cost}
+           "cost": cost, "turncache": turncache}
 
 
 def run_worker(spec: dict[str, Any], threads: int) -> dict[str, Any]:
@@ -655,7 +718,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("part", choices=("blackjack", "cartpole", "memory", "speed", "formats",
-                                         "generation", "fit", "cost"))
+                                         "generation", "fit", "cost", "turncache"))
     parser.add_argument("--model", default=MODEL)
     parser.add_argument("--mode", choices=("score", "generate"), default="score")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -693,6 +756,11 @@ def main() -> None:
     elif args.part == "cost":
         agents = "-".join(args.agents or ["blackjack", "cartpole"])
         data, name = cost_part(args), f"smollm2-cost-{args.mode}-{agents}"
+    elif args.part == "turncache":
+        quick = {"episodes": 8, "steps": 6} if args.quick else {"episodes": 32, "steps": 30}
+        data = run_worker({"work": "turncache", "model": args.model, "envs": 8, **quick},
+                          args.threads)
+        name = "smollm2-turncache"
     elif args.part == "generation":
         data = run_worker({"work": "generation", "model": args.model}, args.threads)
         name = "smollm2-generation"

@@ -297,6 +297,7 @@ class Agent:
             self._commit_turn(slot, self._pending_turn)
         episode = slot.episode
         self._slot = None
+        self.engine.end_slot(slot)
         if not episode.turns:
             return {}
         self._finished.append(episode)

@@ -165,6 +165,7 @@ class FakePolicy:
         generator: Any = None,  # the script decides; nothing is sampled
         reply_prefix: str | Sequence[str] = "",
         should_stop: Any = None,  # a scripted reply is one step
+        keys: Sequence[Any] | None = None,  # no model, no cache to keep
     ) -> Replies:
         from llamagym.models.policy import Replies, reply_prefixes
 
@@ -185,6 +186,7 @@ class FakePolicy:
         prompts: Sequence[Sequence[int]],
         candidates: Sequence[Sequence[Sequence[int]]],
         reference: bool = False,
+        keys: Sequence[Any] | None = None,
     ) -> tuple[Any, Any]:
         import torch
 

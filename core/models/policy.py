@@ -13,7 +13,7 @@ import copy
 import functools
 import inspect
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +21,14 @@ import torch
 from torch import nn
 
 from llamagym.errors import ModelLoadError
-from llamagym.models.trunk import PassLayout, TrunkStates, first_trained_layer, top_layers
+from llamagym.models.trunk import (
+    PassLayout,
+    TrunkStates,
+    decoder_layers,
+    first_trained_layer,
+    top_layers,
+)
+from llamagym.models.turn_cache import Kept, TurnCache, stacked_past
 
 logger = logging.getLogger(__name__)
 
@@ -133,6 +140,15 @@ class Policy(nn.Module):
         self.logit_softcap = getattr(model.config, "final_logit_softcapping", None)
         #: Positions the LM head has been applied at (each costs a vocabulary-wide matmul).
         self.head_positions = 0
+        #: Token positions the decoder has run (every row and column of its calls,
+        #: padding included), in the passes of this class.
+        self.positions_run = 0
+        #: Each rollout env's key/value cache from its last turn (core/models/turn_cache.py),
+        #: read by :meth:`score` and :meth:`generate` when the engine names the rows'
+        #: envs (``keys``); None where the model keeps no plain cache (every prompt then
+        #: runs whole, its shared prefix once, as without keys).
+        self.turn_cache: TurnCache | None = TurnCache()
+        self._turn_cache_checked = False
         #: What the frozen trunk (the decoder layers below the lowest trained one, with
         #: ``model.lora_layers``) computed for the token contexts seen so far in passes
         #: without gradients; None when every layer trains. See core/models/trunk.py.
@@ -213,10 +229,16 @@ class Policy(nn.Module):
         return input_ids, attention_mask
 
     def _lay_out(
-        self, prompts: Sequence[Sequence[int]], pairs: Sequence[tuple[int, Sequence[int]]]
+        self,
+        prompts: Sequence[Sequence[int]],
+        pairs: Sequence[tuple[int, Sequence[int]]],
+        cached: dict[tuple[int, ...], int] | None = None,
     ) -> _Pass:
         """The one pass that scores ``pairs`` (prompt index, continuation tokens): see
-        :meth:`_continuations`."""
+        :meth:`_continuations`. With ``cached`` (a distinct prompt -> how many of its
+        first tokens a turn cache holds), each row runs its tokens after those, at their
+        own positions, after its cache left-padded to the longest (see
+        :meth:`_hidden_from_turns`); else the prompts' shared prefix runs once."""
         slot_of: dict[tuple[int, ...], int] = {}
         pair_rows = [slot_of.setdefault(tuple(prompts[i]), len(slot_of)) for i, _ in pairs]
         distinct = list(slot_of)
@@ -226,8 +248,12 @@ class Policy(nn.Module):
             for row, (_, tokens) in zip(pair_rows, pairs, strict=True)
         ]
         unique = list(unique_of)
-        shared = shared_prefix_length(distinct)
-        prompt_ids, prompt_mask = self._left_padded([prompt[shared:] for prompt in distinct])
+        shared = shared_prefix_length(distinct) if cached is None else 0
+        own = [cached[prompt] for prompt in distinct] if cached is not None else None
+        skipped = own if own is not None else [shared] * len(distinct)
+        prompt_ids, prompt_mask = self._left_padded(
+            [prompt[start:] for prompt, start in zip(distinct, skipped, strict=True)]
+        )
         width = prompt_ids.shape[1]
 
         # Each continuation's tokens but the last (which is only predicted) go after
@@ -243,13 +269,18 @@ class Policy(nn.Module):
             segments[row] += [k] * n
             positions[row] += range(len(distinct[row]), len(distinct[row]) + n)
         tail_width = max(len(tail) for tail in tails)
+        starts_at = torch.tensor(skipped)[:, None]
         position_ids = torch.cat(
-            [shared + (prompt_mask.cumsum(-1) - 1).clamp(min=0), padded(positions, tail_width)],
+            [starts_at + (prompt_mask.cumsum(-1) - 1).clamp(min=0), padded(positions, tail_width)],
             dim=1,
         )
-        allowed = _block_causal_mask(prompt_mask.bool(), padded(segments, tail_width, -1), shared)
+        # The keys before the rows' own tokens (the shared prefix, or each row's cache
+        # left-padded to the longest): which of them are real.
+        longest = max(skipped)
+        past = torch.arange(longest)[None, :] >= longest - starts_at
+        allowed = _block_causal_mask(prompt_mask.bool(), padded(segments, tail_width, -1), past)
         return _Pass(
-            layout=PassLayout(distinct, unique, starts, shared, width, tail_width),
+            layout=PassLayout(distinct, unique, starts, shared, width, tail_width, own),
             input_ids=torch.cat([prompt_ids, padded(tails, tail_width, self.pad_id)], dim=1),
             position_ids=position_ids.to(self.device),
             attention=self._attention_mask(allowed.to(self.device)),
@@ -263,6 +294,7 @@ class Policy(nn.Module):
         then, without gradients, kept for later passes."""
         layout, trunk = laid.layout, self.trunk
         kept = trunk.inputs(layout) if trunk is not None else None
+        self.positions_run += layout.shared + laid.input_ids.numel()
         if trunk is not None and kept is not None:
             with top_layers(decoder, trunk.start):
                 return self._decoder_pass(decoder, *kept, laid.attention, laid.position_ids)
@@ -278,6 +310,180 @@ class Policy(nn.Module):
             recording.record(seen, layout)
             self._verify_trunk(decoder, laid, hidden)
         return hidden
+
+    # -- the turn cache --------------------------------------------------------------
+    def _turns(self) -> TurnCache | None:
+        """The turn cache, emptied if the weights changed since it was kept; None where
+        the model keeps no plain key/value cache (found out once, from one token: a
+        model whose cache is not one full ``DynamicLayer`` per layer, a sliding window
+        or a recurrent state, runs every prompt whole)."""
+        cache = self.turn_cache
+        if cache is None:
+            return None
+        if not self._turn_cache_checked:
+            self._turn_cache_checked = True
+            decoder = _decoder_and_head(self.model)[0]
+            with torch.no_grad():
+                probe = _new_cache(
+                    decoder(input_ids=torch.tensor([[self.pad_id]], device=self.device),
+                            use_cache=True)
+                )
+            plain = probe is not None and all(
+                type(layer).__name__ == "DynamicLayer" for layer in getattr(probe, "layers", [])
+            )
+            if not plain or decoder_layers(decoder) is None:
+                self.turn_cache = None
+                return None
+        cache.check_weights(p for p in self.model.parameters() if p.requires_grad)
+        return cache
+
+    def drop_turn_cache(self, key: Hashable) -> None:
+        """Forget what the turn cache keeps for ``key`` (its env's episode ended)."""
+        if self.turn_cache is not None:
+            self.turn_cache.drop(key)
+
+    def _run_prefix(
+        self, decoder: nn.Module, tokens: Sequence[int], trunk: TrunkStates | None
+    ) -> Kept:
+        """Run ``tokens`` (the prefix a batch's prompts share) once: their keys and values
+        (and trunk states), as a turn cache would keep them."""
+        states: list[torch.Tensor] = []
+        with trunk.capturing(decoder, states) if trunk else contextlib.nullcontext():
+            output = decoder(input_ids=torch.tensor([list(tokens)], device=self.device),
+                             use_cache=True)
+        self.positions_run += len(tokens)
+        layers = [(keys[0], values[0]) for keys, values in _cache_layers(_new_cache(output))]
+        return Kept(tuple(tokens), layers, states[0][0] if states else None)
+
+    def _cached_rows(
+        self,
+        decoder: nn.Module,
+        prompts: Sequence[Sequence[int]],
+        keys: Sequence[Hashable],
+        turns: TurnCache,
+        trunk: TrunkStates | None,
+    ) -> list[tuple[Kept | None, int]]:
+        """Per prompt, the kept states it starts from and how many of its tokens they
+        hold: its key's, or the prefix all the prompts share (run once here) where that
+        is longer (a first turn; a window that shifted an old turn out)."""
+        rows = [turns.match(key, prompt) for key, prompt in zip(keys, prompts, strict=True)]
+        shared = shared_prefix_length(prompts)
+        if any(length < shared for _, length in rows):
+            prefix = self._run_prefix(decoder, prompts[0][:shared], trunk)
+            rows = [(prefix, shared) if row[1] < shared else row for row in rows]
+        return rows
+
+    def _hidden_from_turns(
+        self,
+        decoder: nn.Module,
+        prompts: Sequence[Sequence[int]],
+        pairs: Sequence[tuple[int, Sequence[int]]],
+        keys: Sequence[Hashable],
+        turns: TurnCache,
+    ) -> tuple[_Pass, torch.Tensor]:
+        """A rollout pass (no gradients) that runs each prompt's tokens after what its
+        env's turn cache holds, then keeps each env's prompt for its next turn.
+
+        Each distinct prompt is a row that starts from the longest kept prefix among the
+        envs that have it. The rows' kept keys and values are left-padded to the longest
+        (padding masked out) before the rows' own tokens, which run at their own positions
+        (explicit position ids); the candidates' blocks follow as in :meth:`_lay_out`.
+        The candidates are not kept: the next prompt renders the chosen action through
+        the chat template, and the common prefix of tokens decides what is reused. A
+        window (``rollout.history_turns: N``) shifts the oldest turn out every turn, so
+        the common prefix is the system prompt (and template) alone: the numbers are the
+        same, the pass only no cheaper than without a cache. With a frozen trunk, its
+        output for each whole prompt (the kept part's, kept with the cache, then the
+        pass's) is recorded as a whole pass would, so the update finds it.
+        """
+        trunk = self.trunk if self.trunk is not None and not self.trunk.disabled else None
+        rows = self._cached_rows(decoder, prompts, keys, turns, trunk)
+        best: dict[tuple[int, ...], tuple[Kept | None, int]] = {}
+        for prompt, (kept, length) in zip(prompts, rows, strict=True):
+            held = best.get(tuple(prompt))
+            if held is None or length > held[1]:
+                best[tuple(prompt)] = (kept, length)
+        laid = self._lay_out(prompts, pairs, cached={p: length for p, (_, length) in best.items()})
+        layout = laid.layout
+        row_states = [best[prompt] for prompt in layout.prompts]
+        layer_count = len(decoder_layers(decoder) or [])
+        like = next((kept for kept, length in row_states if kept is not None and length), None)
+        if like is not None:
+            past, longest = stacked_past(row_states, layer_count, like)
+        else:
+            past, longest = None, 0
+        recorded: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        seen: list[torch.Tensor] = []
+        cache = _prefix_cache_class()(past, recorded)
+        with trunk.capturing(decoder, seen) if trunk else contextlib.nullcontext():
+            hidden = decoder(
+                input_ids=laid.input_ids.to(self.device),
+                attention_mask=laid.attention,
+                position_ids=laid.position_ids,
+                use_cache=False,
+                **{_cache_keyword(decoder): cache},
+            ).last_hidden_state
+        self.positions_run += laid.input_ids.numel()
+        # The trunk's output for what each row's cache held (None: its cache kept none).
+        before: list[torch.Tensor | None] = []
+        for kept, length in row_states if seen else []:
+            if not length:
+                before.append(seen[-1].new_zeros((0, seen[-1].shape[-1])))
+            else:
+                assert kept is not None
+                before.append(kept.trunk[:length] if kept.trunk is not None else None)
+        if trunk is not None:
+            trunk.record(seen, layout, before)
+            self._verify_trunk_from_turns(decoder, laid, hidden, seen[-1], past)
+        made: dict[tuple[int, ...], Kept] = {}
+        for row, prompt in enumerate(layout.prompts):
+            columns, length = layout.prompt_columns(row), row_states[row][1]
+            layers = []
+            for layer in range(layer_count):
+                new_keys, new_values = recorded[layer]
+                if past is not None:
+                    old_keys, old_values = past[layer]
+                    start = longest - length
+                    layers.append((
+                        torch.cat([old_keys[row, :, start:], new_keys[row, :, columns]], dim=1),
+                        torch.cat([old_values[row, :, start:], new_values[row, :, columns]], dim=1),
+                    ))
+                else:
+                    layers.append(
+                        (new_keys[row, :, columns].clone(), new_values[row, :, columns].clone())
+                    )
+            first = before[row] if before else None
+            states = torch.cat([first, seen[-1][row, columns]]) if first is not None else None
+            made[prompt] = Kept(prompt, layers, states)
+        turns.keep({key: made[tuple(prompt)] for key, prompt in zip(keys, prompts, strict=True)})
+        turns.runs.append([len(p) - length for p, (_, length) in zip(layout.prompts, row_states,
+                                                                      strict=True)])
+        return laid, hidden
+
+    def _verify_trunk_from_turns(
+        self,
+        decoder: nn.Module,
+        laid: _Pass,
+        hidden: torch.Tensor,
+        states: torch.Tensor,
+        past: list[tuple[torch.Tensor, torch.Tensor]] | None,
+    ) -> None:
+        """:meth:`_verify_trunk` for a pass from turn caches: the top layers, run again
+        from the trunk's output the pass captured (and the same caches), must give the
+        pass's hidden states."""
+        trunk = self.trunk
+        if trunk is None or trunk.verified or trunk.disabled:
+            return
+        cache = _prefix_cache_class()(past)
+        with top_layers(decoder, trunk.start):
+            again = decoder(
+                inputs_embeds=states,
+                attention_mask=laid.attention,
+                position_ids=laid.position_ids,
+                use_cache=False,
+                **{_cache_keyword(decoder): cache},
+            ).last_hidden_state
+        self._judge_trunk(again, hidden, laid.layout.real_columns().to(hidden.device))
 
     @torch.no_grad()
     def keep_trunk(
@@ -306,6 +512,7 @@ class Policy(nn.Module):
         pairs: Sequence[tuple[int, Sequence[int]]],
         reference: bool = False,
         entropy: bool = False,
+        keys: Sequence[Hashable] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Log-probabilities of continuation tokens, for (prompt index, tokens) pairs.
 
@@ -322,14 +529,30 @@ class Policy(nn.Module):
         the same candidate): the pairs that repeat it share its numbers, and gradients.
         The tokens every prompt starts with (system prompt, chat template...) run once
         for the whole batch, as a cache. Where the model has a frozen trunk that holds
-        the pass's contexts, only the layers above it run (:meth:`_hidden`).
+        the pass's contexts, only the layers above it run (:meth:`_hidden`). A rollout
+        pass that names each prompt's env (``keys``) runs only what the env's turn cache
+        does not hold (:meth:`_hidden_from_turns`), unless the trunk holds it all.
         """
-        laid = self._lay_out(prompts, pairs)
-        layout = laid.layout
-        width, starts, unique = layout.width, layout.starts, layout.unique
+        turns = None
+        if keys is not None and not reference and not torch.is_grad_enabled():
+            turns = self._turns()
+        # The plain layout, unless the turn caches will lay the pass out (where the
+        # trunk holds every context, its top layers alone cost less).
+        laid = None
+        if turns is None or self.trunk is not None:
+            laid = self._lay_out(prompts, pairs)
+            if self.trunk is not None and self.trunk.holds(laid.layout):
+                turns = None
         with self._reference_context(reference) as model:
             decoder, head = _decoder_and_head(model)
-            hidden = self._hidden(decoder, laid, reference)
+            if turns is not None:
+                assert keys is not None
+                laid, hidden = self._hidden_from_turns(decoder, prompts, pairs, keys, turns)
+            else:
+                assert laid is not None
+                hidden = self._hidden(decoder, laid, reference)
+            layout = laid.layout
+            width, starts, unique = layout.width, layout.starts, layout.unique
             # The LM head runs only where a log-probability is needed: token t of pair k
             # is predicted at its prompt's last column for t = 0, and at the column of
             # its own previous token (width + start_k + t - 1) after that.
@@ -381,7 +604,7 @@ class Policy(nn.Module):
         cache = None
         if prefix is not None:
             prefix_cache = _new_cache(decoder(**{key: prefix.to(self.device)}, use_cache=True))
-            cache = _prefix_cache_class()(prefix_cache)
+            cache = _prefix_cache_class()(_cache_layers(prefix_cache))
         with self._checkpointing(torch.is_grad_enabled() and not reference):
             return decoder(
                 **{key: rows.to(self.device)},
@@ -404,7 +627,13 @@ class Policy(nn.Module):
             return
         with top_layers(decoder, trunk.start):
             again = self._decoder_pass(decoder, *kept, laid.attention, laid.position_ids)
-        real = laid.layout.real_columns().to(hidden.device)
+        self._judge_trunk(again, hidden, laid.layout.real_columns().to(hidden.device))
+
+    def _judge_trunk(self, again: torch.Tensor, hidden: torch.Tensor, real: torch.Tensor) -> None:
+        """Verify the trunk (or turn it off, with a warning) by how far a pass from its
+        states (``again``) is from the whole pass (``hidden``) at the ``real`` columns."""
+        trunk = self.trunk
+        assert trunk is not None
         error = (again - hidden)[real].abs().max()
         scale = hidden[real].abs().max()
         if error <= TRUNK_TOLERANCE * scale:
@@ -482,14 +711,17 @@ class Policy(nn.Module):
         prompts: Sequence[Sequence[int]],
         candidates: Sequence[Sequence[Sequence[int]]],
         reference: bool = False,
+        keys: Sequence[Hashable] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Score each legal action string after its prompt.
 
         Returns ``scores`` [N, A] (mean log-likelihood per token, -inf where a prompt has
-        fewer than A candidates) and ``values`` [N].
+        fewer than A candidates) and ``values`` [N]. ``keys`` (the rollout's: one per
+        prompt, naming its env's episode) lets each prompt start from its env's turn
+        cache (:attr:`turn_cache`) and keeps the prompt there for the next turn.
         """
         token_logprobs, mask, _, state_hidden = self._continuations(
-            prompts, _choice_pairs(candidates), reference
+            prompts, _choice_pairs(candidates), reference, keys=keys
         )
         scores = self._option_scores(token_logprobs, mask, candidates)
         if reference:
@@ -603,6 +835,7 @@ class Policy(nn.Module):
         generator: torch.Generator | None = None,
         reply_prefix: str | Sequence[str] = "",
         should_stop: Callable[[], bool] | None = None,
+        keys: Sequence[Hashable] | None = None,
     ) -> Replies:
         """Sample one reply per prompt in one batched ``generate`` (left padding), with
         the log-probabilities and values the rollout keeps, from the same passes.
@@ -621,26 +854,24 @@ class Policy(nn.Module):
         (kept for the whole batch: rows x new tokens x vocabulary) give the replies'
         log-probabilities, and the decoder's first call, over the prompts, the state
         each value is read from, so no pass over the prompts runs twice.
+
+        With ``keys`` (the rollout's: one per prompt, naming its env's episode), each
+        row starts from its env's turn cache instead (:meth:`_turn_inputs`), and what
+        the row ran, its prompt and reply, is kept there for the next turn.
         """
         from transformers import LogitsProcessorList, StoppingCriteriaList
 
         prefixes = reply_prefixes(reply_prefix, len(prompts))
-        shared, cache = shared_prefix_length(prompts), None
-        if shared:
-            prefix = torch.tensor([prompts[0][:shared]])
-            # None where the model keeps no cache: then the whole prompts run as rows.
-            cache = _new_cache(self.model(input_ids=prefix.to(self.device), use_cache=True))
-        input_ids, attention_mask = self._left_padded(
-            [prompt[shared if cache is not None else 0 :] for prompt in prompts]
-        )
-        if cache is not None:
-            cache.batch_repeat_interleave(len(prompts))
-            input_ids = torch.cat([prefix.expand(len(prompts), -1), input_ids], dim=1)
-            attention_mask = torch.cat(
-                [torch.ones(len(prompts), shared, dtype=attention_mask.dtype), attention_mask],
-                dim=1,
-            )
+        turns = self._turns() if keys is not None else None
+        if turns is not None:
+            assert keys is not None
+            input_ids, attention_mask, cache, rows = self._turn_inputs(prompts, keys, turns)
+        else:
+            input_ids, attention_mask, cache = self._shared_prefix_inputs(prompts)
         width = input_ids.shape[1]
+        # The first call runs every row's columns after the cache it starts from.
+        past_length = cache.get_seq_length() if cache is not None else 0
+        self.positions_run += len(prompts) * (width - past_length)
         processors = LogitsProcessorList()
         if not greedy:
             processors.extend(sampling_processors(temperature, top_p, top_k, generator))
@@ -676,6 +907,7 @@ class Policy(nn.Module):
             hook.remove()
         new_tokens = output.sequences[:, width:]
         self.head_positions += new_tokens.shape[0] * len(output.logits)  # a row's last, per step
+        self.positions_run += new_tokens.shape[0] * (new_tokens.shape[1] - 1)
         token_logprobs = torch.stack(
             [
                 step.float().log_softmax(-1).gather(-1, new_tokens[:, t, None]).squeeze(-1)
@@ -691,11 +923,104 @@ class Policy(nn.Module):
                 if token == self.eos_id:
                     break  # the end-of-turn token is part of the action: it learns to stop
             replies.append(json_closed_at(self.tokenizer, reply, opened))
+        if turns is not None:
+            assert keys is not None and cache is not None
+            self._keep_turns(turns, keys, prompts, replies, rows, cache, width,
+                             new_tokens.shape[1])
         return Replies(
             tokens=replies,
             logprobs=[row[: len(r)] for row, r in zip(token_logprobs, replies, strict=True)],
             values=self._values(states[0]).tolist(),
         )
+
+
+    def _shared_prefix_inputs(
+        self, prompts: Sequence[Sequence[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """``generate``'s inputs without turn caches: the tokens all prompts share run
+        once (their cache copied to every row), then each row's own tokens after its
+        padding. The cache is None where the prompts share too little, or the model
+        keeps none (then the whole prompts run as rows)."""
+        shared, cache = shared_prefix_length(prompts), None
+        if shared:
+            prefix = torch.tensor([prompts[0][:shared]])
+            cache = _new_cache(self.model(input_ids=prefix.to(self.device), use_cache=True))
+            self.positions_run += shared
+        input_ids, attention_mask = self._left_padded(
+            [prompt[shared if cache is not None else 0 :] for prompt in prompts]
+        )
+        if cache is not None:
+            cache.batch_repeat_interleave(len(prompts))
+            input_ids = torch.cat([prefix.expand(len(prompts), -1), input_ids], dim=1)
+            attention_mask = torch.cat(
+                [torch.ones(len(prompts), shared, dtype=attention_mask.dtype), attention_mask],
+                dim=1,
+            )
+        return input_ids, attention_mask, cache
+
+    def _turn_inputs(
+        self, prompts: Sequence[Sequence[int]], keys: Sequence[Hashable], turns: TurnCache
+    ) -> tuple[torch.Tensor, torch.Tensor, Any, list[tuple[Kept | None, int]]]:
+        """``generate``'s inputs from turn caches: each row's kept keys and values
+        left-padded to the longest (as the cache generate starts from), then the row's
+        own tokens after its padding; the attention mask covers both, so generate's
+        positions (counted from the mask) continue each row's cache. Returns the ids,
+        the mask, the cache and each row's (kept states, tokens they hold)."""
+        from transformers import DynamicCache
+
+        decoder = _decoder_and_head(self.model)[0]
+        rows = self._cached_rows(decoder, prompts, keys, turns, None)
+        like = next((kept for kept, length in rows if kept is not None and length), None)
+        layer_count = len(decoder_layers(decoder) or [])
+        if like is not None:
+            past, longest = stacked_past(rows, layer_count, like)
+            cache = DynamicCache(past)
+        else:
+            longest, cache = 0, DynamicCache()
+        own_ids, own_mask = self._left_padded(
+            [prompt[length:] for prompt, (_, length) in zip(prompts, rows, strict=True)]
+        )
+        held = [list(prompt[:length]) for prompt, (_, length) in zip(prompts, rows, strict=True)]
+        past_ids = padded(held, longest, self.pad_id, left=True)
+        past_mask = padded([[1] * len(tokens) for tokens in held], longest, 0, left=True)
+        input_ids = torch.cat([past_ids, own_ids], dim=1)
+        attention_mask = torch.cat([past_mask.to(own_mask.dtype), own_mask], dim=1)
+        turns.runs.append([len(prompt) - length for prompt, (_, length) in
+                           zip(prompts, rows, strict=True)])
+        return input_ids, attention_mask, cache, rows
+
+    def _keep_turns(
+        self,
+        turns: TurnCache,
+        keys: Sequence[Hashable],
+        prompts: Sequence[Sequence[int]],
+        replies: Sequence[Sequence[int]],
+        rows: Sequence[tuple[Kept | None, int]],
+        cache: Any,
+        width: int,
+        steps: int,
+    ) -> None:
+        """Keep what ``generate`` ran for each row: its prompt and the reply tokens fed
+        back (all but the last step's token, which only was sampled)."""
+        longest = width - max(len(prompt) - length for prompt, (_, length) in
+                              zip(prompts, rows, strict=True))
+        layers = _cache_layers(cache)
+        new = {}
+        for row, (key, prompt, reply, (_, length)) in enumerate(
+            zip(keys, prompts, replies, rows, strict=True)
+        ):
+            fed = min(len(reply), steps - 1)
+            own = len(prompt) - length
+            kept_layers = []
+            for keys_t, values_t in layers:
+                before = slice(longest - length, longest)
+                after = slice(width - own, width + fed)
+                kept_layers.append((
+                    torch.cat([keys_t[row, :, before], keys_t[row, :, after]], dim=1),
+                    torch.cat([values_t[row, :, before], values_t[row, :, after]], dim=1),
+                ))
+            new[key] = Kept((*prompt, *reply[:fed]), kept_layers)
+        turns.keep(new)
 
 
 def closes_json(text: str) -> bool:
@@ -787,13 +1112,15 @@ class InverseCdfSample:
 
 
 def _block_causal_mask(
-    prompt_mask: torch.Tensor, segment: torch.Tensor, shared: int
+    prompt_mask: torch.Tensor, segment: torch.Tensor, past: torch.Tensor
 ) -> torch.Tensor:
-    """Which key each query may attend to, [rows, 1, columns, shared + columns].
+    """Which key each query may attend to, [rows, 1, columns, past + columns].
 
     Columns are a row's (left-padded) prompt followed by its continuations' tokens;
-    ``segment`` numbers the continuation each tail column belongs to (-1: padding). A
-    query sees the shared prefix, the real prompt tokens up to itself and, in a tail,
+    ``segment`` numbers the continuation each tail column belongs to (-1: padding).
+    ``past`` [rows, P] says which keys before the columns (a shared prefix, or a row's
+    turn cache, left-padded) are real for each row. A
+    query sees those, the real prompt tokens up to itself and, in a tail,
     the earlier tokens of its own continuation. Every query also sees itself, so a
     padding query has somewhere to attend (an empty row would make NaNs).
     """
@@ -808,7 +1135,7 @@ def _block_causal_mask(
         & real[:, None, :]
         & (in_prompt[None, None, :] | (group[:, :, None] == group[:, None, :]))
     ) | torch.eye(columns, dtype=torch.bool)[None]
-    prefix = torch.ones(rows, columns, shared, dtype=torch.bool)
+    prefix = past[:, None, :].expand(rows, columns, past.shape[1])
     return torch.cat([prefix, allowed], dim=2)[:, None]
 
 
@@ -857,15 +1184,22 @@ def _prefix_cache_class() -> type:
         """The shared prefix's keys and values, read by every row of a pass and never
         extended: each layer gets the prefix followed by its own new keys. Nothing is
         copied per row (the prefix broadcasts), and a checkpointed layer that runs again
-        in backward sees the same cache."""
+        in backward sees the same cache. The prefix may also be one per row (the rows'
+        turn caches, left-padded to one length); with ``recorded``, each layer's new
+        keys and values are kept there (by layer index), to be kept for the next turn."""
 
-        def __init__(self, cache):
+        def __init__(self, prefix, recorded: dict | None = None):
             super().__init__()
-            self.prefix = _cache_layers(cache)
+            self.prefix = prefix  # None: no keys before the pass's own
             # The last layer always ran (the layers below a kept trunk did not).
-            self.length = self.prefix[-1][0].shape[-2]
+            self.length = self.prefix[-1][0].shape[-2] if prefix is not None else 0
+            self.recorded = recorded
 
         def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+            if self.recorded is not None:
+                self.recorded[layer_idx] = (key_states, value_states)
+            if self.prefix is None:
+                return key_states, value_states
             keys, values = self.prefix[layer_idx]
             rows = key_states.shape[0]
             return (

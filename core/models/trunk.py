@@ -73,7 +73,9 @@ class PassLayout:
     """Where a pass of :meth:`Policy._continuations` puts each token: the distinct
     ``prompts`` as rows (their first ``shared`` tokens run once, as a prefix; the rest
     left-padded to ``width`` columns) and each of the ``unique`` (row, continuation)
-    pairs after its row, from column ``width + start``, ``tail_width`` columns in all."""
+    pairs after its row, from column ``width + start``, ``tail_width`` columns in all.
+    A pass that reads each row's turn cache (``cached``: how many of each row's first
+    tokens it holds) runs a row's tokens after those instead, and ``shared`` is 0."""
 
     prompts: list[tuple[int, ...]]
     unique: list[tuple[int, tuple[int, ...]]]
@@ -81,10 +83,13 @@ class PassLayout:
     shared: int
     width: int
     tail_width: int
+    cached: list[int] | None = None
 
     def prompt_columns(self, row: int) -> slice:
-        """The columns of row ``row`` that hold its prompt's own tokens (after the prefix)."""
-        return slice(self.width - (len(self.prompts[row]) - self.shared), self.width)
+        """The columns of row ``row`` that hold its prompt's own tokens (after the prefix,
+        or after what its turn cache held)."""
+        skipped = self.cached[row] if self.cached is not None else self.shared
+        return slice(self.width - (len(self.prompts[row]) - skipped), self.width)
 
     def tail_columns(self, pair: int) -> slice:
         """The columns, in its row, of the ``unique`` pair's tokens but its last."""
@@ -148,17 +153,23 @@ class TrunkStates:
         self,
         seen: Sequence[torch.Tensor],
         layout: PassLayout,
+        before: Sequence[torch.Tensor | None] | None = None,
     ) -> None:
         """Keep the states of a pass laid out as ``layout`` (the prefix call's, if any,
-        then the main call's, as :meth:`capturing` saw them)."""
+        then the main call's, as :meth:`capturing` saw them). A pass from turn caches
+        gives each row's states for the tokens its cache held (``before``; None where
+        its cache kept none: that prompt is not kept whole, so not at all)."""
         if self.full or self.disabled:
             return
         main = seen[-1]
         prefix = seen[0][0] if layout.shared else main.new_zeros((0, main.shape[-1]))
         for row, prompt in enumerate(layout.prompts):
             if prompt not in self.prompts:
+                first = before[row] if before is not None else prefix
+                if first is None:
+                    continue
                 own = main[row, layout.prompt_columns(row)]
-                self._keep(self.prompts, prompt, torch.cat([prefix, own]))
+                self._keep(self.prompts, prompt, torch.cat([first, own]))
         for pair, (row, tokens) in enumerate(layout.unique):
             key = (layout.prompts[row], tokens)
             if key not in self.tails:

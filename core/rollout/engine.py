@@ -10,11 +10,12 @@ with one env, so there is one code path.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import math
 import string
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -35,12 +36,18 @@ logger = logging.getLogger(__name__)
 
 PROMPT_CACHE_TOKENS = 1_000_000  # about 8 MB of cached prompt ids at most
 
+#: Each slot's key, naming its episode to the policy's turn cache.
+_slot_keys = itertools.count()
+
 
 class RolloutPolicy(Protocol):
     """What the engine asks of a policy: a tokenizer, the context length, and the
     batched passes that score candidates and that generate (and score) replies.
     :class:`~llamagym.models.policy.Policy` is one; a stand-in such as
-    :class:`~llamagym.devtools.fake_model.FakePolicy` plays without a model."""
+    :class:`~llamagym.devtools.fake_model.FakePolicy` plays without a model. ``keys``
+    name each row's episode in progress (its slot's key), so a policy may keep what a
+    row's pass computed for the episode's next turn (Policy's turn cache); a policy
+    with a ``drop_turn_cache(key)`` method is told when that episode is over."""
 
     @property
     def tokenizer(self) -> Any: ...
@@ -56,6 +63,7 @@ class RolloutPolicy(Protocol):
         prompts: Sequence[Sequence[int]],
         candidates: Sequence[Sequence[Sequence[int]]],
         reference: bool = False,
+        keys: Sequence[Hashable] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def generate(
@@ -69,6 +77,7 @@ class RolloutPolicy(Protocol):
         generator: torch.Generator | None = None,
         reply_prefix: str | Sequence[str] = "",
         should_stop: Callable[[], bool] | None = None,
+        keys: Sequence[Hashable] | None = None,
     ) -> Replies: ...
 
 
@@ -100,13 +109,16 @@ def fill_reply_prefix(template: str, agent: Agent, observation: Any) -> str:
 
 @dataclass
 class Slot:
-    """One environment's episode in progress."""
+    """One environment's episode in progress. ``key`` names it to the policy, which
+    keeps the slot's last turn's key/value cache under it (``Policy.turn_cache``) until
+    the engine drops it (:meth:`RolloutEngine.end_slot`)."""
 
     observation: Any
     info: dict
     episode: Episode
     system_prompt: str
     history: list[dict[str, str]] = field(default_factory=list)
+    key: int = field(default_factory=lambda: next(_slot_keys))
 
 
 @dataclass
@@ -181,6 +193,13 @@ class RolloutEngine:
             episode=Episode(seed=seed, group=group),
             system_prompt=self.plugins.system_prompt(self.agent),
         )
+
+    def end_slot(self, slot: Slot) -> None:
+        """The slot's episode is over (ended, dropped, or abandoned): the policy forgets
+        the key/value cache it kept for it."""
+        drop = getattr(self.policy, "drop_turn_cache", None)
+        if drop is not None:
+            drop(slot.key)
 
     def _messages(self, slot: Slot, user_text: str, history: list[dict]) -> list[dict]:
         messages = [{"role": "system", "content": slot.system_prompt}] if slot.system_prompt else []
@@ -375,6 +394,7 @@ class RolloutEngine:
                 [conversations[row] for row in new],
                 [prefixes[row] for row in new] if prefixes else [],
                 greedy,
+                [slots[row].key for row in new],
                 should_stop,
             )
         self.stats.seconds_model += time.perf_counter() - started
@@ -405,23 +425,26 @@ class RolloutEngine:
         conversations: list[list[dict[str, str]]],
         prefixes: list[str],
         greedy: bool,
+        keys: list[int],
         should_stop: Callable[[], bool] | None = None,
     ) -> list[Turn]:
+        """The turns of the rows that need the model; ``keys`` name each row's slot to
+        the policy (its turn cache)."""
         if self.settings.mode == "score":
-            return self._decide_by_score(prompts, legal, greedy)
-        turns = self._decide_by_generation(prompts, legal, prefixes, greedy, should_stop)
+            return self._decide_by_score(prompts, legal, greedy, keys)
+        turns = self._decide_by_generation(prompts, legal, prefixes, greedy, keys, should_stop)
         if self.settings.invalid_action.policy == "reprompt":
-            self._reprompt(turns, conversations, prefixes, greedy, should_stop)
+            self._reprompt(turns, conversations, prefixes, greedy, keys, should_stop)
         for turn in turns:
             if not turn.valid:
                 self._apply_invalid_action_policy(turn)
         return turns
 
     def _decide_by_score(
-        self, prompts: list[list[int]], legal: list[list[str]], greedy: bool
+        self, prompts: list[list[int]], legal: list[list[str]], greedy: bool, keys: list[int]
     ) -> list[Turn]:
         candidates = [[self.candidate_tokens(name) for name in names] for names in legal]
-        scores, values = self.policy.score(prompts, candidates)
+        scores, values = self.policy.score(prompts, candidates, keys=keys)
         temperature = self.temperature
         log_policy = Policy.action_log_probs(scores, temperature).cpu()
         if greedy:
@@ -450,6 +473,7 @@ class RolloutEngine:
         legal: list[list[str]],
         prefixes: list[str],
         greedy: bool,
+        keys: list[int],
         should_stop: Callable[[], bool] | None = None,
     ) -> list[Turn]:
         settings = self.settings
@@ -469,6 +493,7 @@ class RolloutEngine:
             generator=self.generator,
             reply_prefix=prefixes,
             should_stop=should_stop,
+            keys=keys,
         )
         tokenizer = self.policy.tokenizer
         turns = []
@@ -516,10 +541,12 @@ class RolloutEngine:
         conversations: list[list[dict[str, str]]],
         prefixes: list[str],
         greedy: bool,
+        keys: list[int],
         should_stop: Callable[[], bool] | None = None,
     ) -> None:
         """Ask again, up to ``max_reprompts`` times, the envs whose reply had no legal
-        action; the failed reply and the feedback stay in the conversation."""
+        action; the failed reply and the feedback stay in the conversation (and so,
+        for the model, in each slot's turn cache)."""
         policy = self.settings.invalid_action
         for _ in range(policy.max_reprompts):
             pending = [row for row, turn in enumerate(turns) if not turn.valid]
@@ -543,7 +570,8 @@ class RolloutEngine:
                 return  # no room left to ask again: the fallback applies
             legal = [turns[row].legal_actions for row in pending]
             retried = self._decide_by_generation(
-                prompts, legal, pending_prefixes, greedy, should_stop
+                prompts, legal, pending_prefixes, greedy, [keys[row] for row in pending],
+                should_stop,
             )
             for row, turn in zip(pending, retried, strict=True):
                 turn.retries = [*turns[row].retries, turns[row]]
@@ -614,6 +642,9 @@ class RolloutEngine:
             slots[position] = None
 
         def finish(position: int, episode: Episode, summary: dict) -> None:
+            ended = slots[position]
+            if ended is not None:
+                self.end_slot(ended)
             episode.info = summary
             finished.append(episode)
             if self.observe:
@@ -625,69 +656,77 @@ class RolloutEngine:
         for position in range(len(envs)):
             start(position)
 
-        while any(slot is not None for slot in slots):
-            active = [(p, slot) for p, slot in enumerate(slots) if slot is not None]
-            turns = self.decide([slot for _, slot in active], greedy, should_stop)
-            if self.settings.mode == "generate" and should_stop is not None and should_stop():
-                break  # the replies may be cut short: no env steps them
-            include_retries = self.settings.invalid_action.train_on_reprompts
-            for (position, slot), turn in zip(active, turns, strict=True):
-                episode = slot.episode
-                if turn.ends_episode:
-                    # The end-episode policy: the env is not stepped; the penalty is the
-                    # turn's only reward and the env is reset for the next episode.
+        try:
+            while any(slot is not None for slot in slots):
+                active = [(p, slot) for p, slot in enumerate(slots) if slot is not None]
+                turns = self.decide([slot for _, slot in active], greedy, should_stop)
+                if self.settings.mode == "generate" and should_stop is not None and should_stop():
+                    break  # the replies may be cut short: no env steps them
+                include_retries = self.settings.invalid_action.train_on_reprompts
+                for (position, slot), turn in zip(active, turns, strict=True):
+                    episode = slot.episode
+                    if turn.ends_episode:
+                        # The end-episode policy: the env is not stepped; the penalty is the
+                        # turn's only reward and the env is reset for the next episode.
+                        episode.turns += turn.training_turns(include_retries)
+                        episode.length += 1
+                        finish(
+                            position, episode, {"terminated": False, "ended_by_invalid_reply": True}
+                        )
+                        continue
+                    index = turn.action_index
+                    if index is None:  # the agent names no actions: extract_action's value
+                        action_name, env_action = str(turn.env_action), turn.env_action
+                    else:
+                        action_name = turn.legal_actions[index]
+                        env_action = self.agent.env_action(index, turn.legal_actions)
+                    try:
+                        observation, reward, terminated, truncated, info = checked_step(
+                            envs[position], env_action
+                        )
+                    except Exception as error:
+                        # Whatever went wrong (it raised, the old 4-tuple API, a reward that
+                        # is not a finite number), the partial episode is dropped, never
+                        # trained on nor averaged into a return.
+                        self.end_slot(slot)
+                        self._env_failed(envs, position, error)
+                        turn_caps[position] = max_turns(
+                            envs[position], self.settings.max_episode_turns
+                        )
+                        start(position)
+                        continue
+                    self.failures_in_a_row = 0
+                    self.stats.env_steps += 1
+                    shaped = reward
+                    if self.settings.reward_shaping:
+                        shaped += self.plugins.shape_reward(
+                            self.agent, slot.observation, action_name, reward, info
+                        )
+                    turn.reward += shaped
                     episode.turns += turn.training_turns(include_retries)
+                    episode.env_return += reward
                     episode.length += 1
-                    finish(
-                        position, episode, {"terminated": False, "ended_by_invalid_reply": True}
-                    )
-                    continue
-                index = turn.action_index
-                if index is None:  # the agent names no actions: extract_action's value
-                    action_name, env_action = str(turn.env_action), turn.env_action
-                else:
-                    action_name = turn.legal_actions[index]
-                    env_action = self.agent.env_action(index, turn.legal_actions)
-                try:
-                    observation, reward, terminated, truncated, info = checked_step(
-                        envs[position], env_action
-                    )
-                except Exception as error:
-                    # Whatever went wrong (it raised, the old 4-tuple API, a reward that
-                    # is not a finite number), the partial episode is dropped, never
-                    # trained on nor averaged into a return.
-                    self._env_failed(envs, position, error)
-                    turn_caps[position] = max_turns(envs[position], self.settings.max_episode_turns)
-                    start(position)
-                    continue
-                self.failures_in_a_row = 0
-                self.stats.env_steps += 1
-                shaped = reward
-                if self.settings.reward_shaping:
-                    shaped += self.plugins.shape_reward(
-                        self.agent, slot.observation, action_name, reward, info
-                    )
-                turn.reward += shaped
-                episode.turns += turn.training_turns(include_retries)
-                episode.env_return += reward
-                episode.length += 1
-                slot.history += turn.context_messages()
-                slot.observation, slot.info = observation, info
-                if terminated or truncated:
-                    finish(position, episode, {**info_summary(info), "terminated": terminated})
-                elif episode.length >= turn_caps[position]:
-                    # An env that never ends (or sets no limit) is cut here: truncated.
-                    finish(
-                        position,
-                        episode,
-                        {
-                            **info_summary(info),
-                            "terminated": False,
-                            "turn_cap": turn_caps[position],
-                        },
-                    )
-            if should_stop is not None and should_stop():
-                break
+                    slot.history += turn.context_messages()
+                    slot.observation, slot.info = observation, info
+                    if terminated or truncated:
+                        finish(position, episode, {**info_summary(info), "terminated": terminated})
+                    elif episode.length >= turn_caps[position]:
+                        # An env that never ends (or sets no limit) is cut here: truncated.
+                        finish(
+                            position,
+                            episode,
+                            {
+                                **info_summary(info),
+                                "terminated": False,
+                                "turn_cap": turn_caps[position],
+                            },
+                        )
+                if should_stop is not None and should_stop():
+                    break
+        finally:
+            for abandoned in slots:  # a stop, an error: their caches go
+                if abandoned is not None:
+                    self.end_slot(abandoned)
         self.stats.seconds_total += time.perf_counter() - started_at
         return finished
 
