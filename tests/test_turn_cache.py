@@ -165,6 +165,8 @@ def test_the_memory_bound_holds_and_a_cut_cache_stays_exact(
     play(agent, envs=1, episodes=1)
     per_token = cache.bytes  # nothing kept now: measure one entry's size below
     assert per_token == 0
+    if policy.trunk is not None:  # else the probe's prompt, kept by the play, runs from it
+        policy.trunk.clear()
     with torch.no_grad():
         prompt = agent.engine.render_prompts(
             [agent.engine.new_slot(*agent.make_env().reset(seed=0), None, None)]
