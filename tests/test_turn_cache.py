@@ -157,10 +157,10 @@ def test_an_ended_episode_drops_its_cache(model: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("mode", ["score", "generate"])
-def test_the_memory_bound_holds_and_a_cut_cache_stays_exact(
-    mode: str, model: dict[str, Any]
-) -> None:
-    agent = cartpole(mode, None, **model)
+def test_the_memory_bound_holds_and_a_cut_cache_stays_exact(mode: str) -> None:
+    # The bound is bookkeeping over bytes, the same for every model: the tiny one
+    # (SmolLM2's exactness is checked by the tests above and below).
+    agent = cartpole(mode, None)
     policy, cache = agent.policy, agent.policy.turn_cache
     play(agent, envs=1, episodes=1)
     per_token = cache.bytes  # nothing kept now: measure one entry's size below
