@@ -11,6 +11,7 @@
     python benchmarks/real_model.py fit --layers  # ... with LoRA on the last N layers
     python benchmarks/real_model.py cost       # s/update at a fixed batch, before/after the trunk
     python benchmarks/real_model.py turncache  # TextWorld's rollout with turn caches or without
+    python benchmarks/real_model.py episodepass  # TextWorld's update: a row per episode or per turn
     python benchmarks/real_model.py blackjack --quick   # a smoke run (1 seed, 1 min)
 
 ``--model`` is ``smollm2-135m`` by default (fetched once from the Hub or, offline, from
@@ -65,11 +66,20 @@ its shared prefix still run once). The token positions the decoder ran (padding
 included; exact), per turn and in all, the rollout's seconds, and whether both played
 the same actions with the same log-probabilities. Result:
 ``results/smollm2-turncache.json``.
+
+episodepass: TextWorld in score mode with the whole history, 8 envs, 8 sampled episodes
+of at most 12 turns (``--quick``: 4 of at most 4), then one PPO update (2 epochs, no
+target-KL stop) on that batch twice, from the same weights and optimizer state: with
+each episode's turns in one row (as shipped) and with a row per turn (every prompt
+whole). Seconds, the decoder's token positions, peak RSS and the largest difference in
+the trained weights after (the same minibatches, so the same steps). Result:
+``results/smollm2-episodepass.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import statistics
@@ -399,6 +409,73 @@ def turncache(spec: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def episodepass(spec: dict[str, Any]) -> dict[str, Any]:
+    """One PPO update on the same TextWorld batch (the whole history in each prompt),
+    twice from the same weights and optimizer state, in one process: with an episode's
+    turns in one row (as shipped) and with a row per turn (each prompt whole, as before).
+    The same minibatches in both, so the weights after must agree."""
+    from unittest import mock
+
+    import torch
+    from llamagym_textworld.agent import TextWorldAgent
+
+    from llamagym.models import policy as policy_module
+
+    agent = TextWorldAgent(config={
+        "model": {"name": spec["model"]}, "output": {"dir": None},
+        "rollout": {"mode": "score", "num_envs": spec["envs"], "history_turns": None},
+        "agent": {"games": spec["envs"], "max_episode_steps": spec["steps"]},
+        "algorithm": {"epochs": spec["epochs"], "target_kl": None},
+    })
+    policy, algorithm = agent.policy, agent.algorithm
+    envs = [agent.make_env() for _ in range(spec["envs"])]
+    batch = agent.engine.collect(envs, spec["episodes"], seeds=list(range(spec["episodes"])))
+    turns = [turn for episode in batch for turn in episode.turns]
+    start = {name: p.detach().clone() for name, p in policy.named_parameters()
+             if p.requires_grad}
+    state = algorithm.state_dict()
+
+    def one_row_per_prompt(prompts):
+        return list(range(len(prompts))), list(prompts)
+
+    result: dict[str, Any] = {
+        "envs": spec["envs"], "episodes": spec["episodes"], "max_turns": spec["steps"],
+        "epochs": spec["epochs"], "turns": len(turns),
+        "prompt_tokens": sum(len(t.prompt_tokens) for t in turns),
+        "trained_layers_from": policy.trunk.start if policy.trunk else 0,
+    }
+    after = {}
+    for variant in ("per_turn", "per_episode"):
+        with torch.no_grad():
+            for name, parameter in policy.named_parameters():
+                if name in start:
+                    parameter.copy_(start[name])
+        algorithm.load_state_dict(state)
+        if policy.trunk is not None:
+            policy.trunk.clear()  # each variant computes the trunk's states itself
+        patch = (mock.patch.object(policy_module, "prefix_rows", one_row_per_prompt)
+                 if variant == "per_turn" else contextlib.nullcontext())
+        positions = policy.positions_run
+        started = time.perf_counter()
+        with patch:
+            metrics = algorithm.update(batch)
+        seconds = time.perf_counter() - started
+        after[variant] = {name: p.detach().clone() for name, p in policy.named_parameters()
+                          if name in start}
+        result[variant] = {"seconds": seconds,
+                           "decoder_positions": policy.positions_run - positions,
+                           "policy_steps": metrics.get("policy_steps"),
+                           "rss_peak_mb": peak_rss_mb()}
+    result["speedup"] = result["per_turn"]["seconds"] / result["per_episode"]["seconds"]
+    result["positions_ratio"] = (result["per_turn"]["decoder_positions"]
+                                 / result["per_episode"]["decoder_positions"])
+    result["max_weight_difference"] = max(
+        float((after["per_turn"][n] - after["per_episode"][n]).abs().max()) for n in start)
+    result["max_weight_change"] = max(
+        float((after["per_episode"][n] - start[n]).abs().max()) for n in start)
+    return result
+
+
 def reply_format(spec: dict[str, Any]) -> dict[str, Any]:
     """Zero-shot replies of one env plugin's agent in generate mode: the share without a
     legal action, greedy and sampled, over the first ``turns`` decisions."""
@@ -493,7 +570,7 @@ def fit(spec: dict[str, Any]) -> dict[str, Any]:
 
 WORKERS = {"zero_shot": zero_shot, "final_exact": final_exact, "memory": memory,
            "speed": speed, "reply_format": reply_format, "generation": generation, "fit": fit,
-           "cost": cost, "turncache": turncache}
+           "cost": cost, "turncache": turncache, "episodepass": episodepass}
 
 
 def run_worker(spec: dict[str, Any], threads: int) -> dict[str, Any]:
@@ -647,7 +724,9 @@ COST_BEFORE = {
     "cartpole": {"model": {"lora_layers": 30}, "agent": {"cart": True},
                  "rollout": {"num_envs": 16, "reply_prefix": '{"action": "'},
                  "algorithm": {"minibatch_size": 32, "microbatch_size": 8, "epochs": 2}},
-    "textworld": {"model": {"lora_layers": 30}, "algorithm": {"microbatch_size": 8}},
+    # One turn of history, LoRA on every layer, the generic pretrained batch shape.
+    "textworld": {"model": {"lora_layers": 30}, "rollout": {"history_turns": 1},
+                  "algorithm": {"minibatch_size": 32, "microbatch_size": 8, "epochs": 2}},
 }
 COST_BATCHES = {"blackjack": 64, "cartpole": 64, "textworld": 16}
 
@@ -718,7 +797,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("part", choices=("blackjack", "cartpole", "memory", "speed", "formats",
-                                         "generation", "fit", "cost", "turncache"))
+                                         "generation", "fit", "cost", "turncache",
+                                         "episodepass"))
     parser.add_argument("--model", default=MODEL)
     parser.add_argument("--mode", choices=("score", "generate"), default="score")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -761,6 +841,11 @@ def main() -> None:
         data = run_worker({"work": "turncache", "model": args.model, "envs": 8, **quick},
                           args.threads)
         name = "smollm2-turncache"
+    elif args.part == "episodepass":
+        quick = {"episodes": 4, "steps": 4} if args.quick else {"episodes": 8, "steps": 12}
+        data = run_worker({"work": "episodepass", "model": args.model, "envs": 8,
+                           "epochs": 2, **quick}, args.threads)
+        name = "smollm2-episodepass"
     elif args.part == "generation":
         data = run_worker({"work": "generation", "model": args.model}, args.threads)
         name = "smollm2-generation"

@@ -235,52 +235,64 @@ class Policy(nn.Module):
         cached: dict[tuple[int, ...], int] | None = None,
     ) -> _Pass:
         """The one pass that scores ``pairs`` (prompt index, continuation tokens): see
-        :meth:`_continuations`. With ``cached`` (a distinct prompt -> how many of its
-        first tokens a turn cache holds), each row runs its tokens after those, at their
-        own positions, after its cache left-padded to the longest (see
-        :meth:`_hidden_from_turns`); else the prompts' shared prefix runs once."""
-        slot_of: dict[tuple[int, ...], int] = {}
-        pair_rows = [slot_of.setdefault(tuple(prompts[i]), len(slot_of)) for i, _ in pairs]
-        distinct = list(slot_of)
+        :meth:`_continuations`. A prompt that starts another prompt of the pass shares
+        that prompt's row (:func:`prefix_rows`). With ``cached`` (a distinct prompt ->
+        how many of its first tokens a turn cache holds), each prompt is a row that runs
+        its tokens after those, at their own positions, after its cache left-padded to
+        the longest (see :meth:`_hidden_from_turns`); else the prompts' shared prefix
+        runs once."""
+        prompt_of: dict[tuple[int, ...], int] = {}
+        pair_prompts = [prompt_of.setdefault(tuple(prompts[i]), len(prompt_of)) for i, _ in pairs]
+        distinct = list(prompt_of)
+        if cached is None:
+            row_of, tips = prefix_rows(distinct)
+        else:
+            row_of, tips = list(range(len(distinct))), distinct
+        pair_rows = [row_of[prompt] for prompt in pair_prompts]
         unique_of: dict[tuple[int, tuple[int, ...]], int] = {}
         pair_unique = [
-            unique_of.setdefault((row, tuple(tokens)), len(unique_of))
-            for row, (_, tokens) in zip(pair_rows, pairs, strict=True)
+            unique_of.setdefault((prompt, tuple(tokens)), len(unique_of))
+            for prompt, (_, tokens) in zip(pair_prompts, pairs, strict=True)
         ]
-        unique = list(unique_of)
-        shared = shared_prefix_length(distinct) if cached is None else 0
-        own = [cached[prompt] for prompt in distinct] if cached is not None else None
-        skipped = own if own is not None else [shared] * len(distinct)
+        owners = [distinct[prompt] for prompt, _ in unique_of]
+        unique = [(row_of[prompt], tokens) for prompt, tokens in unique_of]
+        shared = shared_prefix_length(distinct, rows=len(tips)) if cached is None else 0
+        own = [cached[prompt] for prompt in tips] if cached is not None else None
+        skipped = own if own is not None else [shared] * len(tips)
         prompt_ids, prompt_mask = self._left_padded(
-            [prompt[start:] for prompt, start in zip(distinct, skipped, strict=True)]
+            [prompt[start:] for prompt, start in zip(tips, skipped, strict=True)]
         )
         width = prompt_ids.shape[1]
 
         # Each continuation's tokens but the last (which is only predicted) go after
         # its prompt's row: `segment` says which pair a column holds (-1: none).
-        tails: list[list[int]] = [[] for _ in distinct]
-        segments: list[list[int]] = [[] for _ in distinct]
-        positions: list[list[int]] = [[] for _ in distinct]
+        tails: list[list[int]] = [[] for _ in tips]
+        segments: list[list[int]] = [[] for _ in tips]
+        positions: list[list[int]] = [[] for _ in tips]
         starts = []
         for k, (row, tokens) in enumerate(unique):
             n = max(len(tokens) - 1, 0)
             starts.append(len(tails[row]))
             tails[row] += tokens[:n]
             segments[row] += [k] * n
-            positions[row] += range(len(distinct[row]), len(distinct[row]) + n)
+            positions[row] += range(len(owners[k]), len(owners[k]) + n)
         tail_width = max(len(tail) for tail in tails)
         starts_at = torch.tensor(skipped)[:, None]
         position_ids = torch.cat(
             [starts_at + (prompt_mask.cumsum(-1) - 1).clamp(min=0), padded(positions, tail_width)],
             dim=1,
         )
+        layout = PassLayout(tips, unique, starts, shared, width, tail_width, own, owners)
         # The keys before the rows' own tokens (the shared prefix, or each row's cache
         # left-padded to the longest): which of them are real.
         longest = max(skipped)
         past = torch.arange(longest)[None, :] >= longest - starts_at
-        allowed = _block_causal_mask(prompt_mask.bool(), padded(segments, tail_width, -1), past)
+        ends = torch.tensor([layout.end_column(k) for k in range(len(unique))])
+        allowed = _block_causal_mask(
+            prompt_mask.bool(), padded(segments, tail_width, -1), past, ends
+        )
         return _Pass(
-            layout=PassLayout(distinct, unique, starts, shared, width, tail_width, own),
+            layout=layout,
             input_ids=torch.cat([prompt_ids, padded(tails, tail_width, self.pad_id)], dim=1),
             position_ids=position_ids.to(self.device),
             attention=self._attention_mask(allowed.to(self.device)),
@@ -553,11 +565,12 @@ class Policy(nn.Module):
                 hidden = self._hidden(decoder, laid, reference)
             layout = laid.layout
             width, starts, unique = layout.width, layout.starts, layout.unique
+            ends = [layout.end_column(k) for k in range(len(unique))]
             # The LM head runs only where a log-probability is needed: token t of pair k
             # is predicted at its prompt's last column for t = 0, and at the column of
             # its own previous token (width + start_k + t - 1) after that.
             where = [
-                (k, t, width - 1 if t == 0 else width + start + t - 1, token)
+                (k, t, ends[k] if t == 0 else width + start + t - 1, token)
                 for k, (start, (_, tokens)) in enumerate(zip(starts, unique, strict=True))
                 for t, token in enumerate(tokens)
             ]
@@ -585,7 +598,8 @@ class Policy(nn.Module):
         if token_entropy is not None:
             token_entropy = token_entropy[order]
         rows_t = torch.tensor(laid.pair_rows, device=self.device)
-        state_hidden = None if reference else hidden[rows_t, width - 1]
+        ends_t = torch.tensor([ends[k] for k in laid.pair_unique], device=self.device)
+        state_hidden = None if reference else hidden[rows_t, ends_t]
         return token_logprobs, mask, token_entropy, state_hidden
 
     def _decoder_pass(
@@ -1112,17 +1126,19 @@ class InverseCdfSample:
 
 
 def _block_causal_mask(
-    prompt_mask: torch.Tensor, segment: torch.Tensor, past: torch.Tensor
+    prompt_mask: torch.Tensor, segment: torch.Tensor, past: torch.Tensor, ends: torch.Tensor
 ) -> torch.Tensor:
     """Which key each query may attend to, [rows, 1, columns, past + columns].
 
     Columns are a row's (left-padded) prompt followed by its continuations' tokens;
-    ``segment`` numbers the continuation each tail column belongs to (-1: padding).
+    ``segment`` numbers the continuation each tail column belongs to (-1: padding), and
+    ``ends`` gives, per continuation, the column where its own prompt ends (the row's
+    last prompt column, or an earlier one for a prompt the row's prompt starts with).
     ``past`` [rows, P] says which keys before the columns (a shared prefix, or a row's
-    turn cache, left-padded) are real for each row. A
-    query sees those, the real prompt tokens up to itself and, in a tail,
-    the earlier tokens of its own continuation. Every query also sees itself, so a
-    padding query has somewhere to attend (an empty row would make NaNs).
+    turn cache, left-padded) are real for each row. A query sees those, the real prompt
+    tokens up to itself (a tail: up to its prompt's end) and, in a tail, the earlier
+    tokens of its own continuation. Every query also sees itself, so a padding query has
+    somewhere to attend (an empty row would make NaNs).
     """
     rows, width = prompt_mask.shape
     columns = width + segment.shape[1]
@@ -1130,10 +1146,20 @@ def _block_causal_mask(
     real = torch.cat([prompt_mask, segment >= 0], dim=1)  # [rows, columns]
     group = torch.cat([torch.full((rows, width), -2), segment], dim=1)
     in_prompt = index < width
+    # The last prompt column each query sees: itself in the prompt, its prompt's end in
+    # a tail.
+    tail_ends = ends[segment.clamp(min=0)] if len(ends) else segment
+    sees = torch.cat([index[:width].expand(rows, width), tail_ends], dim=1)
     allowed = (
-        (index[:, None] >= index[None, :])[None]
-        & real[:, None, :]
-        & (in_prompt[None, None, :] | (group[:, :, None] == group[:, None, :]))
+        real[:, None, :]
+        & (
+            (in_prompt[None, None, :] & (index[None, None, :] <= sees[:, :, None]))
+            | (
+                ~in_prompt[None, None, :]
+                & (index[:, None] >= index[None, :])[None]
+                & (group[:, :, None] == group[:, None, :])
+            )
+        )
     ) | torch.eye(columns, dtype=torch.bool)[None]
     prefix = past[:, None, :].expand(rows, columns, past.shape[1])
     return torch.cat([prefix, allowed], dim=2)[:, None]
@@ -1255,16 +1281,34 @@ TRUNK_TOLERANCE = 1e-4
 MIN_SHARED_TOKENS = 64
 
 
-def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
+def shared_prefix_length(prompts: Sequence[Sequence[int]], rows: int | None = None) -> int:
     """How many leading tokens all ``prompts`` have in common (leaving each at least
     one token of its own, the position that predicts the continuation), or 0 where
-    computing them once would spare fewer than ``MIN_SHARED_TOKENS`` positions."""
+    computing them once would spare fewer than ``MIN_SHARED_TOKENS`` positions over the
+    pass's ``rows`` (default: one per prompt)."""
     first = prompts[0]
     limit = min(len(prompt) for prompt in prompts) - 1
     length = 0
     while length < limit and all(prompt[length] == first[length] for prompt in prompts):
         length += 1
-    return length if length * (len(prompts) - 1) >= MIN_SHARED_TOKENS else 0
+    rows = len(prompts) if rows is None else rows
+    return length if length * (rows - 1) >= MIN_SHARED_TOKENS else 0
+
+
+def prefix_rows(prompts: Sequence[tuple[int, ...]]) -> tuple[list[int], list[tuple[int, ...]]]:
+    """Rows for distinct ``prompts`` where a prompt that starts another one goes into
+    that one's row (with its history, an episode's turns all fit in the row of its last
+    turn's prompt): each prompt's row, and each row's prompt (the longest in it). In
+    sorted order, a prompt that starts any later prompt starts the very next one."""
+    order = sorted(range(len(prompts)), key=prompts.__getitem__)
+    tip_of = list(range(len(prompts)))
+    for before, after in zip(reversed(order[:-1]), reversed(order[1:]), strict=True):
+        first, then = prompts[before], prompts[after]
+        if len(first) < len(then) and then[: len(first)] == first:
+            tip_of[before] = tip_of[after]
+    row_of_tip: dict[int, int] = {}
+    rows = [row_of_tip.setdefault(tip_of[i], len(row_of_tip)) for i in range(len(prompts))]
+    return rows, [prompts[tip] for tip in row_of_tip]
 
 
 def _model_device(model: nn.Module) -> torch.device:

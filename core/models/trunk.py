@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -70,12 +70,16 @@ def top_layers(decoder: nn.Module, start: int) -> Iterator[None]:
 
 @dataclass
 class PassLayout:
-    """Where a pass of :meth:`Policy._continuations` puts each token: the distinct
-    ``prompts`` as rows (their first ``shared`` tokens run once, as a prefix; the rest
+    """Where a pass of :meth:`Policy._continuations` puts each token: one row per
+    ``prompts`` entry (their first ``shared`` tokens run once, as a prefix; the rest
     left-padded to ``width`` columns) and each of the ``unique`` (row, continuation)
     pairs after its row, from column ``width + start``, ``tail_width`` columns in all.
-    A pass that reads each row's turn cache (``cached``: how many of each row's first
-    tokens it holds) runs a row's tokens after those instead, and ``shared`` is 0."""
+    A row's prompt may hold other prompts of the pass as prefixes (the turns of one
+    episode with its history: turn t's prompt starts with turn t-1's): a pair's own
+    prompt (``owners``, None: its row's) then ends inside the row, at
+    :meth:`end_column`, and its tokens see the row up to there. A pass that reads each
+    row's turn cache (``cached``: how many of each row's first tokens it holds) runs a
+    row's tokens after those instead, and ``shared`` is 0."""
 
     prompts: list[tuple[int, ...]]
     unique: list[tuple[int, tuple[int, ...]]]
@@ -84,6 +88,17 @@ class PassLayout:
     width: int
     tail_width: int
     cached: list[int] | None = None
+    owners: list[tuple[int, ...]] | None = None
+
+    def owner(self, pair: int) -> tuple[int, ...]:
+        """The prompt the ``unique`` pair continues."""
+        return self.owners[pair] if self.owners is not None else self.prompts[self.unique[pair][0]]
+
+    def end_column(self, pair: int) -> int:
+        """The column, in its row, of the last token of the pair's own prompt (the one
+        that predicts the pair's first token)."""
+        row = self.unique[pair][0]
+        return self.width - len(self.prompts[row]) + len(self.owner(pair)) - 1
 
     def prompt_columns(self, row: int) -> slice:
         """The columns of row ``row`` that hold its prompt's own tokens (after the prefix,
@@ -171,7 +186,7 @@ class TrunkStates:
                 own = main[row, layout.prompt_columns(row)]
                 self._keep(self.prompts, prompt, torch.cat([first, own]))
         for pair, (row, tokens) in enumerate(layout.unique):
-            key = (layout.prompts[row], tokens)
+            key = (layout.owner(pair), tokens)
             if key not in self.tails:
                 self._keep(self.tails, key, main[row, layout.tail_columns(pair)])
 
@@ -184,12 +199,28 @@ class TrunkStates:
         self.bytes += size
 
     # -- replay ----------------------------------------------------------------------
+    def prompt_states(self, prompt: tuple[int, ...]) -> torch.Tensor | None:
+        """The kept states of ``prompt``: its own, or the first tokens' of a kept prompt
+        that starts with it (a later turn of the same episode), else None."""
+        states = self.prompts.get(prompt)
+        if states is not None:
+            return states
+        length = len(prompt)
+        for kept, states in self.prompts.items():
+            if len(kept) > length and kept[:length] == prompt:
+                return states[:length]
+        return None
+
     def holds(self, layout: PassLayout) -> bool:
         """Whether every context of a pass laid out as ``layout`` is kept (and usable)."""
-        return not self.disabled and all(p in self.prompts for p in layout.prompts) and all(
-            (layout.prompts[row], tokens) in self.tails
-            for row, tokens in layout.unique
-            if len(tokens) > 1
+        return (
+            not self.disabled
+            and all(self.prompt_states(p) is not None for p in layout.prompts)
+            and all(
+                (layout.owner(pair), tokens) in self.tails
+                for pair, (_, tokens) in enumerate(layout.unique)
+                if len(tokens) > 1
+            )
         )
 
     def inputs(self, layout: PassLayout) -> tuple[torch.Tensor | None, torch.Tensor] | None:
@@ -198,14 +229,14 @@ class TrunkStates:
         padding zero; None unless :meth:`holds`."""
         if not self.holds(layout):
             return None
-        first = self.prompts[layout.prompts[0]]
-        main = first.new_zeros(
-            (len(layout.prompts), layout.width + layout.tail_width, first.shape[-1])
+        rows = [cast(torch.Tensor, self.prompt_states(prompt)) for prompt in layout.prompts]
+        main = rows[0].new_zeros(
+            (len(layout.prompts), layout.width + layout.tail_width, rows[0].shape[-1])
         )
-        for row, prompt in enumerate(layout.prompts):
-            main[row, layout.prompt_columns(row)] = self.prompts[prompt][layout.shared :]
+        for row, states in enumerate(rows):
+            main[row, layout.prompt_columns(row)] = states[layout.shared :]
         for pair, (row, tokens) in enumerate(layout.unique):
             if len(tokens) > 1:
-                main[row, layout.tail_columns(pair)] = self.tails[(layout.prompts[row], tokens)]
-        prefix = first[None, : layout.shared] if layout.shared else None
+                main[row, layout.tail_columns(pair)] = self.tails[(layout.owner(pair), tokens)]
+        prefix = rows[0][None, : layout.shared] if layout.shared else None
         return prefix, main

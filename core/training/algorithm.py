@@ -607,12 +607,13 @@ class Algorithm:
             reference = self.reference_logprob_lists(turns, chunk)
         sums = zero_metrics(extra_losses)
         steps, epochs_run, stopped, interrupted = 0, 0, False, False
-        order = list(range(len(turns)))
+        groups = history_groups(turns)
         steps_per_epoch = self.sync_minibatch_count(len(turns), settings.minibatch_size)
         for epoch in range(settings.epochs if turns else 0):
             epochs_run += 1
             self.epoch_started(epoch + 1, settings.epochs)
-            self.rng.shuffle(order)
+            self.rng.shuffle(groups)
+            order = [i for group in groups for i in group]
             for index in minibatches(order, settings.minibatch_size, steps_per_epoch):
                 if self.stop_requested():
                     interrupted = True  # asked to stop: the steps taken so far stand
@@ -722,6 +723,24 @@ class Algorithm:
             skipped_steps=float(self.skipped_updates),
         )
         return metrics
+
+
+def history_groups(turns: Sequence[Turn]) -> list[list[int]]:
+    """The turns that minibatches keep together, as positions in ``turns``: a turn whose
+    prompt starts with another's (the turns of one episode with its history) joins that
+    one's group, so a pass runs their shared tokens once (:func:`prefix_rows`); every
+    other turn is a group of its own. Groups come in the order of their first turn
+    (without history, ``[[0], [1], ...]``: shuffling them is shuffling the turns)."""
+    ordered = sorted(range(len(turns)), key=lambda i: turns[i].prompt_tokens)
+    group_of = list(range(len(turns)))
+    for before, after in zip(ordered, ordered[1:], strict=False):
+        first, then = turns[before].prompt_tokens, turns[after].prompt_tokens
+        if len(first) < len(then) and then[: len(first)] == first:
+            group_of[after] = group_of[before]
+    groups: dict[int, list[int]] = {}
+    for index in range(len(turns)):
+        groups.setdefault(group_of[index], []).append(index)
+    return sorted(groups.values(), key=lambda group: group[0])
 
 
 def prompt_pieces(turns: Sequence[Turn], index: Iterable[int], size: int) -> list[list[int]]:
