@@ -297,3 +297,13 @@ def register_plugin() -> Iterator[Callable[..., Plugins]]:
             return stack.enter_context(temporary_plugin(plugin, name))
 
         yield register
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a launcher's rendezvous,
+    so launches in one session never meet another's leftovers)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

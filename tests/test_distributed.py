@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from llamagym.errors import ConfigError
+from llamagym.testing import free_port
 from llamagym.training import distributed
 from llamagym.training.algorithm import minibatches
 from llamagym.training.run_files import read_metrics
@@ -153,12 +153,6 @@ AGREEMENT = textwrap.dedent(
     dist.destroy_process_group()
     """
 )
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_processes_agree_on_counts_stops_and_gradients() -> None:

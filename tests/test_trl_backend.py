@@ -20,6 +20,7 @@ from llamagym.errors import ConfigError, LlamaGymError
 from llamagym.models.loading import load_model_and_tokenizer
 from llamagym.models.policy import Replies
 from llamagym.run import resolve_agent_config
+from llamagym.testing import free_port
 from llamagym.training import trl_backend
 from llamagym.training.trl_backend import (
     EpisodeRollouts,
@@ -405,6 +406,9 @@ def test_two_processes_under_accelerate_end_with_identical_weights(tmp_path) -> 
             "no",
             "--dynamo_backend",
             "no",
+            # A port of its own: a launcher of an earlier test may still hold the default.
+            "--main_process_port",
+            str(free_port()),
             "-m",
             "llamagym.cli",
             "run",

@@ -156,23 +156,16 @@ class TextWorldAgent(Agent):
         # torch's count back from the pretrained-model defaults).
         "training": {"minutes": 15, "eval_episodes": 100, "threads": 1},
     }
-    # A pretrained model plays with the whole episode in its prompt (it sees what it
-    # tried): each env's rollout keeps its key/value cache from turn to turn, and an
-    # update runs an episode's turns in one pass, so the history costs its new tokens.
-    # LoRA on the top layers (the model's registry entry) with a larger step than the
-    # generic pretrained one, as CartPole and Blackjack learn with.
+    # A pretrained model: a turn's prompt (hundreds of tokens, a dozen commands scored
+    # after it) costs SmolLM2-135M seconds on the CPU. 16 episodes (~400 turns) make
+    # one update in about 10 minutes on both cores of a 2-core machine
+    # (docs/results.md); the generic 64 episodes would take four times as long per update.
+    # The whole history in the prompt (cheap per token since turns keep their key/value
+    # cache and an update runs an episode in one pass) measured slower still: a game's
+    # text adds ~170 tokens a turn, so prompts reach ~5,000 tokens by turn 30 and
+    # attention over them dominates; 30 minutes held one update (0.23 env steps/s).
     pretrained_defaults = {
-        "score": {
-            "rollout": {"num_envs": 8, "history_turns": None},
-            "algorithm": {
-                "lr": 5e-4,
-                "episodes_per_update": 16,
-                "minibatch_size": 64,
-                "microbatch_size": 16,
-                "epochs": 4,
-                "target_kl": None,
-            },
-        }
+        "score": {"rollout": {"num_envs": 8}, "algorithm": {"episodes_per_update": 16}}
     }
 
     #: Options under ``agent.`` (``--set agent.KEY=VALUE``); ``self.options`` holds them.
