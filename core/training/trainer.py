@@ -376,7 +376,10 @@ class Trainer:
         """Create the run directory and take its lock (rank 0): the first write of a run,
         after everything that can refuse it."""
         directory = self.output_dir
-        replacing = self._replaces_a_run(resume_checkpoint)
+        self._replaces_a_run(resume_checkpoint)
+        # Every process has looked at the directory before rank 0 writes to it: a process
+        # that looks later would take rank 0's first files for another run's.
+        distributed.barrier()
         if not distributed.is_main():
             return
         # Created if need be, and known to be writable before anything in it is deleted.
