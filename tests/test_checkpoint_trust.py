@@ -168,7 +168,7 @@ def test_only_the_user_allows_model_code_and_is_warned(how, run_dir, tmp_path, m
                            *EVAL)
         assert code == 2 and "test stand-in" in one_error_line(err)
     else:
-        code, _, err = cli("run", "blackjack", "--resume", run_dir, "--quiet",
+        code, _, err = cli("run", "blackjack", "--resume", run_dir, "--quiet", "-n", "64",
                            "--trust-remote-code")
         assert code == 2 and "test stand-in" in one_error_line(err)
     assert spy.calls[-1]["name"] == str(model) and spy.calls[-1]["trust_remote_code"] is True

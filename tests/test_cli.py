@@ -33,6 +33,14 @@ def test_help_and_list_do_not_import_torch() -> None:
     assert out.stdout.strip() == "[]"
 
 
+def test_version_is_the_installed_distributions() -> None:
+    from importlib.metadata import version
+
+    result = run_cli("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"llamagym {version('llamagym')}\n"
+
+
 def test_list_shows_agents_and_algorithms_with_distributions() -> None:
     result = run_cli("list")
     assert result.returncode == 0, result.stderr

@@ -5,6 +5,7 @@ work and cost nothing to sessions that do not use them."""
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 import textwrap
@@ -95,6 +96,25 @@ class Unseeded(CorridorAgent):
         return UnseededCorridor()
 
 
+class SecretCorridor(Corridor):
+    """The same observations every episode; the reward hides a secret that the seed
+    does not decide (drawn from the random module)."""
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        observation, info = super().reset(seed=seed, options=options)
+        self.secret = random.randrange(10**6)
+        return observation, info
+
+    def step(self, action):
+        observation, reward, terminated, truncated, info = super().step(action)
+        return observation, reward + self.secret / 10**6, terminated, truncated, info
+
+
+class HiddenSecret(CorridorAgent):
+    def make_env(self) -> gymnasium.Env:
+        return SecretCorridor()
+
+
 class TooFewNames(CorridorAgent):
     action_names = ("forward",)
 
@@ -149,6 +169,7 @@ class NoEnv(CorridorAgent):
     ("agent_class", "check", "says"),
     [
         (Unseeded, "seeded-reset", "np_random"),
+        (HiddenSecret, "seeded-reset", "the reward differed"),
         (TooFewNames, "legal-actions", "Discrete(2)"),
         (GreedyParser, "action-round-trip", "the agent's extract_action"),
         (Verbose, "prompts", "shorten"),
@@ -216,6 +237,25 @@ def test_fake_llm_replies_in_order_through_the_extraction_chain(fake_llm) -> Non
     assert episode.env_return == 1.0 and episode.invalid_replies == 0
     assert "You are 0 steps in." in llm.prompts[0] and "corridor" in llm.prompts[0]
     assert llm.replies == ['{"action": "forward"}', "I go forward", "Action: 1"]
+
+
+class ModeAware(CorridorAgent):
+    def get_system_prompt(self) -> str:
+        if self.config.rollout.mode == "generate":
+            return 'Reply as JSON: {"action": "forward"}.'
+        return "Reply with back or forward."
+
+
+@pytest.mark.parametrize("mode", ["generate", "score"])
+def test_fake_llm_plays_the_agent_in_the_mode_it_is_given(fake_llm, mode) -> None:
+    agent = ModeAware(config={"rollout": {"mode": "score"}})
+    llm = fake_llm(['{"action": "forward"}'], cycle=True)
+    [episode] = llm.play(agent, episodes=1, mode=mode, max_turns=50)
+    # The agent saw the mode of the play; every prompt is recorded, in either mode.
+    asked = "Reply as JSON" if mode == "generate" else "Reply with back or forward"
+    assert len(llm.prompts) == len(episode.turns) and all(asked in p for p in llm.prompts)
+    assert len(llm.replies) == (len(episode.turns) if mode == "generate" else 0)
+    assert agent.config.rollout.mode == "score"  # put back after the play
 
 
 def test_fake_llm_script_running_out_is_an_error(fake_llm) -> None:

@@ -81,3 +81,18 @@ def test_named_actions_still_get_the_parsers_and_the_fallback() -> None:
     agent = SilentAgent(model, tokenizer, "cpu", env=env)
     observation, _ = env.reset(seed=0)
     assert agent.act(observation) in (0, 1)
+
+
+def test_the_readme_example_runs_as_written(capsys) -> None:
+    """The README's classic-API block, executed unchanged but for the length of its loop
+    (its 20,000 episodes are measured by benchmarks/readme_example.py)."""
+    from benchmarks.readme_example import LOOP, readme_example
+
+    code = readme_example().replace(LOOP, "range(70)")  # one update: 64 episodes
+    namespace: dict = {"__name__": "readme_example"}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert len(namespace["returns"]) == 70
+    agent = namespace["agent"]
+    assert agent.config.rollout.mode == "score" and agent.action_names == ["stick", "hit"]
+    assert "mean return, last 70 episodes: " in capsys.readouterr().out
+

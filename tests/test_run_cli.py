@@ -122,6 +122,27 @@ def test_eval_command_matches_the_runs_final_evaluation(finished_run, cli) -> No
     assert code == 2 and "agent.name = 'blackjack'" in err
 
 
+def test_eval_of_a_model_untrained_in_either_mode(finished_run, cli) -> None:
+    run_dir, _ = finished_run
+    code, out, _ = cli(
+        "eval", "blackjack", "--model", "tiny", "-n", "12", "--mode", "generate", "--json"
+    )
+    assert code == 0
+    result = json.loads(out)
+    assert (result["model"], result["mode"], result["episodes"]) == ("tiny", "generate", 12)
+    assert "checkpoint" not in result and len(result["baselines"]) == 4
+
+    code, out, _ = cli("eval", "blackjack", "--model", "tiny", "-n", "12")
+    assert code == 0
+    assert "model tiny untrained (zero-shot), score mode" in out
+    assert "untrained model" in out and "trained agent" not in out
+
+    code, _, err = cli("eval", "blackjack", "--model", "tiny", "--checkpoint", run_dir)
+    assert code == 2 and "not both" in err
+    code, _, err = cli("eval", "blackjack")
+    assert code == 2 and "--model NAME" in err and "--checkpoint RUN_DIR" in err
+
+
 def test_report_command_and_a_second_run_into_the_same_directory(finished_run, cli) -> None:
     run_dir, _ = finished_run
     (run_dir / "report.md").unlink()
@@ -130,6 +151,15 @@ def test_report_command_and_a_second_run_into_the_same_directory(finished_run, c
 
     code, _, err = cli("run", "blackjack", *FAST, "-o", run_dir)
     assert code == 2 and "already holds a run" in err and "--resume" in err
+
+
+def test_resuming_a_run_that_used_its_budget_says_how_to_go_on(finished_run, cli) -> None:
+    run_dir, _ = finished_run
+    files = {path: path.stat().st_mtime_ns for path in run_dir.rglob("*")}
+    code, _, err = cli("run", "blackjack", "--resume", run_dir, "--quiet")
+    assert code == 2 and "has used its budget (16 of 16 episodes)" in err
+    assert "--episodes 32" in err and f"llamagym eval blackjack --checkpoint {run_dir}" in err
+    assert {path: path.stat().st_mtime_ns for path in run_dir.rglob("*")} == files
 
 
 class FakeWandbRun:

@@ -167,7 +167,7 @@ def test_export_refuses_a_damaged_metrics_file_in_one_line(kind, run_dir, tmp_pa
 def test_a_torn_last_line_is_skipped_everywhere(run_dir, caplog, cli) -> None:
     path = run_dir / "metrics.jsonl"
     path.write_bytes(path.read_bytes() + b'{"kind": "upd')  # a crash mid-write
-    code, _, err = cli("run", "blackjack", "--resume", run_dir, "--quiet")
+    code, _, err = cli("run", "blackjack", "--resume", run_dir, "--quiet", "-n", "24")
     assert code == 0, err
     assert any("line 4 is cut short" in m for m in warnings_of(caplog))
 

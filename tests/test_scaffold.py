@@ -1,5 +1,7 @@
 """`llamagym new-plugin`: names are checked, nothing is overwritten, the files are valid,
-and a generated package installs, is listed, passes `llamagym check` and trains."""
+and a generated package installs, is listed, passes `llamagym check` and trains; one
+with an env of its own (`--env-class`) installs, passes `llamagym check` and its own
+tests."""
 
 from __future__ import annotations
 
@@ -75,6 +77,7 @@ def test_requirement_is_the_release_series() -> None:
         ("lake", {}, "agent"),
         ("cliff", {"env_id": "CliffWalking-v1"}, "agent"),
         ("steps", {"kind": "algorithm"}, "algorithm"),
+        ("guess", {"env_class": True}, "env"),
     ],
 )
 def test_generated_packages_are_complete(tmp_path: Path, name, options, module) -> None:
@@ -95,6 +98,43 @@ def test_generated_packages_are_complete(tmp_path: Path, name, options, module) 
     if name == "cliff":  # the env's own documentation is quoted where it helps
         agent = (package / "agent.py").read_text()
         assert '"action 0",  # Move up' in agent and "current_row * ncols" in agent
+    if name == "guess":  # the env is the package's own, registered by plugin.py
+        assert spec.env_id == "Guess-v0" and (package / "agent.py").is_file()
+        plugin = (package / "plugin.py").read_text()
+        assert 'env_id="Guess-v0"' in plugin
+        assert 'entry_point="llamagym_guess.env:GuessEnv"' in plugin
+        assert "def llamagym_register_envs(" in plugin and "# @hookimpl" not in plugin
+        assert "llamagym check guess" in (root / "README.md").read_text()
+
+
+def test_an_unknown_env_id_points_to_env_class(tmp_path: Path) -> None:
+    with pytest.raises(ScaffoldError) as error:
+        write_plugin("mine", directory=tmp_path, env_id="MyEnv-v0")
+    message = str(error.value)
+    assert "'MyEnv-v0'" in message and "Gymnasium does not know this id" in message
+    assert "for an environment of your own: llamagym new-plugin mine --env-class" in message
+    assert "\n" not in message and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"env_id": "Taxi-v4"}, "give one of them, not both"),
+        ({"env_id": "FrozenLake-v1"}, "give one of them, not both"),
+        ({"kind": "algorithm"}, "--env-class applies to --kind env only"),
+    ],
+)
+def test_env_class_refuses_other_env_options(tmp_path: Path, options, message) -> None:
+    with pytest.raises(ScaffoldError, match=message) as error:
+        write_plugin("guess", directory=tmp_path, env_class=True, **options)
+    assert "\n" not in str(error.value) and list(tmp_path.iterdir()) == []
+
+
+def test_env_class_refuses_a_name_gymnasium_uses(tmp_path: Path) -> None:
+    # cart_pole would register CartPole-v0, which Gymnasium already has.
+    with pytest.raises(ScaffoldError, match="already has an env of that name"):
+        write_plugin("cart_pole", directory=tmp_path, env_class=True)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_env_template_refuses_continuous_actions(tmp_path: Path) -> None:
@@ -108,6 +148,18 @@ def test_new_plugin_command_prints_the_next_steps(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "src/llamagym_lake/agent.py" in result.output
     assert "llamagym check lake" in result.output
+
+
+def test_new_plugin_command_writes_an_env_class(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["new-plugin", "guess", "--env-class", "--dir",
+                                      str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "its own env Guess-v0" in result.output
+    assert "src/llamagym_guess/env.py" in result.output
+    both = CliRunner().invoke(app, ["new-plugin", "other", "--env-class", "--env-id",
+                                    "Taxi-v4", "--dir", str(tmp_path)])
+    assert isinstance(both.exception, ScaffoldError)
+    assert not (tmp_path / "llamagym-other").exists()
 
 
 def test_a_new_plugin_installs_lists_checks_and_trains(tmp_path: Path) -> None:
@@ -148,3 +200,39 @@ def test_a_new_plugin_installs_lists_checks_and_trains(tmp_path: Path) -> None:
     assert "trained 16 episodes" in trained.stdout  # one update of the agent's batch
     assert (output / "report.md").is_file() and any((output / "checkpoints").iterdir())
     assert "route" in (output / "report.md").read_text()  # the baseline was evaluated
+
+
+@pytest.mark.slow
+def test_a_new_plugin_with_its_own_env_installs_checks_and_passes_its_tests(
+    tmp_path: Path,
+) -> None:
+    """`new-plugin NAME --env-class`, each step in its own process: generate, install
+    (into a directory of its own, so nothing stays installed), check, then run the
+    package's own tests as they were generated."""
+    run = subprocess.run(
+        [*LLAMAGYM, "new-plugin", "guess", "--env-class", "--dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    root = tmp_path / "llamagym-guess"
+    site = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+         "--no-deps", "--no-build-isolation", "--target", str(site), str(root)],
+        check=True, capture_output=True, timeout=300,
+    )
+    # One torch thread per process: the machine's cores are shared.
+    env = {**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1"}
+
+    check = subprocess.run([*LLAMAGYM, "check", "guess", "--episodes", "2"],
+                           capture_output=True, text=True, timeout=600, env=env)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "9 checks: 9 passed, 0 failed, 0 skipped" in check.stdout
+    assert "make_env() gives GuessEnv" in check.stdout  # the env of env.py, registered
+
+    tests = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        cwd=root, capture_output=True, text=True, timeout=600, env=env,
+    )
+    assert tests.returncode == 0, tests.stdout + tests.stderr
+    assert " passed" in tests.stdout and "skipped" not in tests.stdout

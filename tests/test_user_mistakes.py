@@ -334,7 +334,7 @@ def test_resuming_in_a_read_only_run_directory(tmp_path, locked, cli) -> None:
     assert code == 0, err
     locked(run_dir)
     before = snapshot(run_dir)
-    line = one_error(cli("run", "blackjack", "--resume", run_dir, *FAST[:2]))
+    line = one_error(cli("run", "blackjack", "--resume", run_dir, *FAST[:2], "-n", "32"))
     assert f"run directory {str(run_dir)!r} cannot be written" in line
     assert "make it writable, or continue the run elsewhere with --output NEW_DIR" in line
     assert snapshot(run_dir) == before

@@ -22,6 +22,23 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"llamagym {version('llamagym')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the version."
+    ),
+) -> None:
+    """Fine-tune LLM agents with online RL in Gymnasium environments."""
+
+
 def report_plugin_problems() -> None:
     """Print each plugin problem once, as a warning line on stderr."""
     from llamagym.plugin_manager import get_plugins

@@ -17,6 +17,7 @@ def show_command(
     agent: str = typer.Argument(..., help="Agent name (see `llamagym list`)."),
     algorithm: str = typer.Option(None, "--algorithm", "-a", help="Algorithm name."),
     model: str = typer.Option(None, "--model", "-m", help="'tiny', a Hub id or a local dir."),
+    mode: str = typer.Option(None, "--mode", help="score or generate."),
     config_file: Path = typer.Option(None, "--config", "-c", help="YAML/TOML/JSON config."),
     assignments: list[str] = typer.Option([], "--set", help="KEY=VALUE, e.g. algorithm.lr=1e-4"),
     backend: str = typer.Option(None, "--backend", help="native (default) or trl."),
@@ -26,7 +27,10 @@ def show_command(
     it back with `llamagym run AGENT --config FILE`."""
     from llamagym.cli.run_commands import resolve_run_config
 
-    flags = {"algorithm.name": algorithm, "model.name": model, "training.backend": backend}
+    flags = {
+        "algorithm.name": algorithm, "model.name": model, "rollout.mode": mode,
+        "training.backend": backend,
+    }
     agent_class, resolved = resolve_run_config(agent, config_file, assignments, flags)
     header = [
         f"Configuration of `llamagym run {agent}`.",

@@ -24,13 +24,25 @@ def new_plugin_command(
     env_id: str = typer.Option(
         None, "--env-id", help="Gymnasium env id for --kind env (default FrozenLake-v1)."
     ),
+    env_class: bool = typer.Option(
+        False,
+        "--env-class",
+        help="For --kind env: an environment of the package's own instead (env.py, a "
+        "number-guessing game to replace with yours), registered with Gymnasium by "
+        "plugin.py.",
+    ),
 ) -> None:
     """Write a complete plugin package: pyproject.toml with the entry point, the agent or
     algorithm, a README and tests. Then `pip install -e` it and it is in `llamagym list`."""
-    from llamagym.devtools.scaffold import DEFAULT_ENV_ID, write_plugin
+    from llamagym.devtools.scaffold import write_plugin
 
-    spec, root = write_plugin(name, kind, directory, env_id or DEFAULT_ENV_ID)
-    what = f"agent {name!r} for {spec.env_id}" if kind == "env" else f"algorithm {name!r}"
+    spec, root = write_plugin(name, kind, directory, env_id, env_class=env_class)
+    if kind != "env":
+        what = f"algorithm {name!r}"
+    elif spec.own_env:
+        what = f"agent {name!r} for its own env {spec.env_id}, in env.py"
+    else:
+        what = f"agent {name!r} for {spec.env_id}"
     typer.echo(f"created {root} ({spec.distribution}, {what}):")
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         typer.echo(f"  {path.relative_to(root)}")

@@ -261,7 +261,7 @@ def run_command(
         None,
         "--backend",
         help="native (default): LlamaGym's algorithms; trl: TRL's GRPOTrainer optimises "
-        "(vLLM, DeepSpeed, FSDP through accelerate; pip install \"llamagym[trl]\").",
+        "(vLLM, DeepSpeed, FSDP through accelerate; needs the trl extra).",
     ),
     trust_remote_code: bool = typer.Option(
         False,
@@ -429,12 +429,65 @@ def _train(
         console.print(f"report: {summary.report}{curve}", markup=False, soft_wrap=True)
 
 
+def _agent_to_evaluate(
+    agent: str,
+    checkpoint: Path | None,
+    model: str | None,
+    mode: str | None,
+    seed: int,
+    num_envs: int | None,
+    assignments: list[str],
+    trust_remote_code: bool,
+) -> tuple[Any, str, dict[str, str]]:
+    """The agent ``llamagym eval`` plays: a checkpoint's, or ``model`` untrained as a run
+    would start it; with the heading line and the JSON key that say which."""
+    from llamagym.config import deep_merge, parse_assignment
+    from llamagym.run import load_agent
+
+    if model is not None:
+        flags = {
+            "model.name": model, "rollout.mode": mode, "rollout.num_envs": num_envs,
+            "training.seed": seed, "model.trust_remote_code": trust_remote_code or None,
+        }
+        agent_class, resolved = resolve_run_config(agent, None, assignments, flags)
+        return agent_class(config=resolved), f"model {shown(model)} untrained (zero-shot)", {
+            "model": model
+        }
+    overrides: dict[str, Any] = {}
+    for assignment in assignments:
+        overrides = deep_merge(overrides, parse_assignment(assignment))
+    overrides = deep_merge(overrides, {"training": {"seed": seed}})
+    if num_envs is not None:
+        overrides = deep_merge(overrides, {"rollout": {"num_envs": num_envs}})
+    if mode is not None:
+        overrides = deep_merge(overrides, {"rollout": {"mode": mode}})
+    assert checkpoint is not None, "eval_command gives a checkpoint or a model"
+    loaded = load_agent(
+        checkpoint, overrides=overrides, agent=agent, trust_remote_code=trust_remote_code
+    )
+    directory, meta = loaded.checkpoint, loaded.checkpoint_meta
+    assert directory is not None and meta is not None, "load_agent() records its checkpoint"
+    heading = (
+        f"checkpoint {shown(directory)}: update {meta.get('update', '?')}, "
+        f"{meta.get('episodes', 0):,} training episodes"
+    )
+    return loaded, heading, {"checkpoint": str(directory)}
+
+
 @app.command("eval")
 def eval_command(
     agent: str = typer.Argument(..., help="Agent name."),
     checkpoint: Path = typer.Option(
-        ..., "--checkpoint", help="A run directory (its newest checkpoint) or a checkpoint."
+        None, "--checkpoint", help="A run directory (its newest checkpoint) or a checkpoint."
     ),
+    model: str = typer.Option(
+        None,
+        "--model",
+        "-m",
+        help="Instead of a checkpoint: this model untrained (zero-shot), as a run would "
+        "start it ('tiny', a registry name, a Hub id or a local dir).",
+    ),
+    mode: str = typer.Option(None, "--mode", help="score or generate (default: the agent's)."),
     episodes: int = typer.Option(1000, "--episodes", "-n", min=1, help="Evaluation episodes."),
     greedy: bool = typer.Option(True, "--greedy/--sample", help="Argmax or sampled actions."),
     seed: int = typer.Option(0, "--seed", help="Seed of the evaluation episodes."),
@@ -444,7 +497,10 @@ def eval_command(
         False, "--quiet", "-q", help="No progress bar; warnings only (also output.quiet)."
     ),
     assignments: list[str] = typer.Option(
-        [], "--set", help="KEY=VALUE over the checkpoint's config, e.g. model.dtype=bfloat16"
+        [],
+        "--set",
+        help="KEY=VALUE over the checkpoint's config (with --model: over the agent's "
+        "defaults), e.g. model.dtype=bfloat16",
     ),
     trust_remote_code: bool = typer.Option(
         False,
@@ -453,7 +509,8 @@ def eval_command(
         "checkpoint; only for a model whose code you trust).",
     ),
 ) -> None:
-    """Evaluate a checkpoint: mean return with a 95% CI, beside the baselines.
+    """Evaluate a checkpoint, or a model untrained (--model): mean return with a 95% CI,
+    beside the baselines.
 
     A progress bar on stderr shows the episodes played, when stderr is a terminal and
     neither --quiet nor --set output.quiet=true is given; --json output on stdout is
@@ -462,25 +519,26 @@ def eval_command(
 
     from rich.console import Console
 
-    from llamagym.config import check_episode_memory, deep_merge, parse_assignment
-    from llamagym.run import load_agent
+    from llamagym.config import check_episode_memory, parse_assignment
 
+    if (checkpoint is None) == (model is None):
+        raise LlamaGymError(
+            "give --checkpoint RUN_DIR to evaluate a trained agent, or --model NAME to "
+            "evaluate a model untrained (zero-shot), not both"
+            if checkpoint is not None
+            else "nothing to evaluate: give --checkpoint RUN_DIR (a trained agent) or "
+            "--model NAME (a model untrained, zero-shot; e.g. --model smollm2-135m)"
+        )
     check_episode_memory(episodes, "--episodes")  # before the model loads
     report_plugin_problems()
-    overrides: dict[str, Any] = {}
-    for assignment in assignments:
-        overrides = deep_merge(overrides, parse_assignment(assignment))
-    overrides = deep_merge(overrides, {"training": {"seed": seed}})
-    if num_envs is not None:
-        overrides = deep_merge(overrides, {"rollout": {"num_envs": num_envs}})
-    agent_object = load_agent(
-        checkpoint, overrides=overrides, agent=agent, trust_remote_code=trust_remote_code
+    agent_object, heading, evaluated = _agent_to_evaluate(
+        agent, checkpoint, model, mode, seed, num_envs, assignments, trust_remote_code
     )
-    directory, meta = agent_object.checkpoint, agent_object.checkpoint_meta
-    assert directory is not None and meta is not None, "load_agent() records its checkpoint"
     # Only this command's own --quiet or --set: a checkpoint trained with --quiet (CI)
     # does not silence a later evaluation.
-    quiet = quiet or bool(overrides.get("output", {}).get("quiet"))
+    quiet = quiet or any(
+        bool(parse_assignment(a).get("output", {}).get("quiet")) for a in assignments
+    )
     status = Console(stderr=True)
     configure_logging(status, quiet=as_json or quiet, verbose=False)
 
@@ -494,17 +552,18 @@ def eval_command(
         )
     if as_json:
         typer.echo(json.dumps({
-            "checkpoint": str(directory), "greedy": greedy, "seed": seed,
+            **evaluated, "mode": agent_object.config.rollout.mode, "greedy": greedy,
+            "seed": seed,
             **result.as_dict(), "baselines": [b.as_dict() for b in baselines],
         }, indent=2))
         return
     console = Console()
     console.print(
-        f"[bold]{shown(agent)}[/] checkpoint {shown(directory)}: update "
-        f"{meta.get('update', '?')}, "
-        f"{meta.get('episodes', 0):,} training episodes; evaluation seed {seed}"
+        f"[bold]{shown(agent)}[/] {heading}, {agent_object.config.rollout.mode} mode; "
+        f"evaluation seed {seed}"
     )
-    console.print(evaluation_table(result, baselines, greedy=greedy))
+    label = "untrained model" if model is not None else "trained agent"
+    console.print(evaluation_table(result, baselines, greedy=greedy, agent_label=label))
     interval = (
         f"all {result.episodes:,} episodes identical (no CI)"
         if result.identical

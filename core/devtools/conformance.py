@@ -42,6 +42,8 @@ MAX_TURNS_PER_EPISODE = 1000
 #: Steps of the random walk that samples observations, per episode and in total.
 SAMPLE_STEPS_PER_EPISODE = 40
 SAMPLE_EPISODES = 3
+#: Steps of the fixed action sequence played after a seeded reset, twice, compared.
+SEEDED_STEPS = 20
 #: Tokens the engine keeps free for the reply in score mode (see RolloutEngine).
 SCORE_MODE_REPLY_TOKENS = 16
 #: Distinct legal-action lists whose names are round-tripped (dynamic actions vary a lot).
@@ -314,23 +316,75 @@ def check_make_env(ctx: CheckContext) -> str:
     return f"make_env() gives {type(getattr(env, 'unwrapped', env)).__name__}"
 
 
+_SEED_FIX = (
+    "call super().reset(seed=seed) in your env's reset and draw every random number, "
+    "hidden state included, from self.np_random (not random or numpy's global "
+    "generator); training and evaluation replay episodes by seed"
+)
+
+
+def _scripted_play(ctx: CheckContext, env: Any) -> list[tuple[Any, ...]]:
+    """``reset(seed)``, then up to :data:`SEEDED_STEPS` steps of a fixed rule over the
+    legal actions: what each step gave (a hidden state shows in rewards and endings
+    even where the observations stay the same)."""
+    agent = ctx.agent
+    observation, info = _reset(env, ctx.seed)
+    trace: list[tuple[Any, ...]] = [("reset", observation)]
+    for step in range(SEEDED_STEPS):
+        try:
+            legal = list(agent.named_actions(observation, info) or [])
+        except Exception:  # the legal-actions check says what is wrong with them
+            break
+        if not legal:
+            break
+        index = (3 * step + 1) % len(legal)
+        result = _step(env, agent.env_action(index, legal))
+        observation, terminated, truncated = result[0], result[2], result[3]
+        trace.append((legal[index], *result[:4]))
+        if terminated or truncated:
+            break
+    return trace
+
+
 def check_seeded_reset(ctx: CheckContext) -> str:
     first, second = ctx.make_env(), ctx.make_env()
     try:
-        observation, _ = _reset(first, ctx.seed)
-        again, _ = _reset(first, ctx.seed)
-        other, _ = _reset(second, ctx.seed)
+        plays = [_scripted_play(ctx, first), _scripted_play(ctx, first)]
+        plays.append(_scripted_play(ctx, second))
     finally:
         first.close()
         second.close()
+    observation, again, other = (play[0][1] for play in plays)
     if not (_same(observation, again) and _same(observation, other)):
         raise CheckFailure(
             f"reset(seed={ctx.seed}) gave different observations: {_describe(observation)}, "
             f"then {_describe(again)} (same env) and {_describe(other)} (a new env)",
-            "call super().reset(seed=seed) in your env's reset and draw every random "
-            "number from self.np_random; training and evaluation replay episodes by seed",
+            _SEED_FIX,
         )
-    return f"reset(seed={ctx.seed}) is repeatable: {_describe(observation, 50)}"
+    for where, play in (("the same env", plays[1]), ("a new env", plays[2])):
+        for step, (ours, theirs) in enumerate(zip(plays[0], play, strict=False)):
+            if not _same(ours, theirs):
+                fields = ("action", "observation", "reward", "terminated", "truncated")
+                differ = [n for n, a, b in zip(fields, ours, theirs, strict=False)
+                          if not _same(a, b)]
+                raise CheckFailure(
+                    f"reset(seed={ctx.seed}) then the same actions played differently "
+                    f"({where}): at step {step} ({ours[0]!r}) the {', '.join(differ)} "
+                    f"differed: {_describe(ours[1:], 60)} vs {_describe(theirs[1:], 60)}. "
+                    "A hidden state (a secret, a deck, a map) that ignores the seed",
+                    _SEED_FIX,
+                )
+        if len(play) != len(plays[0]):
+            raise CheckFailure(
+                f"reset(seed={ctx.seed}) then the same actions ended after "
+                f"{len(plays[0]) - 1} steps and after {len(play) - 1} ({where})",
+                _SEED_FIX,
+            )
+    steps = len(plays[0]) - 1
+    return (
+        f"reset(seed={ctx.seed}) and {steps} scripted steps repeat: "
+        f"{_describe(observation, 50)}"
+    )
 
 
 def _check_legal(ctx: CheckContext, observation: Any, info: dict) -> list[str]:

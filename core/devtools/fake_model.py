@@ -41,7 +41,9 @@ class ScriptedLLM:
     over when it runs out; otherwise running out is an error, because a test that
     miscounted its turns should say so), or a function from the rendered prompt text
     to a reply. Every prompt seen and reply given is recorded in :attr:`prompts` and
-    :attr:`replies`, so a test can assert on exactly what the model was shown.
+    :attr:`replies`, so a test can assert on exactly what the model was shown. In score
+    mode the script is not asked (every legal action scores the same, so actions are
+    drawn uniformly), but every prompt is still recorded in :attr:`prompts`.
     """
 
     def __init__(self, replies: Script, *, cycle: bool = False, tokenizer: Any = None):
@@ -95,16 +97,21 @@ class ScriptedLLM:
         """Play ``episodes`` seeded episodes of ``agent``'s env with this fake model.
 
         Generate mode (the default) asks the script for every reply; score mode gives
-        every legal action the same score, so actions are drawn uniformly.
+        every legal action the same score, so actions are drawn uniformly. For the play,
+        ``agent.config.rollout.mode`` is ``mode``, so the agent's prompts are those of a
+        real run in that mode; it is put back afterwards.
         """
         from llamagym.rollout.engine import RolloutEngine
 
-        settings = agent.config.rollout.model_copy(update={"mode": mode, "num_envs": num_envs})
+        rollout = agent.config.rollout
+        settings = rollout.model_copy(update={"mode": mode, "num_envs": num_envs})
         engine = RolloutEngine(agent, self.policy(max_turns), settings, seed=seed)
         envs = [agent.make_env() for _ in range(num_envs)]
+        own_mode, rollout.mode = rollout.mode, mode
         try:
             return engine.collect(envs, episodes)
         finally:
+            rollout.mode = own_mode
             for env in envs:
                 env.close()
 
@@ -191,6 +198,7 @@ class FakePolicy:
         import torch
 
         self._count(len(prompts))
+        self.llm.prompts += [self.tokenizer.decode(list(prompt)) for prompt in prompts]
         width = max(len(options) for options in candidates)
         scores = torch.full((len(prompts), width), float("-inf"))
         for row, options in enumerate(candidates):

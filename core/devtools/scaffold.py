@@ -10,19 +10,22 @@ Two kinds:
 * ``env``: an :class:`~llamagym.Agent` for a Gymnasium environment. For the default,
   ``FrozenLake-v1``, a worked example (prompts that draw the lake, a hand-written
   route as a baseline); for any other env id with a ``Discrete`` action space, the
-  same skeleton with placeholder action names marked ``TODO``.
+  same skeleton with placeholder action names marked ``TODO``. With ``--env-class``,
+  an environment of the package's own instead (``env.py``, registered with Gymnasium by
+  ``plugin.py``): a number-guessing game to replace with the author's.
 * ``algorithm``: REINFORCE with a batch-mean baseline and a pydantic ``Config``, the
   smallest complete :class:`~llamagym.Algorithm`.
 
 The package's files are real files under ``templates/``, in layers: ``common`` (every
-package), then ``env`` or ``algorithm``, then for the worked example ``frozenlake``,
-whose files replace those of the same path. A file is rendered by replacing tokens
-such as ``__NAME__`` or ``__CLASS__`` (in its path too) with the values of
-:meth:`PluginSpec.substitutions`; a line holding only a comment with a token whose
-name ends in ``_LINES`` (``# __ACTION_PLACEHOLDER_LINES__``) becomes the token's
-lines, indented like the comment. The tokens are plain identifiers and strings, so
-every template is valid Python (or TOML, or Markdown), and ruff checks the Python
-ones under the generated package's own settings (``templates/ruff.toml``).
+package), then ``env`` or ``algorithm``, then ``frozenlake`` for the worked example or
+``ownenv`` for an environment of the package's own, whose files replace those of the
+same path. A file is rendered by replacing tokens such as ``__NAME__`` or ``__CLASS__``
+(in its path too) with the values of :meth:`PluginSpec.substitutions`; a line holding
+only a comment with a token whose name ends in ``_LINES``
+(``# __ACTION_PLACEHOLDER_LINES__``) becomes the token's lines, indented like the
+comment. The tokens are plain identifiers and strings, so every template is valid
+Python (or TOML, or Markdown), and ruff checks the Python ones under the generated
+package's own settings (``templates/ruff.toml``).
 """
 
 from __future__ import annotations
@@ -46,6 +49,16 @@ _TOKEN = re.compile(r"^([ \t]*)# __((?:[A-Z]+_)+LINES)__$|__([A-Z]+(?:_[A-Z]+)*)
 
 class ScaffoldError(LlamaGymError):
     """The plugin cannot be written as asked (bad name, existing folder, unknown env)."""
+
+
+def _stem(name: str) -> str:
+    """``name`` in CamelCase: ``frozen_lake`` -> ``FrozenLake``."""
+    return "".join(part.capitalize() for part in name.split("_") if part)
+
+
+def own_env_id(name: str) -> str:
+    """The Gymnasium id of the env that ``--env-class`` writes for plugin ``name``."""
+    return f"{_stem(name)}-v0"
 
 
 def validate_name(name: str) -> str:
@@ -93,6 +106,8 @@ class PluginSpec:
     kind: str
     env_id: str = DEFAULT_ENV_ID
     env: EnvFacts | None = None  # env kind, other than the worked example
+    #: The package holds its own env (``env.py``), registered as ``env_id``.
+    own_env: bool = False
 
     @property
     def package(self) -> str:
@@ -110,18 +125,19 @@ class PluginSpec:
 
     @property
     def class_name(self) -> str:
-        stem = "".join(part.capitalize() for part in self.name.split("_") if part)
-        return stem + ("Agent" if self.kind == "env" else "")
+        return _stem(self.name) + ("Agent" if self.kind == "env" else "")
 
     @property
     def worked_example(self) -> bool:
-        return self.kind == "env" and self.env_id == DEFAULT_ENV_ID
+        return self.kind == "env" and self.env_id == DEFAULT_ENV_ID and not self.own_env
 
     @property
     def layers(self) -> tuple[str, ...]:
         """The template folders this package is made of, later ones winning."""
         if self.kind == "algorithm":
             return ("common", "algorithm")
+        if self.own_env:
+            return ("common", "env", "ownenv")
         return ("common", "env", "frozenlake") if self.worked_example else ("common", "env")
 
     def substitutions(self) -> dict[str, str]:
@@ -133,22 +149,31 @@ class PluginSpec:
             "DISTRIBUTION": self.distribution,
             "CLASS": self.class_name,
             "CONFIG_CLASS": f"{self.class_name}Config",
+            "ENV_CLASS": f"{_stem(self.name)}Env",
             "ENV_ID": self.env_id,
             "REQUIREMENT": llamagym_requirement(),
             "ACTION_COUNT": str(env.action_count),
             "ACTION_PLACEHOLDER_LINES": _placeholder_names(env),
             "OBSERVATION_NOTE_LINES": _observation_notes(env, self.env_id),
-            "DESCRIPTION": (
-                "FrozenLake-v1: cross the ice to the goal without falling in a hole"
-                if self.worked_example
-                else f"{self.env_id}: an LLM agent (TODO: say what it does)"
-            ),
-            "WHAT": (
-                f"an LLM agent for Gymnasium's {self.env_id}"
-                if self.kind == "env"
-                else "a REINFORCE-style training algorithm"
-            ),
+            "DESCRIPTION": self._description(),
+            "WHAT": self._what(),
         }
+
+    def _description(self) -> str:
+        """The agent's line in ``llamagym list``."""
+        if self.worked_example:
+            return "FrozenLake-v1: cross the ice to the goal without falling in a hole"
+        if self.own_env:
+            return f"{self.env_id}: find the secret number from 1 to 16 by higher/lower hints"
+        return f"{self.env_id}: an LLM agent (TODO: say what it does)"
+
+    def _what(self) -> str:
+        """What the package adds, for its README and its metadata."""
+        if self.kind == "algorithm":
+            return "a REINFORCE-style training algorithm"
+        if self.own_env:
+            return f"an LLM agent for its own Gymnasium env, {self.env_id}"
+        return f"an LLM agent for Gymnasium's {self.env_id}"
 
 
 def _placeholder_names(env: EnvFacts) -> str:
@@ -205,9 +230,10 @@ def _action_meanings(lines: list[str]) -> dict[int, str]:
     return meanings
 
 
-def inspect_env(env_id: str) -> EnvFacts:
+def inspect_env(env_id: str, name: str = "NAME") -> EnvFacts:
     """The size of ``env_id``'s ``Discrete`` action space, and what its documentation
-    says about the actions and the observations."""
+    says about the actions and the observations. ``name`` is the plugin's, for the
+    command an error suggests."""
     import inspect
     import warnings
 
@@ -217,16 +243,15 @@ def inspect_env(env_id: str) -> EnvFacts:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the error below says what matters
             env = gymnasium.make(env_id)
-    except (
-        gymnasium.error.NameNotFound,
-        gymnasium.error.VersionNotFound,
-        gymnasium.error.DeprecatedEnv,
-        gymnasium.error.NamespaceNotFound,
-    ) as error:
-        family = env_id.split("-")[0]
-        known = [key for key in gymnasium.registry if key.startswith(family) and key != env_id]
-        hint = f"; registered ids like it: {', '.join(known[:5])}" if known else ""
-        raise ScaffoldError(f"cannot make env {env_id!r}: {error}{hint}") from None
+    except (gymnasium.error.NameNotFound, gymnasium.error.NamespaceNotFound) as error:
+        raise ScaffoldError(
+            f"cannot make env {env_id!r}: Gymnasium does not know this id "
+            f"({' '.join(str(error).split())})"
+            f"{_similar_ids(env_id)}; for an environment of your own: "
+            f"llamagym new-plugin {name} --env-class"
+        ) from None
+    except (gymnasium.error.VersionNotFound, gymnasium.error.DeprecatedEnv) as error:
+        raise ScaffoldError(f"cannot make env {env_id!r}: {error}{_similar_ids(env_id)}") from None
     except Exception as error:  # e.g. an optional dependency of the env is missing
         raise ScaffoldError(
             f"cannot make env {env_id!r}: {type(error).__name__}: {error}"
@@ -246,6 +271,30 @@ def inspect_env(env_id: str) -> EnvFacts:
         _action_meanings(sections.get("action space", [])),
         tuple(sections.get("observation space", [])),
     )
+
+
+def _similar_ids(env_id: str) -> str:
+    """``; registered ids like it: ...`` for the ids of ``env_id``'s family, if any."""
+    import gymnasium
+
+    family = env_id.split("-")[0]
+    known = [key for key in gymnasium.registry if key.startswith(family) and key != env_id]
+    return f"; registered ids like it: {', '.join(known[:5])}" if known else ""
+
+
+def _check_own_env_id(env_id: str) -> None:
+    """Refuse an id whose name Gymnasium already uses: registering it beside (or instead
+    of) Gymnasium's env would make ``gymnasium.make`` give the wrong game."""
+    import gymnasium
+
+    taken = gymnasium.envs.registration.parse_env_id(env_id)[:2]
+    same = [key for key, spec in gymnasium.registry.items()
+            if (spec.namespace, spec.name) == taken]
+    if same:
+        raise ScaffoldError(
+            f"--env-class registers its env as {env_id!r}, but Gymnasium already has an "
+            f"env of that name ({', '.join(same[:3])}); choose another NAME"
+        )
 
 
 def render(text: str, values: Mapping[str, str]) -> str:
@@ -291,19 +340,35 @@ def write_plugin(
     name: str,
     kind: str = "env",
     directory: Path | str = ".",
-    env_id: str = DEFAULT_ENV_ID,
+    env_id: str | None = None,
+    env_class: bool = False,
 ) -> tuple[PluginSpec, Path]:
     """Write the package into ``directory/llamagym-NAME`` and return its spec and path.
 
-    Refuses to touch an existing folder: nothing is ever overwritten.
+    ``env_id`` (default ``FrozenLake-v1``) names the Gymnasium env of an env plugin;
+    ``env_class`` gives the package an env of its own instead, registered as
+    :func:`own_env_id`. Refuses to touch an existing folder: nothing is ever overwritten.
     """
     validate_name(name)
     if kind not in KINDS:
         raise ScaffoldError(f"--kind {kind!r} is not known; use one of: {', '.join(KINDS)}")
-    if kind == "algorithm" and env_id != DEFAULT_ENV_ID:
-        raise ScaffoldError("--env-id applies to --kind env only")
-    env = inspect_env(env_id) if kind == "env" and env_id != DEFAULT_ENV_ID else None
-    spec = PluginSpec(name, kind, env_id, env)
+    if kind == "algorithm" and (env_id is not None or env_class):
+        option = "--env-class" if env_class else "--env-id"
+        raise ScaffoldError(f"{option} applies to --kind env only")
+    if env_class and env_id is not None:
+        raise ScaffoldError(
+            "--env-id names an env Gymnasium knows, --env-class writes one of the "
+            "package's own: give one of them, not both"
+        )
+    env = None
+    if env_class:
+        env_id = own_env_id(name)
+        _check_own_env_id(env_id)
+    elif env_id is None:
+        env_id = DEFAULT_ENV_ID
+    elif kind == "env" and env_id != DEFAULT_ENV_ID:
+        env = inspect_env(env_id, name)
+    spec = PluginSpec(name, kind, env_id, env, own_env=env_class)
     root = Path(directory).expanduser() / spec.folder
     if root.exists():
         raise ScaffoldError(

@@ -198,6 +198,11 @@ def _write_export(
     adapter = hasattr(model, "peft_config")
     if adapter and merge:
         model = model.merge_and_unload()
+    if merge and not adapter:
+        logger.warning(
+            "--merge: nothing to merge, the run fine-tuned the whole model (no LoRA "
+            "adapter); the export holds the whole model"
+        )
     if adapter and not merge:
         base = _base_model_id(agent)
         for settings in model.peft_config.values():

@@ -223,7 +223,11 @@ def outcome_names(results: Sequence[Any]) -> list[str]:
 
 
 def evaluation_table(
-    agent_result: Any, baselines: Sequence[Any], title: str = "Evaluation", greedy: bool = True
+    agent_result: Any,
+    baselines: Sequence[Any],
+    title: str = "Evaluation",
+    greedy: bool = True,
+    agent_label: str = "trained agent",
 ) -> Table:
     """The agent's result and every baseline's, on the same episode seeds, with the
     share of each outcome the agent names (no outcome column when it names none). A
@@ -244,7 +248,7 @@ def evaluation_table(
     table.add_column("invalid", justify="right")
     for result in rows:
         cells = [
-            "trained agent" if result is agent_result else result.name,
+            agent_label if result is agent_result else result.name,
             f"{result.mean:+.3f}",
             "identical episodes" if result.identical else f"± {result.ci95:.3f}",
         ]

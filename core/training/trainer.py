@@ -312,6 +312,30 @@ class CollectionWatch:
         return self.reason is not None
 
 
+def _refuse_a_spent_budget(
+    agent: str, resume: Path | None, meta: dict[str, Any], training: Any
+) -> None:
+    """A resumed run whose checkpoint has used the whole budget would only evaluate
+    again: refused, with the flags that train on and the command that evaluates."""
+    counters = meta.get("counters") or {}
+    episodes, seconds = counters.get("episodes", 0), counters.get("seconds", 0.0)
+    budget = training.episodes
+    if budget is None and training.minutes is None:
+        budget = DEFAULT_EPISODES
+    spent = []
+    if budget is not None and episodes >= budget:
+        spent.append(f"{episodes:,} of {budget:,} episodes")
+    if training.minutes is not None and seconds >= 60 * training.minutes:
+        spent.append(f"{seconds / 60:.1f} of {training.minutes:g} minutes")
+    if not spent:
+        return
+    raise LlamaGymError(
+        f"the run in {str(resume)!r} has used its budget ({' and '.join(spent)}): to train "
+        f"on, give a larger one (e.g. --resume {resume} --episodes {2 * max(episodes, 1)} "
+        f"or --minutes M), or evaluate it with `llamagym eval {agent} --checkpoint {resume}`"
+    )
+
+
 class Trainer:
     """Trains ``agent`` with its configured algorithm; ``resume_from`` is a checkpoint
     directory or a run directory (its newest checkpoint)."""
@@ -507,7 +531,7 @@ class Trainer:
             )
             text = json.dumps(plugins, indent=1) + "\n"
             write_atomically(self.output_dir / PLUGINS, text)
-            logger.info("checkpoint written: %s", path)
+            logger.debug("checkpoint written: %s", path)
         self._last_checkpoint, self._last_checkpoint_update = path, counters.updates
         return path
 
@@ -553,6 +577,7 @@ class Trainer:
                 meta, config.model_dump(mode="json"), resume_checkpoint
             )
             earlier = self._read_resumed_files(resume_checkpoint)
+            _refuse_a_spent_budget(config.agent.name, self.resume_from, meta, config.training)
         # Every refusal comes before the run directory is touched: a damaged run file, a
         # directory that holds another run or cannot be written, a missing env, a model
         # that does not load.

@@ -21,7 +21,9 @@ def llamagym_register_agents(register: Callable[..., None]) -> None:
     register(AGENT)
 
 
-# An environment of your own? Register it with Gymnasium here, then set env_id to it:
+# An environment of your own? `llamagym new-plugin NAME --env-class` writes a package
+# with one (a small game in env.py, to replace with yours), registered with a hook like
+# the one below. Or register yours with Gymnasium here, then set env_id above to its id:
 #
 # @hookimpl
 # def llamagym_register_envs(register: Callable[..., None]) -> None:
