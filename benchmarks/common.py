@@ -93,6 +93,25 @@ def machine_label(machine: Mapping[str, Any]) -> str:
     return f"{machine.get('cores', '?')} cores, {machine.get('cpu_model', 'unknown CPU')}"
 
 
+def source_commit() -> dict[str, Any]:
+    """The commit the measured code came from, and whether the tree had changes on top
+    of it (then the numbers are of that commit plus those changes)."""
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*words: str) -> str:
+        try:
+            done = subprocess.run(["git", *words], cwd=root, capture_output=True, text=True,
+                                  timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return ""
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return {"commit": None, "dirty": None}
+    return {"commit": commit, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
 def today() -> str:
     return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
 
@@ -281,6 +300,7 @@ def write_script_result(
         "benchmark": script,
         "command": script_command(Path(sys.argv[0]).name, sys.argv[1:]),
         "date": today(),
+        **source_commit(),
         "machine": machine_info(),
         "quick": quick,
         **data,
@@ -307,6 +327,7 @@ def write_result(
         "benchmark": name,
         "command": command,
         "date": today(),
+        **source_commit(),
         "quick": bool(args.quick),
         "threads": threads_of(args),
         "machine": machine_info(),

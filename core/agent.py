@@ -111,6 +111,17 @@ class Agent:
         self._pending_turn: Turn | None = None
         self._finished: list[Episode] = []
 
+    @property
+    def device(self) -> Any:
+        """The device the agent was made with (the original API's third argument, or in
+        a run of several processes each process's own), or None: ``model.device``.
+        Read when the model loads."""
+        return self._device
+
+    @device.setter
+    def device(self, value: Any) -> None:
+        self._device = value
+
     # -- what subclasses override -----------------------------------------------------
     def get_system_prompt(self) -> str:
         return "You are an agent acting in an environment. Reply with the action to take."

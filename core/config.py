@@ -279,7 +279,12 @@ class OutputSettings(Settings):
 
 class TRLSettings(Settings):
     """What only the TRL backend has; the algorithm section maps onto GRPOConfig's GRPO
-    fields (lr, group_size, epochs, clip_range, kl_coef, entropy_coef, ...)."""
+    fields (lr, group_size, epochs, clip_range, kl_coef, entropy_coef, ...). Any other
+    field of the installed TRL's ``GRPOConfig`` may be set here too
+    (``--set trl.vllm_gpu_memory_utilization=0.5``); the TRL backend checks each against
+    that dataclass before anything loads."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)
 
     loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"] = Field(
         "dapo", description="TRL's loss normalisation (GRPOConfig.loss_type)."
@@ -291,7 +296,11 @@ class TRLSettings(Settings):
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in backward (less memory, more time)."
     )
-    bf16: bool = Field(False, description="bfloat16 mixed precision (GPUs that have it).")
+    bf16: bool | None = Field(
+        None,
+        description="bfloat16 mixed precision (GPUs that have it); null = as `accelerate "
+        "launch` was told (its --mixed_precision or config file), else off.",
+    )
 
 
 class RunConfig(Settings):

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 #: Kept as they are where text is laid out on several lines.
 LAYOUT = "\n\t"
@@ -75,3 +77,18 @@ def table_code(text: object) -> str:
     ticks = "`" * (longest + 1)
     padded = f" {line} " if line.startswith("`") or line.endswith("`") else line
     return ticks + padded.replace("|", "\\|") + ticks
+
+
+def outcome_names(results: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The outcomes the agent names, in its order (the order of the ``outcomes`` dicts)."""
+    names: list[str] = []
+    for result in results:
+        names += [name for name in result.get("outcomes") or {} if name not in names]
+    return names
+
+
+def outcome_shares(result: Mapping[str, Any], names: Sequence[str]) -> str:
+    outcomes = result.get("outcomes") or {}
+    if not outcomes:
+        return "n/a"
+    return " / ".join(f"{outcomes.get(name, 0):.1%}" for name in names)

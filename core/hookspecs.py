@@ -88,9 +88,11 @@ def llamagym_register_envs(register: Callable[..., None]) -> None:
 def llamagym_register_models(register: Callable[..., None]) -> None:
     """Add model registry entries: ``register(ModelEntry(...))`` (see ``llamagym models``).
 
-    An entry gives a model's LoRA targets, rank, generation defaults and chat-template
-    fallback. A name or Hub id already registered is refused unless the call passes
-    ``override=True``. Called once for every plugin, the first time the registry is read.
+    An entry gives a model's LoRA targets, rank, chat-template fallback and offline
+    source (its generation defaults are a note that `llamagym models --json` shows; a
+    run samples with ``rollout.*``). A name or Hub id already registered is refused
+    unless the call passes ``override=True``. Called once for every plugin, the first
+    time the registry is read.
     """
 
 

@@ -219,6 +219,10 @@ def _timeout_from_env() -> tuple[float | None, str | None]:
     return (seconds if 0 < seconds < math.inf else None), None
 
 
+#: The built-in plugin through which an Agent's own methods answer the per-step hooks.
+AGENT_METHODS = "agent"
+
+
 def _named(argnames: Sequence[str], args: tuple) -> dict[str, Any]:
     """The arguments pluggy passed to an implementation, by name."""
     return dict(zip(argnames, args, strict=False))
@@ -312,7 +316,7 @@ class Plugins:
         self._forget_registrations()
         self._envs_registered = False
         self.register(
-            agent_hooks, name="agent", distribution=BUILTIN_DISTRIBUTION, version=__version__
+            agent_hooks, name=AGENT_METHODS, distribution=BUILTIN_DISTRIBUTION, version=__version__
         )
         if load_entry_points:
             with plugin_output_to_stderr():
@@ -472,9 +476,10 @@ class Plugins:
             finally:
                 _answering.reset(token)
             if per_step and result is not None:
-                result = checked(plugin_name, hook_name, result, _named(argnames, args))
+                named = _named(argnames, args)
+                result = checked(plugin_name, hook_name, result, named)
                 if result is not None:
-                    answered(plugin_name, hook_name)
+                    answered(plugin_name, hook_name, named.get("agent"))
             return result
 
         return isolated
@@ -650,13 +655,26 @@ class Plugins:
         )
 
     # -- who took part --------------------------------------------------------------
-    def _answered(self, plugin_name: str, hook_name: str) -> None:
+    def _answered(self, plugin_name: str, hook_name: str, agent: Any = None) -> None:
         self._last_answer[hook_name] = plugin_name
+        if plugin_name == AGENT_METHODS and agent is not None:
+            # The agent's own methods answered: credit the plugin that registered it.
+            plugin_name = self._registered_by(agent) or plugin_name
         record = self._participants.get(plugin_name)
         if record is None:
             distribution, version = self._distributions.get(plugin_name, ("", ""))
             record = self._participants[plugin_name] = (distribution, version, set())
         record[2].add(hook_name)
+
+    def _registered_by(self, agent: Any) -> str | None:
+        """The plugin that registered ``agent``'s class, if one did (an agent subclassed
+        in a script was registered by none)."""
+        cls = type(agent)
+        entry_point = f"{cls.__module__}:{cls.__qualname__}"
+        for spec in self.agents().values():
+            if spec.entry_point == entry_point:
+                return spec.plugin or None
+        return None
 
     def participants(self) -> list[dict[str, Any]]:
         """Every plugin that answered a per-step hook (not ``None``) in this process since

@@ -179,7 +179,8 @@ class RunContext:
 
 @dataclass(frozen=True)
 class GenerationDefaults:
-    """Sampling settings that suit a model during rollouts."""
+    """Sampling settings that suit a model, as a note for its users: `llamagym models
+    --json` shows them; a run samples with its ``rollout.*`` settings, never these."""
 
     temperature: float = 0.7
     top_p: float = 0.9

@@ -50,6 +50,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llamagym.errors import ConfigError
 from llamagym.models.chat_template import render_chat
+from llamagym.rollout.engine import reply_closing
 from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.training.algorithm import masked_mean
 
@@ -236,7 +237,7 @@ def demonstration_turns(
         )
     reply_prefix = template.substitute({})  # $$ is a dollar sign
     prefix_tokens = tokenizer(reply_prefix, add_special_tokens=False)["input_ids"]
-    closing = '"}' if reply_prefix.rstrip().endswith('"') else "}"
+    closing = reply_closing(reply_prefix)
     turns, too_long = [], 0
     for messages in conversations:
         [text] = render_chat(tokenizer, [messages[:-1]])

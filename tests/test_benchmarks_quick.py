@@ -44,6 +44,13 @@ def test_throughput_quick_writes_documented_json(tmp_path, benchmarks):
     assert result["quick"] is True
     assert result["command"].startswith("python -m benchmarks throughput --quick")
     assert result["machine"]["cores"] >= 1 and result["machine"]["cpu_model"]
+    # The code measured: the commit, and whether the tree had changes on top of it.
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                          text=True, check=False)
+    if head.returncode == 0:
+        assert result["commit"] == head.stdout.strip() and isinstance(result["dirty"], bool)
+    else:  # sources without their git history: nothing to name
+        assert result["commit"] is None and result["dirty"] is None
     assert result["peer"]["skipped"] is True and result["ratios"] == []
 
     rows = result["rows"]

@@ -98,6 +98,9 @@ def test_an_export_loads_without_llamagym_and_acts_the_same(weights, tmp_path, c
     assert ("adapter_config.json" in files) == (weights == "adapter")
     card = (export / "README.md").read_text()
     assert "| this model |" in card and "| basic-strategy |" in card
+    assert "| policy | mean return | 95% CI | win / draw / loss |" in card
+    if weights == "merged":  # the model as the run named it, not a cache path
+        assert "\n# blackjack: ppo on tiny\n" in card
 
     agent = load_agent(run_dir)
     engine = agent.engine

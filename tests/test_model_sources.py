@@ -511,6 +511,18 @@ def test_models_table_shows_lora_defaults_and_offline_availability(
     assert smollm2["lora_rank"] == 16
 
 
+def test_the_models_list_fits_an_80_column_terminal(cli, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = cli("models")
+    assert code == 0
+    assert max(len(line) for line in out.splitlines()) <= 80
+    lines = out.splitlines()
+    [smollm2] = [k for k, line in enumerate(lines) if line.startswith(f"{SMOLLM2}  ")]
+    assert "HuggingFaceTB/SmolLM2-135M-Instruct" in lines[smollm2]
+    block = lines[smollm2 : smollm2 + 5]  # its first line may wrap
+    assert "  LoRA rank 16 on " + " ".join(LLAMA_LIKE_TARGETS) in block
+
+
 def test_fetching_an_unknown_model_is_one_line_and_exit_code_2(cli) -> None:
     code, out, err = cli("models", "fetch", "nope")
     assert code == 2 and out == ""

@@ -88,7 +88,7 @@ def test_the_readme_example_runs_as_written(capsys) -> None:
     (its 20,000 episodes are measured by benchmarks/readme_example.py)."""
     from benchmarks.readme_example import LOOP, readme_example
 
-    code = readme_example().replace(LOOP, "range(70)")  # one update: 64 episodes
+    code = readme_example().replace(LOOP, "range(70)")
     namespace: dict = {"__name__": "readme_example"}
     exec(compile(code, "README.md", "exec"), namespace)
     assert len(namespace["returns"]) == 70

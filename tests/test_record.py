@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import torch
@@ -34,8 +35,11 @@ def test_each_decision_of_the_baseline_becomes_a_demonstration(tmp_path, cli) ->
         system, user, reply = messages  # Blackjack keeps no history
         assert system == {"role": "system", "content": prompt}
         assert reply["role"] == "assistant"
-        # The reply is what the baseline plays in the state the user message shows.
-        assert reply["content"] == basic_strategy(state_of(user["content"]), {}, [], None)
+        # The reply is what the baseline plays in the state the user message shows,
+        # written as the model writes it: after the reply prefix, closed.
+        action = basic_strategy(state_of(user["content"]), {}, [], None)
+        assert reply["content"] == '{"action": "' + action + '"}'
+        assert json.loads(reply["content"]) == {"action": action}
     # The recorded play scores what the baseline scores (a different set of seeds).
     recorded = float(re.search(r"mean return ([+-][\d.]+)", out).group(1))
     assert abs(recorded - evaluate_baseline(BlackjackAgent(), "basic-strategy", 50).mean) < 0.6
@@ -54,10 +58,11 @@ def test_random_play_teaches_the_reply_format_and_no_preference(tmp_path, cli) -
     assert cli("record", "blackjack", "-b", "random", "-n", "600", "-o", path)[0] == 0
     before, after = (
         BlackjackAgent(
-            # A whole config: the built-in defaults, not the agent's.
+            # A whole config: the built-in defaults, not the agent's, but for the reply
+            # prefix the demonstrations were written after.
             config=RunConfig.model_validate({
                 "agent": {"name": "blackjack"},
-                "rollout": {"mode": "generate", "num_envs": 8},
+                "rollout": {"mode": "generate", "num_envs": 8, "reply_prefix": '{"action": "'},
                 "algorithm": {"name": "ppo", "warm_start": {
                     "lr": 1e-3, "demonstration_epochs": 4,
                     **({"demonstrations": str(demos)} if demos else {}),

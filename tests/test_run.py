@@ -97,6 +97,25 @@ def test_run_directory_names_the_plugins_that_answered(tmp_path) -> None:
     assert "| narrator |" in report and "format_observation" in report
 
 
+def test_a_registered_agents_own_answers_are_credited_to_its_plugin(fake_llm) -> None:
+    from importlib.metadata import version
+
+    from llamagym_blackjack.agent import BlackjackAgent
+
+    from llamagym.plugin_manager import get_plugins
+
+    plugins = get_plugins()
+    plugins.reset_participants()
+    fake_llm(["stick"], cycle=True).play(BlackjackAgent(), episodes=2, mode="score")
+    answered = {p["name"]: p for p in plugins.participants()}
+    assert "agent" not in answered  # not the built-in that called the agent's methods
+    assert answered["blackjack"]["distribution"] == "llamagym-blackjack"
+    assert answered["blackjack"]["version"] == version("llamagym-blackjack")
+    assert {"llamagym_system_prompt", "llamagym_format_observation"} <= set(
+        answered["blackjack"]["hooks"]
+    )
+
+
 def test_resume_with_other_plugins_says_so(tmp_path, caplog) -> None:
     run_dir = tmp_path / "run"
     settings = {"output": {"dir": str(run_dir), "report": False}}

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from llamagym.errors import ConfigError, LlamaGymError
 from llamagym.models.loading import load_model_and_tokenizer
 from llamagym.models.policy import Replies
+from llamagym.plugin_manager import Plugins
 from llamagym.run import resolve_agent_config
 from llamagym.testing import free_port
 from llamagym.training import trl_backend
@@ -26,8 +27,10 @@ from llamagym.training.trl_backend import (
     EpisodeRollouts,
     SequenceEngine,
     TRLTrainer,
+    check_supported,
     episode_sequence,
     grpo_args,
+    mixed_precision_bf16,
 )
 
 pytest.importorskip("trl")
@@ -169,6 +172,14 @@ class Recorder:
             recorder.rewards.append(([list(ids) for ids in completion_ids], paid))
             return paid
 
+        #: (update, metrics) of every update_end the loggers were called with
+        self.update_ends: list[tuple[int, dict[str, Any]]] = []
+
+        def recorded_update_end(plugins, agent, update, metrics, run=None):
+            recorder.update_ends.append((update, dict(metrics)))
+
+        monkeypatch.setattr(Plugins, "update_end", recorded_update_end)
+
         monkeypatch.setattr(EpisodeRollouts, "__call__", recorded_call)
         monkeypatch.setattr(EpisodeRollouts, "reward", recorded_reward)
 
@@ -209,8 +220,16 @@ def test_a_run_changes_the_weights_and_writes_a_native_run_directory(recorded_ru
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     updates = [r for r in records if r["kind"] == "update"]
     assert [r["update"] for r in updates] == [1, 2]
-    for key in ("return_mean", "invalid_rate", "env_steps_per_second", "entropy", "policy_loss"):
+    for key in ("return_mean", "invalid_rate", "env_steps_per_second", "entropy_vocab",
+                "policy_loss"):
         assert all(key in r for r in updates), key
+    assert not any("entropy" in r for r in updates)  # the native name means another thing
+    # The loggers heard of each update, with what metrics.jsonl holds.
+    logged = recorded_run[1].update_ends
+    assert [update for update, _ in logged] == [1, 2]
+    assert [metrics for _, metrics in logged] == [
+        {k: v for k, v in r.items() if k != "kind"} for r in updates
+    ]
     [evaluation] = [r for r in records if r["kind"] == "evaluation"]
     assert evaluation["episodes"] == 20 and evaluation["baselines"]
     assert "backend: trl" in (run / "config.yaml").read_text()
@@ -313,8 +332,58 @@ def test_settings_map_onto_grpo_config(tmp_path) -> None:
     assert (args.num_generations, args.generation_batch_size) == (4, 16)
     assert args.warmup_steps == 3
     assert (args.use_vllm, args.vllm_mode, args.loss_type) == (True, "server", "grpo")
+    # The rollout returns no vLLM log-probabilities: TRL's correction by them is off.
+    assert args.vllm_importance_sampling_correction is False
     # 32 episodes = 2 updates of 16; each update is 2 minibatches of 8, twice.
     assert args.max_steps == 8
+
+
+def test_any_grpo_config_field_passes_through_trl_settings(tmp_path) -> None:
+    agent = small_agent(
+        tmp_path, trl={"vllm_gpu_memory_utilization": 0.5, "report_to": ["tensorboard"]}
+    )
+    check_supported(agent.resolved)
+    args = grpo_args(agent.resolved, tmp_path, world_size=1, use_cpu=True)
+    assert args.vllm_gpu_memory_utilization == 0.5 and args.report_to == ["tensorboard"]
+
+
+@pytest.mark.parametrize(
+    ("trl", "says"),
+    [
+        ({"vllm_gpu_memory_utilisation": 0.5}, "did you mean vllm_gpu_memory_utilization"),
+        ({"learning_rate": 1e-3}, "the TRL backend sets it from algorithm.lr"),
+        ({"remove_unused_columns": True}, "reads the dataset's seed column"),
+    ],
+)
+def test_a_trl_setting_grpo_config_lacks_or_the_run_sets_is_refused(trl, says, tmp_path) -> None:
+    agent = small_agent(tmp_path, trl=trl)
+    with pytest.raises(ConfigError, match=says) as refused:
+        check_supported(agent.resolved)
+    assert str(refused.value).count("\n") == 0
+
+
+@pytest.mark.parametrize(
+    ("asked", "launched", "bf16"),
+    [(None, "bf16", True), (None, "no", False), (None, None, False), (True, None, True),
+     (False, "fp16", False), (True, "bf16", True), (True, "no", "refused")],
+)
+def test_bf16_follows_the_launcher_unless_asked(asked, launched, bf16, monkeypatch) -> None:
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    if launched is not None:
+        monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", launched)
+    if bf16 == "refused":
+        with pytest.raises(ConfigError, match="launched with mixed_precision=no"):
+            mixed_precision_bf16(asked)
+    else:
+        assert mixed_precision_bf16(asked) is bf16
+
+
+def test_vllms_correction_cannot_be_asked_for_without_its_log_probabilities(tmp_path) -> None:
+    agent = small_agent(
+        tmp_path, trl={"use_vllm": True, "vllm_importance_sampling_correction": True}
+    )
+    with pytest.raises(ConfigError, match="returns no vLLM log-probabilities"):
+        grpo_args(agent.resolved, tmp_path, world_size=1, use_cpu=True)
 
 
 def test_backend_defaults_make_any_agent_start_under_trl(tmp_path) -> None:
@@ -367,7 +436,7 @@ def test_without_trl_the_backend_is_a_one_line_install_hint(monkeypatch) -> None
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "trl" else real(name, *a)
     )
-    with pytest.raises(LlamaGymError, match=r'pip install "llamagym\[trl\]"'):
+    with pytest.raises(LlamaGymError, match=r'needs trl: pip install "trl>=1.16,<2"'):
         trl_backend.require_trl()
 
 

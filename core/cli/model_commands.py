@@ -21,6 +21,10 @@ app.add_typer(models_app, name="models")
 JSON_HELP = "Every field, generation defaults and offline source included."
 
 
+#: Terminal columns the models table needs; narrower terminals get a block per model.
+WIDE_TABLE = 120
+
+
 def _print_models(as_json: bool) -> None:
     from dataclasses import asdict
 
@@ -35,8 +39,23 @@ def _print_models(as_json: bool) -> None:
         return
 
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
+    console = Console()
+    if console.width < WIDE_TABLE:
+        # Too narrow for seven columns: one short block per model.
+        for entry in entries:
+            console.print(
+                f"[bold]{escape(entry.name)}[/]  {escape(entry.hub_id or '(built locally)')}"
+                f"  {escape(entry.parameters)}  offline: {escape(offline_status(entry))}",
+                soft_wrap=False,
+            )
+            console.print(f"  memory: {escape(entry.suggested_memory)}")
+            console.print(
+                f"  LoRA rank {entry.lora_rank} on {escape(' '.join(entry.lora_target_modules))}"
+            )
+        return
     table = Table(title="Models", title_justify="left")
     table.add_column("name", style="bold", no_wrap=True)
     table.add_column("hub id")
@@ -55,7 +74,7 @@ def _print_models(as_json: bool) -> None:
             " ".join(entry.lora_target_modules),
             offline_status(entry),
         )
-    Console().print(table)
+    console.print(table)
 
 
 @models_app.callback()

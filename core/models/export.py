@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llamagym.display import markdown_line
+from llamagym.display import markdown_line, outcome_names, outcome_shares
 from llamagym.errors import LlamaGymError, WriteError
 from llamagym.paths import write_failure, write_failure_text
 
@@ -298,7 +298,7 @@ def model_card(
         "---",
         "",
         f"# {markdown_line(name)}: {markdown_line(config.algorithm.name)} on "
-        f"{markdown_line(base)}",
+        f"{markdown_line(config.model.name)}",
         "",
         f"An LLM agent for `{env}` trained online with reinforcement learning by LlamaGym "
         f"(`{config.algorithm.name}`, {config.rollout.mode} mode).",
@@ -355,9 +355,23 @@ def model_card(
             'model = AutoModelForCausalLM.from_pretrained("THIS_DIR")',
             'tokenizer = AutoTokenizer.from_pretrained("THIS_DIR")',
         ]
+    lines += ["```", ""]
+    if weights == "adapter" and _registry_name(config.model.name):
+        lines += [
+            f"`base_model` is the Hub id. Offline, load the base LlamaGym used (for a "
+            f"registry model, the converted copy in its model cache; `llamagym models "
+            f"fetch {config.model.name}` prints its directory) and the adapter on it:",
+            "",
+            "```python",
+            "from peft import PeftModel",
+            "from transformers import AutoModelForCausalLM",
+            "",
+            'base = AutoModelForCausalLM.from_pretrained("BASE_DIR")',
+            'model = PeftModel.from_pretrained(base, "THIS_DIR")',
+            "```",
+            "",
+        ]
     lines += [
-        "```",
-        "",
         "With LlamaGym: `llamagym.load_agent(\"THIS_DIR\")` returns the agent, ready to "
         "`act`.",
         "",
@@ -365,22 +379,32 @@ def model_card(
     return "\n".join(lines)
 
 
+def _registry_name(name: str) -> bool:
+    from llamagym.models.registry import get_model_entry
+
+    return get_model_entry(name) is not None
+
+
 def _evaluation_table(evaluation: Mapping[str, Any]) -> list[str]:
     how = "greedy" if evaluation.get("greedy", True) else "sampled"
     rows: Sequence[Mapping[str, Any]] = [
         {**evaluation, "name": "this model"}, *evaluation.get("baselines", [])
     ]
+    # The outcomes the agent names (Agent.outcome_names); none, no column.
+    names = outcome_names(rows)
+    header = f" {' / '.join(map(markdown_line, names))} |" if names else ""
     lines = [
         f"## Evaluation ({evaluation.get('episodes', 0):,} episodes, {how}, baselines on "
         "the same seeds)",
         "",
-        "| policy | mean return | 95% CI |",
-        "|---|---|---|",
+        f"| policy | mean return | 95% CI |{header}",
+        "|---|---|---|" + ("---|" if names else ""),
     ]
     for row in rows:
+        shares = f" {outcome_shares(row, names)} |" if names else ""
         lines.append(
             f"| {markdown_line(row.get('name', '?'))} | "
             f"{float(row.get('mean', float('nan'))):+.3f} | "
-            f"±{float(row.get('ci95', float('nan'))):.3f} |"
+            f"±{float(row.get('ci95', float('nan'))):.3f} |{shares}"
         )
     return [*lines, ""]

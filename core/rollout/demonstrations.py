@@ -3,7 +3,10 @@
 ``llamagym record AGENT --baseline NAME`` plays the baseline and writes one JSONL line per
 decision: ``{"messages": [...]}``, the conversation exactly as the agent's model would see
 it in generate mode (system prompt, the history the agent keeps, the observation), ending
-with the baseline's action as the assistant's reply. ``algorithm.warm_start.demonstrations``
+with the baseline's action as the assistant's reply, written as the model would write it:
+after the agent's ``rollout.reply_prefix`` and closed (``{"action": "hit"}``), so a
+model fine-tuned on the file, here or with another tool, learns the format the prompt
+asks for. ``algorithm.warm_start.demonstrations``
 reads the file back (``llamagym.plugins.sft.load_demonstrations``).
 
 What a demonstration teaches depends on the baseline. The ``random`` baseline carries no
@@ -19,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llamagym.errors import ConfigError
+from llamagym.rollout.engine import fill_reply_prefix, reply_closing
 from llamagym.rollout.evaluation import play_baseline
 from llamagym.training.report import rewrite_records
 
@@ -58,7 +62,9 @@ def record_demonstrations(
             slot = engine.new_slot(step.observation, step.info, seeds[current], None)
         slot.observation, slot.info = step.observation, step.info
         [user_text], _, [messages] = engine.render_prompts([slot])
-        reply = {"role": "assistant", "content": step.action}
+        prefix = fill_reply_prefix(engine.settings.reply_prefix, agent, step.observation)
+        text = prefix + step.action + reply_closing(prefix) if prefix else step.action
+        reply = {"role": "assistant", "content": text}
         records.append({"messages": [*messages, reply]})
         slot.history += [{"role": "user", "content": user_text}, reply]
         returns[step.episode] += step.reward

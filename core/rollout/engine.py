@@ -81,6 +81,12 @@ class RolloutPolicy(Protocol):
     ) -> Replies: ...
 
 
+def reply_closing(prefix: str) -> str:
+    """What closes a reply started by ``prefix`` after its action's name: ``"}`` after an
+    open JSON string (``{"action": "``), ``}`` after another opener."""
+    return '"}' if prefix.rstrip().endswith('"') else "}"
+
+
 def fill_reply_prefix(template: str, agent: Agent, observation: Any) -> str:
     """``template`` (a ``rollout.reply_prefix``) with its ``$name`` fields filled from
     ``agent.reply_fields(observation)``; ``$$`` is a dollar sign."""

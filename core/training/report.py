@@ -26,7 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llamagym.display import code_block, markdown_line, table_code
+from llamagym.display import (
+    code_block,
+    markdown_line,
+    outcome_names,
+    outcome_shares,
+    table_code,
+)
 from llamagym.errors import RunFileError, WriteError
 from llamagym.paths import append_line, write_atomically
 
@@ -141,21 +147,6 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def _outcome_names(results: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The outcomes the agent names, in its order (the order of the ``outcomes`` dicts)."""
-    names: list[str] = []
-    for result in results:
-        names += [name for name in result.get("outcomes") or {} if name not in names]
-    return names
-
-
-def _outcomes(result: Mapping[str, Any], names: Sequence[str]) -> str:
-    outcomes = result.get("outcomes") or {}
-    if not outcomes:
-        return "n/a"
-    return " / ".join(f"{outcomes.get(name, 0):.1%}" for name in names)
-
-
 def _identical(result: Mapping[str, Any]) -> bool:
     """Every one of several episodes was the same episode (``distinct_episodes`` 1)."""
     return result.get("episodes", 0) > 1 and result.get("distinct_episodes") == 1
@@ -183,7 +174,7 @@ def _evaluation_section(evaluation: Mapping[str, Any] | None) -> list[str]:
         for b in sorted(evaluation.get("baselines", []), key=lambda b: -b["mean"])
     ]
     # The outcomes the agent names (Agent.outcome_names); none, no column.
-    names = _outcome_names([result for _, result in rows])
+    names = outcome_names([result for _, result in rows])
     outcome_header = f" {' / '.join(map(markdown_line, names))} |" if names else ""
     lines += [
         f"| policy | mean return | 95% CI |{outcome_header} invalid replies |",
@@ -196,7 +187,7 @@ def _evaluation_section(evaluation: Mapping[str, Any] | None) -> list[str]:
             if _identical(result)
             else f"±{result['ci95']:.3f} [{low:+.3f}, {high:+.3f}]"
         )
-        outcomes = f" {_outcomes(result, names)} |" if names else ""
+        outcomes = f" {outcome_shares(result, names)} |" if names else ""
         # Baselines choose legal actions directly: they have no replies to be invalid.
         invalid = f"{result.get('invalid_rate', 0):.1%}" if result is evaluation else "n/a"
         lines.append(f"| {label} | {result['mean']:+.3f} | {interval} |{outcomes} {invalid} |")

@@ -69,6 +69,7 @@ from llamagym.training.trainer import (
     RunSummary,
     Trainer,
     check_writable,
+    isolated_rng,
     make_first_env,
     seed_everything,
 )
@@ -78,7 +79,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-INSTALL_HINT = 'the TRL backend needs trl: pip install "llamagym[trl]"'
+INSTALL_HINT = (
+    'the TRL backend needs trl: pip install "trl>=1.16,<2" (or from a LlamaGym clone, '
+    'pip install "./[trl]")'
+)
 SEED_PROMPT = "seed="
 #: With only a time budget, the dataset holds this many episodes (it is never used up).
 UNBOUNDED_EPISODES = 10_000_000
@@ -142,6 +146,7 @@ def check_supported(resolved: ResolvedConfig, processes: int = 1) -> None:
                 "algorithm.warm_start: supervised warm starts run on the native backend "
                 "only; warm-start there and continue with --backend trl from the export"
             )
+    problems += _grpo_config_problems(config)
     if config.trl.use_vllm and config.trl.vllm_mode == "server" and processes > 1:
         problems.append(
             "trl.vllm_mode=server: a vLLM server takes every process's prompts in "
@@ -168,6 +173,58 @@ def check_supported(resolved: ResolvedConfig, processes: int = 1) -> None:
 
 
 # -- the mapping onto GRPOConfig ----------------------------------------------------------
+#: GRPOConfig fields the run's other sections set (grpo_args): ``trl.*`` may not set them.
+SET_FROM_THE_RUN = {
+    "output_dir": "from output.dir", "seed": "from training.seed",
+    "use_cpu": "from model.device", "learning_rate": "from algorithm.lr",
+    "lr_scheduler_type": "from algorithm.anneal_lr",
+    "warmup_steps": "from algorithm.warmup_steps",
+    "max_grad_norm": "from algorithm.max_grad_norm",
+    "num_generations": "from algorithm.group_size",
+    "generation_batch_size": "from algorithm.episodes_per_update",
+    "per_device_train_batch_size": "from algorithm.microbatch_size",
+    "gradient_accumulation_steps": "from algorithm.minibatch_size",
+    "num_iterations": "from algorithm.epochs", "epsilon": "from algorithm.clip_range",
+    "beta": "from algorithm.kl_coef", "entropy_coef": "from algorithm.entropy_coef",
+    "scale_rewards": "from algorithm.scale_by_std",
+    "temperature": "from rollout.temperature",
+    "max_completion_length": "from rollout.max_new_tokens", "top_p": "from rollout.top_p",
+    "top_k": "from rollout.top_k", "max_steps": "from the training budget",
+    "logging_steps": "to one log row per update",
+    "save_strategy": "from output.checkpoint_every",
+    "save_steps": "from output.checkpoint_every",
+    "save_total_limit": "from output.keep_checkpoints",
+    "remove_unused_columns": "to False: the rollout reads the dataset's seed column",
+    "shuffle_dataset": "to False: seed groups follow the run's seed",
+    "disable_tqdm": "to True: the run shows its own progress",
+    "dataloader_num_workers": "to 0: the dataset is a list of seeds",
+}
+
+
+def _grpo_config_problems(config: RunConfig) -> list[str]:
+    """Each ``trl.*`` key that is not a field of the installed TRL's ``GRPOConfig``, or
+    is one the run sets from another section, as a line naming what to use instead."""
+    import dataclasses
+    import difflib
+
+    from trl import GRPOConfig
+
+    fields = {field.name for field in dataclasses.fields(GRPOConfig)}
+    allowed = sorted(fields - set(SET_FROM_THE_RUN))
+    problems = []
+    for key in config.trl.model_extra or {}:
+        if key in SET_FROM_THE_RUN:
+            problems.append(f"trl.{key}: the TRL backend sets it {SET_FROM_THE_RUN[key]}")
+        elif key not in fields:
+            close = difflib.get_close_matches(key, allowed, n=3)
+            hint = f"did you mean {', '.join(close)}? " if close else ""
+            problems.append(
+                f"trl.{key}: not a field of GRPOConfig in the installed TRL; {hint}"
+                f"allowed: {', '.join(allowed)}"
+            )
+    return problems
+
+
 def _batch_rule(algorithm: Any, processes: int) -> str:
     """The problem with an update's batch under TRL (each process trains minibatch_size
     episodes per step), else ``""``."""
@@ -196,6 +253,22 @@ def episode_budget(config: RunConfig) -> int:
     return UNBOUNDED_EPISODES if training.minutes is not None else 1_000
 
 
+def mixed_precision_bf16(asked: bool | None) -> bool:
+    """``GRPOConfig.bf16``: what ``trl.bf16`` asks, else what ``accelerate launch`` was
+    told (it passes ``--mixed_precision`` or its config file's ``mixed_precision`` to
+    each process as ``ACCELERATE_MIXED_PRECISION``); the two disagreeing is refused."""
+    launched = os.environ.get("ACCELERATE_MIXED_PRECISION")
+    if asked is None:
+        return launched == "bf16"
+    if launched in ("no", "fp16", "bf16", "fp8") and asked != (launched == "bf16"):
+        raise ConfigError(
+            f"trl.bf16={str(asked).lower()} but accelerate was launched with "
+            f"mixed_precision={launched}: drop trl.bf16 (the launcher's setting is taken) "
+            "or launch with the mixed precision you want"
+        )
+    return asked
+
+
 def grpo_args(resolved: ResolvedConfig, output_dir: Path, world_size: int, use_cpu: bool):
     """TRL's ``GRPOConfig`` from the run's settings: the algorithm section maps onto its
     GRPO fields, ``trl.*`` onto the rest; ``max_steps`` comes from the episode budget."""
@@ -213,12 +286,28 @@ def grpo_args(resolved: ResolvedConfig, output_dir: Path, world_size: int, use_c
         else "gradient_checkpointing"
     )
     renamed: dict[str, Any] = {checkpointing: settings.gradient_checkpointing}
+    extra = dict(settings.model_extra or {})
+    if settings.use_vllm and extra.get("vllm_importance_sampling_correction", True):
+        # TRL corrects for vLLM's sampling by the log-probabilities the rollout returns
+        # (GRPOTrainer._generate_and_score_completions subtracts them from the model's);
+        # an episode here is laid out by the rollout from several replies and the env's
+        # text, and returns none, so the correction cannot run.
+        if "vllm_importance_sampling_correction" in extra:
+            raise ConfigError(
+                "trl.vllm_importance_sampling_correction=true: the multi-turn rollout "
+                "returns no vLLM log-probabilities to correct with; leave it unset"
+            )
+        logger.warning(
+            "trl.use_vllm: TRL's vLLM importance-sampling correction is off (the "
+            "multi-turn rollout returns no vLLM log-probabilities)"
+        )
+        extra["vllm_importance_sampling_correction"] = False
     micro = algorithm.microbatch_size or algorithm.minibatch_size
-    return GRPOConfig(
+    arguments: dict[str, Any] = dict(
         output_dir=str(output_dir / "checkpoints"),
         seed=config.training.seed,
         use_cpu=use_cpu,
-        bf16=settings.bf16 if settings.bf16 is not None else False,
+        bf16=mixed_precision_bf16(settings.bf16),
         learning_rate=algorithm.lr,
         lr_scheduler_type="linear" if algorithm.anneal_lr else "constant",
         warmup_steps=algorithm.warmup_steps,
@@ -252,6 +341,7 @@ def grpo_args(resolved: ResolvedConfig, output_dir: Path, world_size: int, use_c
         remove_unused_columns=False,
         dataloader_num_workers=0,
     )
+    return GRPOConfig(**{**arguments, **extra})  # trl.*: checked by check_supported
 
 
 def seed_dataset(config: RunConfig, group_size: int):
@@ -529,7 +619,9 @@ class EpisodeRollouts:
 TRL_METRICS: Mapping[str, str] = {
     "loss": "policy_loss",
     "kl": "kl_ref",
-    "entropy": "entropy",
+    # TRL's entropy is over the whole vocabulary, per completion token; the native
+    # backend's "entropy" is over the legal actions: another quantity, another name.
+    "entropy": "entropy_vocab",
     "learning_rate": "lr",
     "grad_norm": "grad_norm",
     "reward_std": "return_std",
@@ -606,7 +698,7 @@ class TRLTrainer(Trainer):
         quantized = settings.quantize is not None
         model, tokenizer = load_model_and_tokenizer(
             settings.name,
-            device=str(agent.device) if getattr(agent, "device", None) else settings.device,
+            device=str(agent.device) if agent.device is not None else settings.device,
             dtype=None if settings.dtype == "auto" else settings.dtype,
             quantize=settings.quantize,
             lora=settings.lora if quantized else False,
@@ -807,11 +899,16 @@ class _Clock(TrainerCallback):
             trained = [p for p in model.parameters() if p.requires_grad]
             self.owner._record_rank(self.updates, played, trained)
         if distributed.is_main():
+            agent = self.owner.agent
             append_record(self.owner.output_dir / METRICS, row)
             self.owner._transcripts.add(
-                transcript(self.owner.agent, episode, "training", self.updates)
+                transcript(agent, episode, "training", self.updates)
                 for episode in played[:PER_UPDATE]
             )
+            # The loggers (TensorBoard, W&B, a plugin's), as after a native update.
+            metrics = {key: value for key, value in row.items() if key != "kind"}
+            with isolated_rng():
+                agent.plugins.update_end(agent, self.updates, metrics, run=self.owner.context)
         if self.owner.progress is not None:
             self.owner.progress.update(self.episodes, row["seconds"], row)
 
