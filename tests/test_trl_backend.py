@@ -378,6 +378,12 @@ def test_bf16_follows_the_launcher_unless_asked(asked, launched, bf16, monkeypat
         assert mixed_precision_bf16(asked) is bf16
 
 
+def test_a_value_grpo_config_refuses_is_one_line(tmp_path) -> None:
+    agent = small_agent(tmp_path, trl={"lr_scheduler_kwargs": "not a mapping", "optim": "nope"})
+    with pytest.raises(ConfigError, match="GRPOConfig refused .* trl.optim='nope'"):
+        grpo_args(agent.resolved, tmp_path, world_size=1, use_cpu=True)
+
+
 def test_vllms_correction_cannot_be_asked_for_without_its_log_probabilities(tmp_path) -> None:
     agent = small_agent(
         tmp_path, trl={"use_vllm": True, "vllm_importance_sampling_correction": True}

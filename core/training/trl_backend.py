@@ -341,7 +341,14 @@ def grpo_args(resolved: ResolvedConfig, output_dir: Path, world_size: int, use_c
         remove_unused_columns=False,
         dataloader_num_workers=0,
     )
-    return GRPOConfig(**{**arguments, **extra})  # trl.*: checked by check_supported
+    try:
+        return GRPOConfig(**{**arguments, **extra})  # trl.* keys: checked by check_supported
+    except (TypeError, ValueError) as error:
+        given = ", ".join(f"trl.{key}={value!r}" for key, value in extra.items()) or "none"
+        raise ConfigError(
+            f"TRL's GRPOConfig refused the run's settings: {error} (trl.* settings given: "
+            f"{given})"
+        ) from None
 
 
 def seed_dataset(config: RunConfig, group_size: int):
