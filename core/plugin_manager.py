@@ -313,6 +313,8 @@ class Plugins:
         self._participants: dict[str, tuple[str, str, set[str]]] = {}
         self._lock = threading.RLock()
         self._own_models: list[tuple[ModelEntry, bool]] = []
+        #: agent entry point -> the plugin that registered it (built on first use)
+        self._agent_plugins: dict[str, str] | None = None
         self._forget_registrations()
         self._envs_registered = False
         self.register(
@@ -668,13 +670,14 @@ class Plugins:
 
     def _registered_by(self, agent: Any) -> str | None:
         """The plugin that registered ``agent``'s class, if one did (an agent subclassed
-        in a script was registered by none)."""
+        in a script was registered by none). Asked on every answer an agent's method
+        gives, so the agents' entry points are looked up once per registry."""
+        if self._agent_plugins is None:
+            self._agent_plugins = {
+                spec.entry_point: spec.plugin for spec in self.agents().values() if spec.plugin
+            }
         cls = type(agent)
-        entry_point = f"{cls.__module__}:{cls.__qualname__}"
-        for spec in self.agents().values():
-            if spec.entry_point == entry_point:
-                return spec.plugin or None
-        return None
+        return self._agent_plugins.get(f"{cls.__module__}:{cls.__qualname__}")
 
     def participants(self) -> list[dict[str, Any]]:
         """Every plugin that answered a per-step hook (not ``None``) in this process since
@@ -694,6 +697,7 @@ class Plugins:
         self.registry = Registry(self._problem)
         self._specs_collected = False
         self._models_collected = False
+        self._agent_plugins = None
 
     def _collect(self, hook_name: str, spec_class: type[Spec]) -> None:
         """Call a registration hook and add what each plugin registered, in the order

@@ -437,11 +437,13 @@ def _agent_to_evaluate(
     seed: int,
     num_envs: int | None,
     assignments: list[str],
+    given: dict[str, Any],
     trust_remote_code: bool,
 ) -> tuple[Any, str, dict[str, str]]:
     """The agent ``llamagym eval`` plays: a checkpoint's, or ``model`` untrained as a run
-    would start it; with the heading line and the JSON key that say which."""
-    from llamagym.config import deep_merge, parse_assignment
+    would start it; with the heading line and the JSON key that say which. ``given`` is
+    ``assignments`` (the ``--set`` lines) parsed."""
+    from llamagym.config import deep_merge
     from llamagym.run import load_agent
 
     if model is not None:
@@ -453,10 +455,7 @@ def _agent_to_evaluate(
         return agent_class(config=resolved), f"model {shown(model)} untrained (zero-shot)", {
             "model": model
         }
-    overrides: dict[str, Any] = {}
-    for assignment in assignments:
-        overrides = deep_merge(overrides, parse_assignment(assignment))
-    overrides = deep_merge(overrides, {"training": {"seed": seed}})
+    overrides = deep_merge(given, {"training": {"seed": seed}})
     if num_envs is not None:
         overrides = deep_merge(overrides, {"rollout": {"num_envs": num_envs}})
     if mode is not None:
@@ -519,7 +518,7 @@ def eval_command(
 
     from rich.console import Console
 
-    from llamagym.config import check_episode_memory, parse_assignment
+    from llamagym.config import check_episode_memory, deep_merge, parse_assignment
 
     if (checkpoint is None) == (model is None):
         raise LlamaGymError(
@@ -531,14 +530,15 @@ def eval_command(
         )
     check_episode_memory(episodes, "--episodes")  # before the model loads
     report_plugin_problems()
+    given: dict[str, Any] = {}
+    for assignment in assignments:
+        given = deep_merge(given, parse_assignment(assignment))
     agent_object, heading, evaluated = _agent_to_evaluate(
-        agent, checkpoint, model, mode, seed, num_envs, assignments, trust_remote_code
+        agent, checkpoint, model, mode, seed, num_envs, assignments, given, trust_remote_code
     )
     # Only this command's own --quiet or --set: a checkpoint trained with --quiet (CI)
     # does not silence a later evaluation.
-    quiet = quiet or any(
-        bool(parse_assignment(a).get("output", {}).get("quiet")) for a in assignments
-    )
+    quiet = quiet or bool(given.get("output", {}).get("quiet"))
     status = Console(stderr=True)
     configure_logging(status, quiet=as_json or quiet, verbose=False)
 

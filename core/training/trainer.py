@@ -312,6 +312,16 @@ class CollectionWatch:
         return self.reason is not None
 
 
+def run_budgets(training: Any) -> tuple[int | None, float | None]:
+    """A run's budgets: episodes (``training.episodes``, or :data:`DEFAULT_EPISODES` when
+    neither it nor ``training.minutes`` is set; None: time alone) and seconds (None:
+    episodes alone)."""
+    episodes = training.episodes
+    if episodes is None and training.minutes is None:
+        episodes = DEFAULT_EPISODES
+    return episodes, 60 * training.minutes if training.minutes else None
+
+
 def _refuse_a_spent_budget(
     agent: str, resume: Path | None, meta: dict[str, Any], training: Any
 ) -> None:
@@ -319,13 +329,11 @@ def _refuse_a_spent_budget(
     again: refused, with the flags that train on and the command that evaluates."""
     counters = meta.get("counters") or {}
     episodes, seconds = counters.get("episodes", 0), counters.get("seconds", 0.0)
-    budget = training.episodes
-    if budget is None and training.minutes is None:
-        budget = DEFAULT_EPISODES
+    episode_budget, time_budget = run_budgets(training)
     spent = []
-    if budget is not None and episodes >= budget:
-        spent.append(f"{episodes:,} of {budget:,} episodes")
-    if training.minutes is not None and seconds >= 60 * training.minutes:
+    if episode_budget is not None and episodes >= episode_budget:
+        spent.append(f"{episodes:,} of {episode_budget:,} episodes")
+    if time_budget is not None and seconds >= time_budget:
         spent.append(f"{seconds / 60:.1f} of {training.minutes:g} minutes")
     if not spent:
         return
@@ -618,10 +626,7 @@ class Trainer:
             reseed_process(agent, seed)
         recent: deque[float] = deque(counters.recent_returns, maxlen=MOVING_AVERAGE_EPISODES)
 
-        episode_budget = config.training.episodes
-        if episode_budget is None and config.training.minutes is None:
-            episode_budget = DEFAULT_EPISODES
-        time_budget = 60 * config.training.minutes if config.training.minutes else None
+        episode_budget, time_budget = run_budgets(config.training)
         started = time.perf_counter()
         seconds_before = counters.seconds
         metrics: dict[str, float] = {}

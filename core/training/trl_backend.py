@@ -71,6 +71,7 @@ from llamagym.training.trainer import (
     check_writable,
     isolated_rng,
     make_first_env,
+    run_budgets,
     seed_everything,
 )
 
@@ -247,10 +248,10 @@ def steps_per_update(config: RunConfig, algorithm: Any, world_size: int) -> int:
 
 
 def episode_budget(config: RunConfig) -> int:
-    training = config.training
-    if training.episodes is not None:
-        return training.episodes
-    return UNBOUNDED_EPISODES if training.minutes is not None else 1_000
+    """The episodes TRL's dataset and step count are sized for: the native budget, or,
+    with a time budget alone, :data:`UNBOUNDED_EPISODES` (the clock stops the run)."""
+    episodes, _ = run_budgets(config.training)
+    return UNBOUNDED_EPISODES if episodes is None else episodes
 
 
 def mixed_precision_bf16(asked: bool | None) -> bool:
