@@ -87,3 +87,40 @@ def test_broken_plugin_is_reported_and_the_cli_still_works(tmp_path) -> None:
     assert "llamagym-broken" in warning[0] and "LLAMAGYM_DISABLE_PLUGINS=broken" in warning[0]
     quiet = run_cli("list", env={**env, "LLAMAGYM_DISABLE_PLUGINS": "broken"})
     assert quiet.returncode == 0 and "broken" not in quiet.stderr
+
+
+def _commands(group, path=()):
+    """Every command of the click group under typer, with its path of names."""
+    import click
+
+    for name, command in sorted(group.commands.items()):
+        if isinstance(command, click.Group):
+            yield from _commands(command, (*path, name))
+        else:
+            yield (*path, name)
+
+
+def test_every_help_text_reads_as_wrapped_prose_at_80_columns() -> None:
+    """A command's description wraps at the terminal's width: no line breaks before a
+    word that would have fit on it (a docstring's own line breaks kept by the help)."""
+    import typer.main
+    from typer.testing import CliRunner
+
+    from llamagym.cli import app
+
+    width = 80
+    runner = CliRunner()
+    early = []
+    for path in _commands(typer.main.get_command(app)):
+        result = runner.invoke(app, [*path, "--help"], env={"COLUMNS": str(width)},
+                               terminal_width=width)
+        assert result.exit_code == 0, (path, result.output)
+        description = result.output.split("╭")[0].splitlines()
+        lines = [line.strip() for line in description if "Usage:" not in line]
+        for line, after in zip(lines, lines[1:], strict=False):
+            if not line or not after:
+                continue  # a paragraph's end
+            # The help's margin is one column each side.
+            if len(line) + 1 + len(after.split()[0]) <= width - 2:
+                early.append(f"{' '.join(path)}: {line!r} / {after!r}")
+    assert not early, "\n".join(early)

@@ -5,6 +5,8 @@ actions."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,12 +29,17 @@ import json, sys
 import torch
 from transformers import AutoModelForCausalLM
 
-directory, cases_file, adapter = sys.argv[1], sys.argv[2], sys.argv[3] == "adapter"
-if adapter:
+# weights: "full", "adapter" (the card's first way), or the base model's directory (the
+# card's offline way: the adapter put on a base loaded from disk).
+directory, cases_file, weights = sys.argv[1], sys.argv[2], sys.argv[3]
+if weights == "adapter":
     from peft import AutoPeftModelForCausalLM
     model = AutoPeftModelForCausalLM.from_pretrained(directory)
-else:
+elif weights == "full":
     model = AutoModelForCausalLM.from_pretrained(directory)
+else:
+    from peft import PeftModel
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(weights), directory)
 model.eval()
 rows = []
 with torch.no_grad():
@@ -55,6 +62,40 @@ def blackjack_states(count: int) -> list[tuple[int, int, bool]]:
     states = [(total, dealer, ace) for ace in (False, True) for total in range(4, 22)
               for dealer in range(1, 11) if not (ace and total < 12)]
     return states[:count]
+
+
+def scores_without_llamagym(
+    agent, export: Path, weights: str, tmp_path: Path, env: dict | None = None,
+    states: int = 200,
+) -> tuple[torch.Tensor, torch.Tensor, list, list]:
+    """Blackjack's candidate scores from the export loaded by transformers (and peft)
+    alone in a fresh process (``weights`` as PLAIN_TRANSFORMERS reads it), checked equal
+    to ``agent``'s: (plain, ours, prompts, candidates)."""
+    engine = agent.engine
+    slots = [engine.new_slot(state, {}, None, None) for state in blackjack_states(states)]
+    expected = [turn.action_index for turn in engine.decide(slots, greedy=True)]
+    prompts = engine.render_prompts(slots)[1]
+    cases = [
+        {"prompt": list(prompt), "candidates": [engine.candidate_tokens(a) for a in
+                                                 agent.legal_actions(slot.observation, {})]}
+        for prompt, slot in zip(prompts, slots, strict=True)
+    ]
+    cases_file = tmp_path / "cases.json"
+    cases_file.write_text(json.dumps(cases))
+    completed = subprocess.run(
+        [sys.executable, "-c", PLAIN_TRANSFORMERS, str(export), str(cases_file), weights],
+        capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})},
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    plain = torch.tensor(json.loads(completed.stdout))
+    candidates = [c["candidates"] for c in cases]
+    with torch.no_grad():
+        ours, _ = agent.policy.score(prompts, candidates)
+    # The same numbers, not only the same choices (a policy that always sticks would
+    # match any model that prefers "stick").
+    assert torch.allclose(plain, ours.cpu(), atol=1e-4), (plain - ours).abs().max()
+    assert plain.argmax(-1).tolist() == expected
+    return plain, ours, prompts, candidates
 
 
 def model_above_the_lora_threshold(directory: Path) -> Path:
@@ -103,39 +144,47 @@ def test_an_export_loads_without_llamagym_and_acts_the_same(weights, tmp_path, c
         assert "\n# blackjack: ppo on tiny\n" in card
 
     agent = load_agent(run_dir)
-    engine = agent.engine
-    slots = [engine.new_slot(state, {}, None, None) for state in blackjack_states(200)]
-    expected = [turn.action_index for turn in engine.decide(slots, greedy=True)]
-    prompts = engine.render_prompts(slots)[1]
-    cases = [
-        {"prompt": list(prompt), "candidates": [engine.candidate_tokens(a) for a in
-                                                 agent.legal_actions(slot.observation, {})]}
-        for prompt, slot in zip(prompts, slots, strict=True)
-    ]
-    cases_file = tmp_path / "cases.json"
-    cases_file.write_text(json.dumps(cases))
-    completed = subprocess.run(
-        [sys.executable, "-c", PLAIN_TRANSFORMERS, str(export), str(cases_file),
-         "adapter" if weights == "adapter" else "full"],
-        capture_output=True, text=True, timeout=600,
+    _, ours, prompts, candidates = scores_without_llamagym(
+        agent, export, "adapter" if weights == "adapter" else "full", tmp_path
     )
-    assert completed.returncode == 0, completed.stderr[-2000:]
-    plain = torch.tensor(json.loads(completed.stdout))
-    with torch.no_grad():
-        ours, _ = agent.policy.score(prompts, [c["candidates"] for c in cases])
-    # The same numbers, not only the same choices (a policy that always sticks would
-    # match any model that prefers "stick").
-    assert torch.allclose(plain, ours.cpu(), atol=1e-4), (plain - ours).abs().max()
-    assert plain.argmax(-1).tolist() == expected
     # The one loader reads a checkpoint and the export too; all three act alike.
     newest = sorted((run_dir / "checkpoints").glob("update-*"))[-1]
     exported = load_agent(export)
     for other in (load_agent(newest), exported):
         with torch.no_grad():
-            again, _ = other.policy.score(prompts, [c["candidates"] for c in cases])
+            again, _ = other.policy.score(prompts, candidates)
         assert torch.allclose(again, ours, atol=1e-5)
     assert torch.equal(
         exported.policy.value_head.weight, agent.policy.value_head.weight
+    )
+
+
+
+@pytest.mark.real_model
+def test_a_smollm2_export_loads_offline_as_its_card_says(smollm2_dir, tmp_path, cli) -> None:
+    """SmolLM2 came from PyPI's GGUF, not the Hub: the card's offline lines (the base
+    directory `llamagym models fetch` prints, the adapter put on it) load it with
+    transformers and peft alone, the Hub switched off, and it scores as the agent does."""
+    run_dir, export = tmp_path / "run", tmp_path / "export"
+    assert cli(
+        "run", "blackjack", "--model", "smollm2-135m", "-n", "8", "--num-envs", "8",
+        "--eval-episodes", "4", "--threads", "2", "--quiet", "-o", run_dir,
+        "--set", "algorithm.episodes_per_update=8", "--set", "algorithm.minibatch_size=8",
+    )[0] == 0
+    code, _, err = cli("export", run_dir, "--to", export)
+    assert code == 0, err
+    card = (export / "README.md").read_text()
+    assert "AutoPeftModelForCausalLM.from_pretrained(\"THIS_DIR\")" in card
+    fetch = re.search(r"`(llamagym models fetch [\w.-]+)`", card)
+    assert fetch is not None, card
+    code, out, err = cli(*fetch.group(1).split()[1:])
+    assert code == 0, err
+    base = Path(out.strip().splitlines()[-1])
+    assert base.resolve() == Path(smollm2_dir).resolve()
+    assert 'PeftModel.from_pretrained(base, "THIS_DIR")' in card
+    scores_without_llamagym(
+        load_agent(export), export, str(base), tmp_path,
+        env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}, states=24,
     )
 
 

@@ -473,7 +473,15 @@ def _agent_to_evaluate(
     return loaded, heading, {"checkpoint": str(directory)}
 
 
-@app.command("eval")
+@app.command(
+    "eval",
+    help="Evaluate a checkpoint, or a model untrained (--model): mean return with a 95% CI, "
+    "beside the baselines.\n\n"
+    # One line per paragraph: the help keeps a later paragraph's line breaks.
+    "A progress bar on stderr shows the episodes played, when stderr is a terminal and "
+    "neither --quiet nor --set output.quiet=true is given; --json output on stdout is "
+    "the JSON alone.",
+)
 def eval_command(
     agent: str = typer.Argument(..., help="Agent name."),
     checkpoint: Path = typer.Option(
@@ -508,12 +516,7 @@ def eval_command(
         "checkpoint; only for a model whose code you trust).",
     ),
 ) -> None:
-    """Evaluate a checkpoint, or a model untrained (--model): mean return with a 95% CI,
-    beside the baselines.
-
-    A progress bar on stderr shows the episodes played, when stderr is a terminal and
-    neither --quiet nor --set output.quiet=true is given; --json output on stdout is
-    the JSON alone."""
+    """Evaluate a checkpoint or an untrained model (the help text is above)."""
     import contextlib
 
     from rich.console import Console
