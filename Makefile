@@ -31,7 +31,7 @@ test: $(STAMP)
 # Style (ruff) and types (mypy on the installed layout of core/ and plugins/).
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python .ci/typecheck
+	$(BIN)/python .ci/package-checks
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks all

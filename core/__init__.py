@@ -47,7 +47,7 @@ _LAZY = {
 
 __all__ = ["hookimpl", "__version__", *_LAZY]
 
-#: Modules of LlamaGym 0.2 that now live in a subpackage. Importing one by its old name
+#: Modules that moved since LlamaGym 0.2's flat layout. Importing one by its old name
 #: fails with one line naming the new one; the names of ``llamagym`` itself (``Agent``,
 #: ``Algorithm``, ``Episode``, ...) did not move.
 MOVED_MODULES = {
@@ -69,6 +69,10 @@ MOVED_MODULES = {
     "llamagym.report": "llamagym.training.report",
     "llamagym.scaffold": "llamagym.devtools.scaffold",
     "llamagym.conformance": "llamagym.devtools.conformance",
+    # 0.3: moved to the layer that uses them (docs/architecture.md, "Layers").
+    "llamagym.training.schedule": "llamagym.schedule",
+    "llamagym.rollout.transcripts": "llamagym.training.transcripts",
+    "llamagym.models.export": "llamagym.training.export",
 }
 
 

@@ -31,8 +31,8 @@ if TYPE_CHECKING:
     from llamagym.rollout.engine import RolloutEngine, Slot
     from llamagym.rollout.trajectory import Episode, Turn
     from llamagym.run import Run
+    from llamagym.schedule import Control
     from llamagym.training.algorithm import Algorithm
-    from llamagym.training.schedule import Control
 
 logger = logging.getLogger(__name__)
 
@@ -256,7 +256,7 @@ class Agent:
         evaluating never builds an algorithm (no warm start: evaluating never trains);
         it samples at the run's current temperature when there is a run."""
         from llamagym.run import make_engine
-        from llamagym.training.schedule import Schedule
+        from llamagym.schedule import Schedule
 
         schedule = self._run.schedule if self._run is not None else Schedule(self.config.rollout)
         return make_engine(

@@ -26,7 +26,7 @@ import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -37,10 +37,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from llamagym.errors import ConfigError, UnknownNameError
-
-if TYPE_CHECKING:
-    from llamagym.training.algorithm import Algorithm, AlgorithmConfig
-
 
 #: The largest config file read, in bytes (a run's config is a few kilobytes).
 MAX_CONFIG_BYTES = 1 << 20
@@ -401,43 +397,6 @@ def chosen_value(layers: Sequence[Mapping[str, Any]], section: str, key: str) ->
     return chosen
 
 
-def defaults_for_model(
-    agent_class: type | None, later_layers: Sequence[Mapping[str, Any]], model: Any = None
-) -> dict[str, Any]:
-    """The defaults layer for a pretrained model (anything but `tiny`), which goes above
-    the agent's defaults: :data:`PRETRAINED_MODEL_DEFAULTS`, the model's registry entry's
-    ``lora_layers`` (a setting recorded with the run, so a checkpoint made before an entry
-    named one still loads its adapter on every layer) and the agent's own
-    ``pretrained_defaults[mode]`` (for the run's action mode) over them. ``model`` is a
-    model object given directly (the classic API), which counts as pretrained where it
-    trains through LoRA (it carries an adapter, or gets one by the loader's rule);
-    otherwise the layers name the model."""
-    from_registry: dict[str, Any] = {}
-    if model is None or isinstance(model, str):
-        name = model or chosen_value(later_layers, "model", "name") or ModelSettings().name
-        if str(name).strip().lower() == "tiny":
-            return {}
-        from llamagym.plugin_manager import get_plugins
-
-        entry = get_plugins().model(str(name))
-        if entry is not None and entry.lora_layers:
-            from_registry = {"model": {"lora_layers": entry.lora_layers}}
-    else:
-        from llamagym.models.loading import trains_through_lora
-
-        if not trains_through_lora(model):
-            return {}
-    # An agent's own pretrained defaults are given per action mode; when they name an
-    # algorithm, their algorithm settings hold only for it (a later layer may pick
-    # another), while the generic ones above hold for every algorithm.
-    layers = [getattr(agent_class, "defaults", {}), *later_layers]
-    mode = chosen_value(layers, "rollout", "mode") or RolloutSettings().mode
-    own = getattr(agent_class, "pretrained_defaults", {}).get(mode, {})
-    if own.get("algorithm", {}).get("name"):
-        own = defaults_for_algorithm(own, later_layers)
-    return deep_merge(deep_merge(PRETRAINED_MODEL_DEFAULTS, from_registry), own)
-
-
 class _BoundedLoader(yaml.SafeLoader):
     """PyYAML's safe loader that measures each node as it is composed, before anything is
     built from it: a document nesting deeper than :data:`MAX_CONFIG_DEPTH` or holding more
@@ -737,40 +696,13 @@ Layer = tuple[str, Mapping[str, Any]]
 (``agent defaults``, ``file run.yaml``, ``--set``, ``flag``, ``checkpoint``)."""
 
 
-def run_layers(
-    agent_class: type,
-    later: Sequence[Layer] = (),
-    *,
-    base: Mapping[str, Any] | None = None,
-    model: Any = None,
-) -> list[Layer]:
-    """Every layer of a run's config, lowest precedence first: the agent's name, then
-    either ``base`` (a checkpoint's config: a resumed or loaded run keeps the settings it
-    was trained with) or the agent's defaults and the pretrained-model defaults, then the
-    ``later`` layers the user gave (file, ``--set``, flags, a dict in Python).
-    ``model`` is a model object given directly (the classic API)."""
-    layers: list[Layer] = []
-    name = getattr(agent_class, "name", "")
-    if name:
-        layers.append(("agent", {"agent": {"name": name}}))
-    if base is not None:
-        layers.append(("checkpoint", base))
-    else:
-        chosen = [layer for _, layer in later]
-        backend = chosen_value(chosen, "training", "backend")
-        backend_defaults = TRL_BACKEND_DEFAULTS if backend == "trl" else {}
-        chosen = [backend_defaults, *chosen]
-        defaults = getattr(agent_class, "defaults", {})
-        model_defaults = defaults_for_model(agent_class, chosen, model)
-        # The agent's algorithm settings also give way to an algorithm its pretrained
-        # defaults choose.
-        defaults = defaults_for_algorithm(defaults, [model_defaults, *chosen])
-        layers.append(("agent defaults", defaults))
-        if model_defaults:
-            layers.append(("pretrained-model defaults", model_defaults))
-        if backend_defaults:
-            layers.append(("TRL backend defaults", backend_defaults))
-    return layers + [(source, layer) for source, layer in later if layer]
+class AlgorithmClass(Protocol):
+    """What the resolver reads of a registered algorithm class (every subclass of
+    :class:`llamagym.Algorithm` has it): the ``Config`` that validates the algorithm
+    section."""
+
+    @property
+    def Config(self) -> type[BaseModel]: ...  # noqa: N802 (the class attribute's name)
 
 
 @dataclass
@@ -781,8 +713,8 @@ class ResolvedConfig:
     #: dotted key -> the layer that set it last; keys no layer set hold built-in defaults
     sources: dict[str, str] = field(default_factory=dict)
     #: the registered algorithm class and its validated ``Config`` (what the run gets)
-    algorithm_class: type[Algorithm] | None = None
-    algorithm: AlgorithmConfig | None = None
+    algorithm_class: AlgorithmClass | None = None
+    algorithm: BaseModel | None = None
     #: the agent's validated options (an instance of its ``Config``), if it declares one
     agent_options: BaseModel | None = None
 
@@ -825,7 +757,7 @@ def resolve_config(
     layers: Sequence[Layer],
     *,
     agent_class: type | None = None,
-    algorithm_class_for: Callable[[str], type[Algorithm]] | None = None,
+    algorithm_class_for: Callable[[str], AlgorithmClass] | None = None,
 ) -> ResolvedConfig:
     """Merge ``layers`` (lowest precedence first) and validate every section.
 
@@ -847,8 +779,8 @@ def resolve_config(
         problems += format_validation_error(error, model=RunConfig).splitlines()
 
     algorithm_section = merged.get("algorithm", {})
-    algorithm_class: type[Algorithm] | None = None
-    algorithm_settings: AlgorithmConfig | None = None
+    algorithm_class: AlgorithmClass | None = None
+    algorithm_settings: BaseModel | None = None
     if isinstance(algorithm_section, Mapping) and algorithm_class_for is not None:
         name = algorithm_section.get("name", AlgorithmSection().name)
         try:

@@ -30,6 +30,7 @@ from llamagym.config import RolloutSettings
 from llamagym.models.policy import Policy
 from llamagym.plugins.sft import WarmStart, WarmStartConfig
 from llamagym.rollout.trajectory import Episode, Turn
+from llamagym.schedule import Control, Schedule
 from llamagym.training import distributed
 from llamagym.training.algorithm import (
     Algorithm,
@@ -47,7 +48,6 @@ from llamagym.training.credit import (
     group_normalized,
     turn_returns,
 )
-from llamagym.training.schedule import Control, Schedule
 
 logger = logging.getLogger(__name__)
 

@@ -85,7 +85,7 @@ class TensorBoardLogger:
         if returns.size:
             writer.add_histogram("train/episode_return", returns, step)
         from llamagym.display import code_block
-        from llamagym.rollout.transcripts import render
+        from llamagym.training.transcripts import render
 
         texts = [render(record) for record in update_transcripts(run_dir, update)]
         if texts:  # markdown: each transcript as a code block it cannot close
@@ -101,8 +101,8 @@ class TensorBoardLogger:
 
 def update_transcripts(run_dir: Path, update: int) -> list[dict[str, Any]]:
     """The transcripts the trainer kept for ``update`` (written before the loggers run)."""
-    from llamagym.rollout.transcripts import TRANSCRIPTS
     from llamagym.training.run_files import read_transcripts
+    from llamagym.training.transcripts import TRANSCRIPTS
 
     return [
         record for record in read_transcripts(run_dir / TRANSCRIPTS, on_damage="skip")
@@ -150,7 +150,7 @@ class WandbLogger:
         if records:
             import wandb
 
-            from llamagym.rollout.transcripts import render
+            from llamagym.training.transcripts import render
 
             logged["transcripts"] = wandb.Table(
                 columns=["update", "kind", "seed", "return", "transcript"],

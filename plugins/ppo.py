@@ -15,6 +15,7 @@ from llamagym.config import RolloutSettings
 from llamagym.models.policy import Evaluation, Policy
 from llamagym.plugins.sft import WarmStart, WarmStartConfig
 from llamagym.rollout.trajectory import Episode
+from llamagym.schedule import Control, Schedule
 from llamagym.training import distributed
 from llamagym.training.algorithm import (
     Algorithm,
@@ -26,7 +27,6 @@ from llamagym.training.algorithm import (
     warmup_steps_field,
 )
 from llamagym.training.credit import CREDIT_RULES, CreditRule, gae, turn_returns
-from llamagym.training.schedule import Control, Schedule
 
 
 class PPOConfig(AlgorithmConfig):

@@ -23,10 +23,10 @@ from llamagym.plugins.ppo import PPO
 from llamagym.plugins.rloo import REINFORCE, RLOO
 from llamagym.plugins.sft import ReplayBuffer, demonstration_turns, load_demonstrations
 from llamagym.rollout.trajectory import Episode, Turn
+from llamagym.schedule import Control, Schedule
 from llamagym.testing import BanditAgent, action_probabilities, tiny_agent
 from llamagym.training.algorithm import nest_warm_start_keys
 from llamagym.training.distributed import SingleProcess
-from llamagym.training.schedule import Control, Schedule
 
 ALGORITHMS = ("ppo", "grpo", "rloo", "reinforce")
 GROUPED = {"grpo": {"group_size": 4}, "rloo": {"group_size": 4}}

@@ -172,3 +172,28 @@ def test_the_results_doc_flag_fills_the_block_between_the_markers(tmp_path: Path
     text = document.read_text(encoding="utf-8")
     assert table.generated_block(document) == "### A table\n\n| a |\n|---|\n| 1 |"
     assert text.startswith("# Results\n\n") and text.endswith("\n\nafter\n") and "old" not in text
+
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+
+
+def test_the_architecture_doc_names_only_files_that_exist() -> None:
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    named = set(re.findall(r"\b((?:core|plugins|benchmarks|\.ci)/[\w./-]*\w)", text))
+    assert named, "the check found no paths: the pattern no longer matches the doc"
+    assert sorted(path for path in named if not (ROOT / path).exists()) == []
+
+
+def test_the_architecture_doc_places_every_floor_of_the_layers_contract() -> None:
+    from llamagym.config import tomllib  # tomli before Python 3.11
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    layers = next(
+        contract for contract in contracts["tool"]["importlinter"]["contracts"]
+        if contract["type"] == "layers"
+    )
+    section = ARCHITECTURE.read_text(encoding="utf-8").split("## Layers", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    floors = {name for layer in layers["layers"] for name in re.split(r"[:|]", layer)}
+    assert sorted(f for f in floors if f"`{f.strip()}`" not in section) == []
+    assert f"{len(layers['ignore_imports'])} imports are allowed" in section

@@ -6,8 +6,8 @@ import math
 
 import torch
 
+from llamagym.schedule import Schedule
 from llamagym.testing import BanditAgent, action_probabilities, tiny_agent
-from llamagym.training.schedule import Schedule
 
 
 def collect_and_update(agent, episodes: int):

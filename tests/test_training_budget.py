@@ -261,8 +261,8 @@ def test_the_time_budget_ends_the_first_update_at_a_minibatch_boundary(
 
 def test_algorithm_without_a_stop_check_runs_every_step() -> None:
     """Outside a trainer an update runs to its end; a run's Control stops it."""
+    from llamagym.schedule import Control
     from llamagym.testing import BanditAgent, tiny_agent
-    from llamagym.training.schedule import Control
 
     agent = tiny_agent(BanditAgent, algorithm={"episodes_per_update": 8, "minibatch_size": 4,
                                                "epochs": 2})

@@ -3,10 +3,10 @@ size stays flat, shown in the report and by `llamagym play`."""
 
 from __future__ import annotations
 
-from llamagym.rollout import transcripts
-from llamagym.rollout.transcripts import TRANSCRIPTS, read_transcripts
 from llamagym.testing import BanditAgent, TwoArmedBandit, tiny_agent
+from llamagym.training import transcripts
 from llamagym.training.trainer import Trainer
+from llamagym.training.transcripts import TRANSCRIPTS, read_transcripts
 
 STEPS: list[tuple[int | None, int, float]] = []  # (seed, action, reward) as the env saw them
 

@@ -32,9 +32,9 @@ def export_command(
     """Write a trained agent as a directory plain transformers (and peft) load: the LoRA
     adapter or the whole model, the tokenizer with its chat template, the run's sampling
     settings, the value head, and a model card with its evaluation beside the baselines."""
-    from llamagym.models.export import check_export_target, export_agent
     from llamagym.run import load_agent
     from llamagym.training import checkpoint as checkpoints
+    from llamagym.training.export import check_export_target, export_agent
     from llamagym.training.report import METRICS
     from llamagym.training.run_files import read_metrics
 
@@ -96,9 +96,9 @@ def play_command(
 
     from llamagym.config import check_episode_memory
     from llamagym.rollout.evaluation import evaluation_seeds
-    from llamagym.rollout.transcripts import TRANSCRIPTS, render, transcript
     from llamagym.run import load_agent
     from llamagym.training.run_files import read_transcripts
+    from llamagym.training.transcripts import TRANSCRIPTS, render, transcript
 
     console = Console()
     if kept:

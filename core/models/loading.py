@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llamagym.errors import ModelLoadError
+from llamagym.models import sources as model_sources
 from llamagym.models.registry import (
     GENERIC_CHAT_TEMPLATE,
     LLAMA_LIKE_TARGETS,
@@ -26,6 +27,7 @@ from llamagym.models.registry import (
     ModelEntry,
     get_model_entry,
 )
+from llamagym.models.sources import dtype_keyword
 
 if TYPE_CHECKING:
     import torch
@@ -137,15 +139,6 @@ def resolve_dtype(dtype: str | None, device: str, preferred: str | None = None) 
 # --------------------------------------------------------------------------
 
 
-def _dtype_kwarg() -> str:
-    # transformers 4.56 renamed from_pretrained's torch_dtype to dtype; 5.x
-    # warns on the old name and older releases ignore the new one.
-    import transformers
-
-    major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
-    return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
-
-
 def _looks_like_path(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~", ".\\", "..\\")) or Path(name).is_absolute()
 
@@ -164,8 +157,6 @@ def _resolve_source(name_or_path: str, seed: int) -> tuple[str, ModelEntry | Non
                 f"Set {CACHE_ENV_VAR} to a writable directory."
             ) from exc
         return str(path), get_model_entry(TINY_MODEL_NAME), True
-
-    from llamagym.models import sources as model_sources
 
     local = Path(name_or_path).expanduser()
     if local.is_file() and local.suffix.lower() == model_sources.GGUF_SUFFIX:
@@ -498,7 +489,7 @@ def load_model_and_tokenizer(
         raise _load_error(name_or_path, source, is_local, exc) from exc
 
     model_kwargs: dict[str, Any] = {
-        _dtype_kwarg(): torch_dtype,
+        dtype_keyword(): torch_dtype,
         "trust_remote_code": trust_remote_code,
     }
     if quantize == "4bit":

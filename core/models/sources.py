@@ -113,6 +113,16 @@ class FetchedModel:
 # --------------------------------------------------------------------------
 
 
+def dtype_keyword() -> str:
+    """The name of ``from_pretrained``'s dtype argument: transformers 4.56 renamed
+    ``torch_dtype`` to ``dtype``; 5.x warns on the old name and older releases ignore
+    the new one."""
+    import transformers
+
+    major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
+    return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+
+
 def _models_dir(cache: Path | None) -> Path:
     return Path(cache) / "models" if cache is not None else models_cache_dir()
 
@@ -412,15 +422,13 @@ def load_gguf(gguf_path: Path) -> tuple[Any, Any]:
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from llamagym.models.loading import _dtype_kwarg
-
     transformers.utils.logging.disable_progress_bar()
     gguf_path = Path(gguf_path)
     folder, name = str(gguf_path.parent), gguf_path.name
     with _quiet_gguf_progress():
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         model = AutoModelForCausalLM.from_pretrained(
-            folder, gguf_file=name, **{_dtype_kwarg(): torch.float32}
+            folder, gguf_file=name, **{dtype_keyword(): torch.float32}
         )
     return model, tokenizer
 

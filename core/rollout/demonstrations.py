@@ -17,14 +17,15 @@ baseline (basic strategy, a walkthrough) teaches its play as well.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llamagym.errors import ConfigError
+from llamagym.paths import write_atomically
 from llamagym.rollout.engine import fill_reply_prefix, reply_closing
 from llamagym.rollout.evaluation import play_baseline
-from llamagym.training.report import rewrite_records
 
 if TYPE_CHECKING:
     from llamagym.agent import Agent
@@ -70,5 +71,6 @@ def record_demonstrations(
         returns[step.episode] += step.reward
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    rewrite_records(output, records)  # one rename: the file is complete or absent
+    # One rename: the file is complete or absent.
+    write_atomically(output, "".join(json.dumps(record) + "\n" for record in records))
     return Recording(output, episodes, len(records), sum(returns) / max(1, episodes))

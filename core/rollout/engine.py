@@ -27,7 +27,7 @@ from llamagym.errors import EnvFailureError, LlamaGymError
 from llamagym.models.chat_template import render_chat
 from llamagym.models.policy import Policy, Replies, name_tokens
 from llamagym.rollout.trajectory import Episode, Turn, info_summary
-from llamagym.training.schedule import Schedule
+from llamagym.schedule import Schedule
 
 if TYPE_CHECKING:
     from llamagym.agent import Agent

@@ -5,8 +5,8 @@ KL coefficient).
 An algorithm gets finished episodes and changes the policy's weights. It owns its
 optimizer; the rollout engine, hooks and loggers sit outside it. It is built with all
 it reads: ``Algorithm(policy, config, rollout, schedule=..., group=..., control=...)``
-(the run's :class:`~llamagym.training.schedule.Schedule`, the processes' collectives, the
-trainer's :class:`~llamagym.training.schedule.Control`). A run then takes it through visible
+(the run's :class:`~llamagym.schedule.Schedule`, the processes' collectives, the
+trainer's :class:`~llamagym.schedule.Control`). A run then takes it through visible
 phases: on a fresh start :meth:`Algorithm.warm_start` (supervised steps on
 demonstrations, when configured) and :meth:`Algorithm.freeze_reference` (the KL
 reference keeps the weights RL starts from), then :meth:`Algorithm.update` once per
@@ -48,14 +48,12 @@ from pydantic_core import PydanticCustomError, ValidationError
 from llamagym.config import RolloutSettings
 from llamagym.models.policy import Evaluation, Policy, name_tokens, padded
 from llamagym.rollout.trajectory import Episode, Turn
+from llamagym.schedule import Control, Schedule
 from llamagym.training import distributed
 from llamagym.training.credit import unsupported_credit_message
-from llamagym.training.schedule import Control, Schedule
 
 if TYPE_CHECKING:
     from typing import Self
-
-    from llamagym.plugins.sft import WarmStart
 
 #: An update's remaining epochs stop once KL(rollout || current) passes this x target_kl.
 TARGET_KL_TOLERANCE = 1.5
@@ -189,6 +187,14 @@ class Stateful(Protocol):
     def load_state_dict(self, state: dict) -> None: ...
 
 
+class Supervised(Stateful, Protocol):
+    """An algorithm's supervised steps, as the update calls them (the SFT warm-start of
+    ``llamagym.plugins.sft`` is one)."""
+
+    def train_on_demonstrations(self) -> dict[str, float]: ...
+    def after_update(self, episodes: Sequence[Episode]) -> dict[str, float]: ...
+
+
 class ClippedSettings(Protocol):
     """The settings :meth:`Algorithm.optimise` reads (the built-in configs have them)."""
 
@@ -264,7 +270,7 @@ class Algorithm:
         self.kl: KLController | None = None
         #: Supervised steps (demonstrations before RL, the best episodes between
         #: updates), in an algorithm configured for them.
-        self.sft: WarmStart | None = None
+        self.sft: Supervised | None = None
 
     @classmethod
     def create(

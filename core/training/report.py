@@ -350,8 +350,8 @@ def render_markdown(
 def _transcripts_section(run_dir: Path) -> list[str]:
     """Two whole episodes from transcripts.jsonl: the earliest kept and the last (the
     final evaluation's, when there is one)."""
-    from llamagym.rollout.transcripts import TRANSCRIPTS, render
     from llamagym.training.run_files import read_transcripts
+    from llamagym.training.transcripts import TRANSCRIPTS, render
 
     try:
         records = read_transcripts(run_dir / TRANSCRIPTS, on_damage="skip")

@@ -54,12 +54,7 @@ from llamagym.config import check_episode_memory
 from llamagym.errors import EnvFailureError, LlamaGymError, TrainingDivergedError, WriteError
 from llamagym.paths import write_atomically
 from llamagym.rollout.evaluation import EvalResult, evaluate_agent, evaluate_baseline
-from llamagym.rollout.transcripts import (
-    PER_UPDATE,
-    TRANSCRIPTS,
-    TranscriptLog,
-    transcript,
-)
+from llamagym.schedule import Control
 from llamagym.specs import RunContext
 from llamagym.training import checkpoint as checkpoints
 from llamagym.training import distributed
@@ -72,7 +67,12 @@ from llamagym.training.report import (
 )
 from llamagym.training.run_files import read_metrics, read_transcripts
 from llamagym.training.run_lock import RunDirectoryLock
-from llamagym.training.schedule import Control
+from llamagym.training.transcripts import (
+    PER_UPDATE,
+    TRANSCRIPTS,
+    TranscriptLog,
+    transcript,
+)
 
 logger = logging.getLogger(__name__)
 

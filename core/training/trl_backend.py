@@ -49,12 +49,11 @@ from transformers import PrinterCallback, TrainerCallback
 from llamagym.config import RunConfig
 from llamagym.errors import ConfigError, LlamaGymError
 from llamagym.models.chat_template import render_chat
-from llamagym.models.export import RUN_EXPORT
 from llamagym.models.policy import Replies, json_closed_at, reply_prefixes
 from llamagym.rollout.engine import RolloutEngine, Slot
 from llamagym.rollout.trajectory import Episode, Turn
-from llamagym.rollout.transcripts import PER_UPDATE, TRANSCRIPTS, TranscriptLog, transcript
 from llamagym.training import distributed
+from llamagym.training.export import RUN_EXPORT
 from llamagym.training.report import (
     METRICS,
     append_record,
@@ -74,6 +73,7 @@ from llamagym.training.trainer import (
     run_budgets,
     seed_everything,
 )
+from llamagym.training.transcripts import PER_UPDATE, TRANSCRIPTS, TranscriptLog, transcript
 
 if TYPE_CHECKING:
     from llamagym.config import ResolvedConfig
@@ -795,7 +795,7 @@ class TRLTrainer(Trainer):
         if self.stop_signal is None and config.training.eval_episodes:
             summary.evaluation, summary.baselines, record = self._evaluate(counters)
             history.append(record)
-        from llamagym.models.export import export_agent
+        from llamagym.training.export import export_agent
 
         summary.checkpoint = export_agent(
             agent,
