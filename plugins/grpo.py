@@ -28,19 +28,16 @@ from pydantic import Field, field_validator
 
 from llamagym.config import RolloutSettings
 from llamagym.models.policy import Policy
-from llamagym.plugins.sft import WarmStart, WarmStartConfig
+from llamagym.plugins.clipped_config import ClippedConfig
+from llamagym.plugins.sft import WarmStart
 from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.schedule import Control, Schedule
 from llamagym.training import distributed
 from llamagym.training.algorithm import (
     Algorithm,
-    AlgorithmConfig,
     KLController,
-    check_adaptive_kl,
     check_group_divides_batch,
-    microbatch_size_field,
     seed_groups,
-    warmup_steps_field,
 )
 from llamagym.training.credit import (
     RULES_WITHOUT_VALUES,
@@ -54,42 +51,17 @@ logger = logging.getLogger(__name__)
 STD_EPS = 1e-4  # keeps a group with a tiny spread from blowing its advantages up
 
 
-class CriticFreeConfig(AlgorithmConfig):
-    """The settings GRPO, RLOO and REINFORCE share."""
+class CriticFreeConfig(ClippedConfig):
+    """The settings GRPO, RLOO and REINFORCE share: no value head, so no GAE."""
 
     credit_rules = RULES_WITHOUT_VALUES
 
-    lr: float = Field(1e-3, gt=0, le=10, description="Adam learning rate.")
-    anneal_lr: bool = Field(True, description="Decay the learning rate linearly over the run.")
     episodes_per_update: int = Field(
         64, ge=2, description="Episodes collected per update (whole seed groups)."
     )
     epochs: int = Field(2, ge=1, description="Passes over each batch.")
-    minibatch_size: int = Field(64, ge=1, description="Turns per gradient step.")
-    microbatch_size: int | None = microbatch_size_field()
-    warmup_steps: int = warmup_steps_field()
-    clip_range: float = Field(0.2, gt=0, description="Ratio clip epsilon.")
     entropy_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
-    kl_coef: float = Field(0.0, ge=0, description="Weight of KL to the reference (0 = off).")
-    adaptive_kl_target: float | None = Field(
-        None, gt=0, description="Adapt kl_coef so KL to the reference stays near this."
-    )
-    adaptive_kl_horizon: int = Field(
-        10_000, ge=1, description="Samples over which the adaptive kl_coef moves <= 20%."
-    )
-    target_kl: float | None = Field(
-        None, gt=0, description="Stop the update's epochs when KL(rollout||new) > 1.5x this."
-    )
     credit: CreditRule = Field("discounted", description="Credit rule across turns.")
-    gamma: float = Field(1.0, ge=0, le=1, description="Discount across turns.")
-    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
-    warm_start: WarmStartConfig = Field(
-        default_factory=WarmStartConfig,
-        description="Supervised steps: on demonstrations before RL, on the best episodes "
-        "between updates.",
-    )
-
-    _adaptive_needs_coef = field_validator("adaptive_kl_target")(check_adaptive_kl)
 
 
 class GRPOConfig(CriticFreeConfig):
