@@ -132,6 +132,39 @@ class Counters:
         return dict(vars(self))
 
 
+@dataclass
+class Training:
+    """What the training loop carries from one update to the next, in one process."""
+
+    algorithm: Any
+    engine: Any
+    schedule: Any
+    envs: list[Any]
+    counters: Counters
+    #: Every record of the run so far (metrics.jsonl's lines), for the report.
+    history: list[dict[str, Any]]
+    #: The returns of the last episodes, for the moving average.
+    recent: deque[float]
+    episode_budget: int | None
+    time_budget: float | None
+    resume_checkpoint: Path | None
+    several: bool  # more than one process
+    started: float = 0.0  # perf_counter when training started in this process
+    seconds_before: float = 0.0  # training seconds of the run before (a resumed run's)
+    metrics: dict[str, float] = field(default_factory=dict)  # the last update's
+    skipped_in_a_row: int = 0
+    seconds_used: float | None = None  # set when a collection is cut short
+    dropped: int = 0  # episodes of a collection cut short
+    # Where this update's collection started: the clock and the engine's counts.
+    update_started: float = 0.0
+    steps_before: int = 0
+    failures_before: int = 0
+
+    def time_used(self) -> float:
+        """Training time so far, the same clock as ``counters.seconds``."""
+        return self.seconds_before + time.perf_counter() - self.started
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -573,6 +606,30 @@ class Trainer:
                 self._lock.release()
 
     def _run(self) -> RunSummary:
+        """The run's phases: start, then per update collect, update, record and (when
+        due) checkpoint, until the budget is spent or a stop is asked for; then finish."""
+        training = self._start()
+        try:
+            with self._stop_on_signals():
+                while not self._should_stop(training):
+                    batch = self._collect(training)
+                    if batch is None:  # cut short: its episodes are dropped, the run ends
+                        break
+                    update_metrics = self._update(training, batch)
+                    self._record(training, batch, update_metrics)
+                    every = self.config.output.checkpoint_every
+                    if every and training.counters.updates % every == 0:
+                        self._checkpoint(training.counters)
+        finally:
+            if self.progress is not None:
+                self.progress.stop()
+            for env in training.envs:
+                env.close()
+        return self._finish(training)
+
+    def _start(self) -> Training:
+        """Refuse what cannot run, prepare the run directory, load the model, build the
+        run's parts around rank 0's weights, restore a resumed run, start the clocks."""
         config, agent = self.config, self.agent
         rank = distributed.rank()
         seed_everything(distributed.process_seed(config.training.seed, rank))
@@ -613,7 +670,6 @@ class Trainer:
             on_epoch=self._show_epoch,
         )
         run_parts = agent.start_run(control)  # with its warm start, if any
-        algorithm, engine, schedule = run_parts.algorithm, run_parts.engine, run_parts.schedule
         envs = [agent.make_env() for _ in range(config.rollout.num_envs)]
         counters = Counters()
         history: list[dict[str, Any]] = []
@@ -624,191 +680,194 @@ class Trainer:
             # the other processes derive theirs from the seed, their rank and the update.
             seed = distributed.process_seed(config.training.seed, rank, counters.updates)
             reseed_process(agent, seed)
-        recent: deque[float] = deque(counters.recent_returns, maxlen=MOVING_AVERAGE_EPISODES)
 
         episode_budget, time_budget = run_budgets(config.training)
-        started = time.perf_counter()
-        seconds_before = counters.seconds
-        metrics: dict[str, float] = {}
-        skipped_in_a_row = 0
-        progress = self.progress
-        if progress is not None:
-            progress.start(episode_budget, config.training.minutes, counters.episodes,
-                           counters.seconds)
-        def time_used() -> float:
-            """Training time so far, the same clock as ``counters.seconds``."""
-            return seconds_before + time.perf_counter() - started
+        training = Training(
+            run_parts.algorithm, run_parts.engine, run_parts.schedule, envs, counters,
+            history, deque(counters.recent_returns, maxlen=MOVING_AVERAGE_EPISODES),
+            episode_budget, time_budget, resume_checkpoint, several,
+            started=time.perf_counter(), seconds_before=counters.seconds,
+        )
+        if self.progress is not None:
+            self.progress.start(episode_budget, config.training.minutes, counters.episodes,
+                                counters.seconds)
+        self._time_used, self._time_budget = training.time_used, time_budget
+        return training
 
-        self._time_used, self._time_budget = time_used, time_budget
-        show_phase = self._show_phase
-        seconds_used: float | None = None  # set when a collection is cut short
-        dropped = 0
+    def _should_stop(self, training: Training) -> bool:
+        """Before each update: a signal to any process stops them all before the same
+        update; else the spent budget."""
+        signals = distributed.all_gather(self._signal_received)
+        self.stop_signal = next((name for name in signals if name), None)
+        counters = training.counters
+        return (
+            self.stop_signal is not None
+            or (training.episode_budget is not None
+                and counters.episodes >= training.episode_budget)
+            or (training.time_budget is not None and counters.seconds >= training.time_budget)
+        )
+
+    def _collect(self, training: Training) -> list[Any] | None:
+        """One update's episodes, or None when the collection was cut short (a signal or
+        the time budget): then none is trained on, and the random streams go back to the
+        last update's, so its checkpoint resumes exactly."""
+        engine, algorithm, counters = training.engine, training.algorithm, training.counters
+        training.update_started = time.perf_counter()
+        training.steps_before = engine.stats.env_steps
+        training.failures_before = engine.stats.env_failures
+        # Schedules (e.g. learning-rate annealing) read the share of the budget used
+        # before this update.
+        training.schedule.set_progress(
+            budget_fraction(counters, training.episode_budget, training.time_budget)
+        )
+        wanted = algorithm.episodes_per_update
+        watch = CollectionWatch(self, wanted, not training.several)
+        before = None if training.several else RandomState.capture(engine)
+        watch.show()
         try:
-            with self._stop_on_signals():
-                while True:
-                    # A signal to any process stops them all before the same update.
-                    signals = distributed.all_gather(self._signal_received)
-                    self.stop_signal = next((name for name in signals if name), None)
-                    if self.stop_signal is not None:
-                        break
-                    if episode_budget is not None and counters.episodes >= episode_budget:
-                        break
-                    if time_budget is not None and counters.seconds >= time_budget:
-                        break
-                    update_started = time.perf_counter()
-                    steps_before = engine.stats.env_steps
-                    failures_before = engine.stats.env_failures
-                    # Schedules (e.g. learning-rate annealing) read the share of the
-                    # budget used before this update.
-                    schedule.set_progress(
-                        budget_fraction(counters, episode_budget, time_budget)
-                    )
-                    wanted = algorithm.episodes_per_update
-                    watch = CollectionWatch(self, wanted, not several)
-                    before = None if several else RandomState.capture(engine)
-                    watch.show()
-                    try:
-                        batch = engine.collect(
-                            envs,
-                            wanted,
-                            group_size=algorithm.group_size,
-                            on_episode=watch.on_episode,
-                            should_stop=watch.should_stop,
-                        )
-                    except EnvFailureError as error:
-                        # The weights are fine: keep them, and say how to go on.
-                        if not distributed.is_main():
-                            raise EnvFailureError(
-                                f"{error}; every process stops: fix the environment, then "
-                                f"continue with --resume {self.output_dir}"
-                            ) from error
-                        path = self._checkpoint(counters)
-                        raise EnvFailureError(
-                            f"{error}; checkpoint written to {path}: fix the environment, "
-                            f"then continue with --resume {self.output_dir}"
-                        ) from error
-                    if watch.reason is not None and before is not None:
-                        # No partial update: the batch goes, and the random streams go
-                        # back to the last update's, so its checkpoint resumes exactly.
-                        seconds_used, dropped = time_used(), len(batch)
-                        before.restore(engine)
-                        logger.warning(
-                            "%s during the collection of update %d: its %d finished "
-                            "episode(s) (of %d) are dropped, not trained on; the run ends "
-                            "at update %d",
-                            stop_cause(watch.reason),
-                            counters.updates + 1,
-                            dropped,
-                            wanted,
-                            counters.updates,
-                        )
-                        break
-                    show_phase("updating")  # until the algorithm reports its epochs
-                    skipped_before = algorithm.skipped_updates
-                    update_metrics = algorithm.update(batch)
-                    if algorithm.skipped_updates > skipped_before:
-                        skipped_in_a_row += 1
-                        logger.warning(
-                            "update %d: %d optimizer step(s) skipped for a non-finite loss or "
-                            "gradient; the weights were left unchanged",
-                            counters.updates + 1,
-                            algorithm.skipped_updates - skipped_before,
-                        )
-                        if skipped_in_a_row >= config.training.max_skipped_updates:
-                            last = self._last_checkpoint
-                            raise TrainingDivergedError(
-                                f"{skipped_in_a_row} updates in a row had a non-finite loss or "
-                                f"gradient; stopping. The last good checkpoint is {last}; try a "
-                                "lower algorithm.lr, or check the rewards for inf/nan"
-                            )
-                    else:
-                        skipped_in_a_row = 0
-                    # What every process did this update (one process: just this one).
-                    shares = distributed.all_gather(
-                        {
-                            "returns": [e.env_return for e in batch],
-                            "turns": sum(len(e.turns) for e in batch),
-                            "invalid": sum(e.invalid_replies for e in batch),
-                            "env_steps": engine.stats.env_steps - steps_before,
-                            "env_failures": engine.stats.env_failures - failures_before,
-                            "seconds": time.perf_counter() - started,
-                            "update_seconds": time.perf_counter() - update_started,
-                        }
-                    )
-                    returns = [value for share in shares for value in share["returns"]]
-                    turns = sum(share["turns"] for share in shares)
-                    steps = sum(share["env_steps"] for share in shares)
-                    counters.updates += 1
-                    counters.episodes += len(returns)
-                    counters.env_steps += steps
-                    counters.env_failures += sum(share["env_failures"] for share in shares)
-                    counters.seconds = seconds_before + shares[0]["seconds"]  # rank 0's clock
-                    recent.extend(returns)
-                    counters.recent_returns = list(recent)
-                    metrics = {
-                        "update": counters.updates,
-                        "total_episodes": counters.episodes,
-                        "env_steps": counters.env_steps,
-                        "seconds": counters.seconds,
-                        "return_mean": sum(returns) / max(1, len(returns)),
-                        "return_moving_average": float(np.mean(recent)) if recent else 0.0,
-                        "invalid_rate": sum(s["invalid"] for s in shares) / max(1, turns),
-                        "episode_length": turns / max(1, len(returns)),
-                        "episodes": float(len(returns)),
-                        "env_steps_per_second": steps / max(shares[0]["update_seconds"], 1e-9),
-                        "env_failures": counters.env_failures,
-                        "temperature": engine.temperature,
-                    }
-                    metrics.update(
-                        {k: v for k, v in update_metrics.items() if k not in metrics}
-                    )
-                    history.append({"kind": "update", **metrics})
-                    if counters.updates == 1:
-                        warn_if_first_update_moved_far(metrics, config)
-                    if self._resumed_plugins is not None:
-                        warn_if_plugins_changed(
-                            self._resumed_plugins, agent.plugins.participants()
-                        )
-                        self._resumed_plugins = None
-                    if metrics.get("update_interrupted"):
-                        logger.warning(
-                            "update %d was cut short at a minibatch boundary (%s); the "
-                            "weights after the steps it took are kept",
-                            counters.updates,
-                            stop_cause(self._stop_reason()),
-                        )
-                    if config.output.rank_records:
-                        self._record_rank(counters.updates, batch)
-                    if distributed.is_main():
-                        append_record(self.output_dir / METRICS, {"kind": "update", **metrics})
-                        self._transcripts.add(
-                            transcript(agent, episode, "training", counters.updates)
-                            for episode in batch[:PER_UPDATE]
-                        )
-                        with isolated_rng():
-                            agent.plugins.update_end(
-                                agent, counters.updates, metrics, run=self.context
-                            )
-                    if progress is not None:
-                        progress.update(counters.episodes, counters.seconds, metrics)
-                    logger.debug(
-                        "update %d: %d episodes, return %+.3f (moving average %+.3f), "
-                        "invalid %.1f%%",
-                        counters.updates,
-                        counters.episodes,
-                        metrics["return_mean"],
-                        metrics["return_moving_average"],
-                        100 * metrics["invalid_rate"],
-                    )
-                    every = config.output.checkpoint_every
-                    if every and counters.updates % every == 0:
-                        self._checkpoint(counters)
-        finally:
-            if progress is not None:
-                progress.stop()
-            for env in envs:
-                env.close()
+            batch = engine.collect(
+                training.envs,
+                wanted,
+                group_size=algorithm.group_size,
+                on_episode=watch.on_episode,
+                should_stop=watch.should_stop,
+            )
+        except EnvFailureError as error:
+            # The weights are fine: keep them, and say how to go on.
+            if not distributed.is_main():
+                raise EnvFailureError(
+                    f"{error}; every process stops: fix the environment, then "
+                    f"continue with --resume {self.output_dir}"
+                ) from error
+            path = self._checkpoint(counters)
+            raise EnvFailureError(
+                f"{error}; checkpoint written to {path}: fix the environment, "
+                f"then continue with --resume {self.output_dir}"
+            ) from error
+        if watch.reason is None or before is None:
+            return batch
+        training.seconds_used, training.dropped = training.time_used(), len(batch)
+        before.restore(engine)
+        logger.warning(
+            "%s during the collection of update %d: its %d finished episode(s) (of %d) "
+            "are dropped, not trained on; the run ends at update %d",
+            stop_cause(watch.reason),
+            counters.updates + 1,
+            training.dropped,
+            wanted,
+            counters.updates,
+        )
+        return None
 
+    def _update(self, training: Training, batch: list[Any]) -> dict[str, float]:
+        """The algorithm's update on ``batch``; too many in a row that skipped their
+        steps (a non-finite loss or gradient) end the run."""
+        algorithm = training.algorithm
+        self._show_phase("updating")  # until the algorithm reports its epochs
+        skipped_before = algorithm.skipped_updates
+        update_metrics = algorithm.update(batch)
+        if algorithm.skipped_updates == skipped_before:
+            training.skipped_in_a_row = 0
+            return update_metrics
+        training.skipped_in_a_row += 1
+        logger.warning(
+            "update %d: %d optimizer step(s) skipped for a non-finite loss or gradient; "
+            "the weights were left unchanged",
+            training.counters.updates + 1,
+            algorithm.skipped_updates - skipped_before,
+        )
+        if training.skipped_in_a_row >= self.config.training.max_skipped_updates:
+            raise TrainingDivergedError(
+                f"{training.skipped_in_a_row} updates in a row had a non-finite loss or "
+                f"gradient; stopping. The last good checkpoint is {self._last_checkpoint}; "
+                "try a lower algorithm.lr, or check the rewards for inf/nan"
+            )
+        return update_metrics
+
+    def _record(
+        self, training: Training, batch: list[Any], update_metrics: dict[str, float]
+    ) -> None:
+        """Count the update over every process, and write it down: metrics.jsonl, the
+        transcripts, the loggers' update_end hooks, the progress line."""
+        agent, config, counters = self.agent, self.config, training.counters
+        engine = training.engine
+        # What every process did this update (one process: just this one).
+        shares = distributed.all_gather(
+            {
+                "returns": [e.env_return for e in batch],
+                "turns": sum(len(e.turns) for e in batch),
+                "invalid": sum(e.invalid_replies for e in batch),
+                "env_steps": engine.stats.env_steps - training.steps_before,
+                "env_failures": engine.stats.env_failures - training.failures_before,
+                "seconds": time.perf_counter() - training.started,
+                "update_seconds": time.perf_counter() - training.update_started,
+            }
+        )
+        returns = [value for share in shares for value in share["returns"]]
+        turns = sum(share["turns"] for share in shares)
+        steps = sum(share["env_steps"] for share in shares)
+        counters.updates += 1
+        counters.episodes += len(returns)
+        counters.env_steps += steps
+        counters.env_failures += sum(share["env_failures"] for share in shares)
+        counters.seconds = training.seconds_before + shares[0]["seconds"]  # rank 0's clock
+        recent = training.recent
+        recent.extend(returns)
+        counters.recent_returns = list(recent)
+        metrics = {
+            "update": counters.updates,
+            "total_episodes": counters.episodes,
+            "env_steps": counters.env_steps,
+            "seconds": counters.seconds,
+            "return_mean": sum(returns) / max(1, len(returns)),
+            "return_moving_average": float(np.mean(recent)) if recent else 0.0,
+            "invalid_rate": sum(s["invalid"] for s in shares) / max(1, turns),
+            "episode_length": turns / max(1, len(returns)),
+            "episodes": float(len(returns)),
+            "env_steps_per_second": steps / max(shares[0]["update_seconds"], 1e-9),
+            "env_failures": counters.env_failures,
+            "temperature": engine.temperature,
+        }
+        metrics.update({k: v for k, v in update_metrics.items() if k not in metrics})
+        training.metrics = metrics
+        training.history.append({"kind": "update", **metrics})
+        if counters.updates == 1:
+            warn_if_first_update_moved_far(metrics, config)
+        if self._resumed_plugins is not None:
+            warn_if_plugins_changed(self._resumed_plugins, agent.plugins.participants())
+            self._resumed_plugins = None
+        if metrics.get("update_interrupted"):
+            logger.warning(
+                "update %d was cut short at a minibatch boundary (%s); the weights after "
+                "the steps it took are kept",
+                counters.updates,
+                stop_cause(self._stop_reason()),
+            )
+        if config.output.rank_records:
+            self._record_rank(counters.updates, batch)
+        if distributed.is_main():
+            append_record(self.output_dir / METRICS, {"kind": "update", **metrics})
+            self._transcripts.add(
+                transcript(agent, episode, "training", counters.updates)
+                for episode in batch[:PER_UPDATE]
+            )
+            with isolated_rng():
+                agent.plugins.update_end(agent, counters.updates, metrics, run=self.context)
+        if self.progress is not None:
+            self.progress.update(counters.episodes, counters.seconds, metrics)
+        logger.debug(
+            "update %d: %d episodes, return %+.3f (moving average %+.3f), invalid %.1f%%",
+            counters.updates,
+            counters.episodes,
+            metrics["return_mean"],
+            metrics["return_moving_average"],
+            100 * metrics["invalid_rate"],
+        )
+
+    def _finish(self, training: Training) -> RunSummary:
+        """The last checkpoint, then (rank 0, unless stopped) the final evaluation beside
+        the baselines, and the report."""
+        config, counters = self.config, training.counters
         # A signal after the last update still skips the evaluation (no collective follows).
         self.stop_signal = self.stop_signal or self._signal_received
         if self._last_checkpoint_update != counters.updates:
@@ -819,20 +878,20 @@ class Trainer:
             counters.episodes,
             counters.updates,
             counters.env_steps,
-            counters.seconds if seconds_used is None else seconds_used,
-            last_metrics=metrics,
+            counters.seconds if training.seconds_used is None else training.seconds_used,
+            last_metrics=training.metrics,
             checkpoint=self._last_checkpoint,
             interrupted=self.stop_signal,
-            resumed_from=resume_checkpoint,
+            resumed_from=training.resume_checkpoint,
             greedy=config.training.eval_greedy,
-            dropped_episodes=dropped,
+            dropped_episodes=training.dropped,
         )
         if not distributed.is_main():
             return summary
         if self.stop_signal is None and config.training.eval_episodes:
             summary.evaluation, summary.baselines, record = self._evaluate(counters)
-            history.append(record)
-        self._report(summary, history)
+            training.history.append(record)
+        self._report(summary, training.history)
         return summary
 
     def _report(self, summary: RunSummary, history: list[dict[str, Any]]) -> None:
