@@ -17,6 +17,7 @@ import torch
 from llamagym import hookimpl
 from llamagym.testing import temporary_plugin
 from llamagym.training import checkpoint as checkpoints
+from llamagym.training import run_state
 from llamagym.training import trainer as training
 from llamagym.training.algorithm import Algorithm
 from llamagym.training.progress import format_stats
@@ -100,13 +101,21 @@ def test_time_budget_stops_inside_the_first_collection(tmp_path, caplog) -> None
 
 
 class FakeClock:
-    """Stands in for the ``time`` module in llamagym.training.trainer: real time plus a jump."""
+    """Stands in for the ``time`` module where the training loop reads the clock
+    (llamagym.training.trainer and run_state): real time plus a jump."""
 
     def __init__(self) -> None:
         self.offset = 0.0
 
     def perf_counter(self) -> float:
         return time.perf_counter() + self.offset
+
+    @classmethod
+    def installed(cls, monkeypatch) -> FakeClock:
+        clock = cls()
+        for module in (training, run_state):
+            monkeypatch.setattr(module, "time", clock)
+        return clock
 
 
 class AtEpisode:
@@ -138,8 +147,7 @@ def test_run_stopped_by_the_deadline_mid_collection_resumes_like_the_unbroken_ru
     assert code == 0, out
 
     # The same run, whose time budget runs out after 3 episodes of update 3's batch.
-    clock = FakeClock()
-    monkeypatch.setattr(training, "time", clock)
+    clock = FakeClock.installed(monkeypatch)
     with temporary_plugin(AtEpisode(3, 3, lambda: setattr(clock, "offset", 1e9)), "deadline"):
         code, out, err = cli("run", "blackjack", *budget, *FAST, "-o", broken)
     assert code == 0, out + err
@@ -240,8 +248,7 @@ def test_the_time_budget_ends_the_first_update_at_a_minibatch_boundary(
     """A long update does not overrun the budget: it stops after the step in which time
     ran out, keeps those steps' weights, and the run then evaluates as usual."""
     agent = bandit_run("ppo", tmp_path, episodes=64, minutes=1000)
-    clock = FakeClock()
-    monkeypatch.setattr(training, "time", clock)
+    clock = FakeClock.installed(monkeypatch)
     deadline = AfterSteps(update=1, after=3, action=lambda: setattr(clock, "offset", 1e9))
     monkeypatch.setattr(Algorithm, "apply_gradients", deadline.wrap(Algorithm.apply_gradients))
     with temporary_plugin(deadline, "deadline"):

@@ -28,7 +28,7 @@ from llamagym.config import (
     read_config_file,
 )
 from llamagym.errors import ConfigError
-from llamagym.training.trainer import default_output_dir
+from llamagym.training.run_directory import default_output_dir
 
 DEEP = 100_000  # levels of nesting that overflowed the parsers' stacks
 ALGORITHMS = ["ppo", "grpo", "rloo", "reinforce"]

@@ -30,25 +30,19 @@ everywhere.
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import logging
-import os
-import random
-import re
 import shutil
 import signal
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from llamagym.config import check_episode_memory
 from llamagym.errors import EnvFailureError, LlamaGymError, TrainingDivergedError, WriteError
@@ -58,6 +52,14 @@ from llamagym.schedule import Control
 from llamagym.specs import RunContext
 from llamagym.training import checkpoint as checkpoints
 from llamagym.training import distributed
+from llamagym.training.budget import (
+    TIME_BUDGET,
+    CollectionWatch,
+    budget_fraction,
+    refuse_a_spent_budget,
+    run_budgets,
+    stop_cause,
+)
 from llamagym.training.report import (
     METRICS,
     append_record,
@@ -65,8 +67,26 @@ from llamagym.training.report import (
     rewrite_records,
     write_report,
 )
+from llamagym.training.run_directory import (
+    PLUGINS,
+    RANK_RECORDS,
+    RUN_FILES,
+    check_writable,
+    default_output_dir,
+    holds_a_run,
+)
 from llamagym.training.run_files import read_metrics, read_transcripts
 from llamagym.training.run_lock import RunDirectoryLock
+from llamagym.training.run_state import (
+    MOVING_AVERAGE_EPISODES,
+    Counters,
+    RandomState,
+    RunSummary,
+    Training,
+    isolated_rng,
+    reseed_process,
+    seed_everything,
+)
 from llamagym.training.transcripts import (
     PER_UPDATE,
     TRANSCRIPTS,
@@ -75,117 +95,6 @@ from llamagym.training.transcripts import (
 )
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_EPISODES = 1000
-MOVING_AVERAGE_EPISODES = 500
-RANK_RECORDS = ".ranks"
-#: The plugins that answered per-step hooks (prompt, observation, parsing, reward).
-PLUGINS = "plugins.json"
-_RUN_FILES = (
-    METRICS,
-    PLUGINS,
-    TRANSCRIPTS,
-    "report.md",
-    "learning_curve.png",
-    "tensorboard",
-    checkpoints.CHECKPOINTS,
-    RANK_RECORDS,
-)
-
-
-@dataclass
-class RunSummary:
-    output_dir: Path
-    episodes: int
-    updates: int
-    env_steps: int
-    #: training time so far, earlier runs of a resumed one included; a collection cut
-    #: short by a stop counts too (the checkpoint's counters stop at the last update)
-    seconds: float
-    evaluation: EvalResult | None = None
-    baselines: list[EvalResult] = field(default_factory=list)
-    last_metrics: dict[str, float] = field(default_factory=dict)
-    checkpoint: Path | None = None
-    #: the signal that stopped the run early ("SIGINT", "SIGTERM"), else None
-    interrupted: str | None = None
-    #: finished episodes of a collection cut short by a stop, thrown away untrained
-    dropped_episodes: int = 0
-    report: Path | None = None
-    #: the learning curve, when it was drawn (None: no picture was written)
-    curve: Path | None = None
-    resumed_from: Path | None = None
-    greedy: bool = True
-
-
-@dataclass
-class Counters:
-    """Where a run stands; saved in every checkpoint."""
-
-    updates: int = 0
-    episodes: int = 0
-    env_steps: int = 0
-    env_failures: int = 0
-    seconds: float = 0.0
-    recent_returns: list[float] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(vars(self))
-
-
-@dataclass
-class Training:
-    """What the training loop carries from one update to the next, in one process."""
-
-    algorithm: Any
-    engine: Any
-    schedule: Any
-    envs: list[Any]
-    counters: Counters
-    #: Every record of the run so far (metrics.jsonl's lines), for the report.
-    history: list[dict[str, Any]]
-    #: The returns of the last episodes, for the moving average.
-    recent: deque[float]
-    episode_budget: int | None
-    time_budget: float | None
-    resume_checkpoint: Path | None
-    several: bool  # more than one process
-    started: float = 0.0  # perf_counter when training started in this process
-    seconds_before: float = 0.0  # training seconds of the run before (a resumed run's)
-    metrics: dict[str, float] = field(default_factory=dict)  # the last update's
-    skipped_in_a_row: int = 0
-    seconds_used: float | None = None  # set when a collection is cut short
-    dropped: int = 0  # episodes of a collection cut short
-    # Where this update's collection started: the clock and the engine's counts.
-    update_started: float = 0.0
-    steps_before: int = 0
-    failures_before: int = 0
-
-    def time_used(self) -> float:
-        """Training time so far, the same clock as ``counters.seconds``."""
-        return self.seconds_before + time.perf_counter() - self.started
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def reseed_process(agent: Any, seed: int) -> None:
-    """Seed this process's own random streams: the global generators, the engine's episode
-    seeds and sampling, and the algorithm's minibatch order."""
-    seed_everything(seed)
-    agent.engine.rng = np.random.default_rng(seed)
-    agent.engine.generator.manual_seed(seed)
-    agent.algorithm.rng.seed(seed)
-
-
-def default_output_dir(agent_name: str) -> Path:
-    """``runs/<agent>-<time>``. The agent's name is cut down to letters, digits, '_' and
-    '-' (anything else becomes '-'), so it is always one plain folder in ``runs/``."""
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    safe = re.sub(r"[^A-Za-z0-9_-]+", "-", agent_name).strip("-") or "agent"
-    return Path("runs") / f"{safe}-{stamp}"
 
 
 def make_first_env(agent: Any) -> None:
@@ -220,161 +129,6 @@ def make_first_env(agent: Any) -> None:
 
 def _one_line(error: Exception) -> str:
     return " ".join(str(error).split()) or type(error).__name__
-
-
-def check_writable(directory: Path, resuming: bool, create: bool = True) -> None:
-    """Create ``directory`` if need be and write (then remove) a file in it: a directory
-    that cannot be written is one line naming it, before anything in it is touched.
-    With ``create`` off nothing is left behind: the probe goes into the directory, or
-    into its nearest existing parent when it does not exist yet."""
-    if directory.exists() and not directory.is_dir():
-        raise LlamaGymError(
-            f"run directory {str(directory)!r} is a file, not a directory; choose another "
-            "--output"
-        )
-    fix = (
-        "make it writable, or continue the run elsewhere with --output NEW_DIR"
-        if resuming
-        else "make it writable, or choose another --output"
-    )
-    where = directory
-    if not create:
-        while not where.exists() and where != where.parent:
-            where = where.parent
-    try:
-        if create:
-            directory.mkdir(parents=True, exist_ok=True)
-        probe = where / f".llamagym-write-test-{os.getpid()}"
-        probe.touch()
-        probe.unlink()
-    except OSError as error:
-        raise LlamaGymError(
-            f"run directory {str(directory)!r} cannot be written ({error.strerror or error}); "
-            + fix
-        ) from error
-
-
-def holds_a_run(directory: Path) -> bool:
-    return (directory / METRICS).exists() or (directory / checkpoints.CHECKPOINTS).exists()
-
-
-@contextlib.contextmanager
-def isolated_rng() -> Iterator[None]:
-    """Run observers (loggers, user plugins) without letting them move the training
-    random streams: a logger that draws a random number, or imports a library that
-    does, must not change what a resumed run computes."""
-    state = (random.getstate(), np.random.get_state(), torch.get_rng_state())
-    try:
-        yield
-    finally:
-        random.setstate(state[0])
-        np.random.set_state(state[1])
-        torch.set_rng_state(state[2])
-
-
-@dataclass
-class RandomState:
-    """Every random stream a collection draws from, and the engine's step counters:
-    taken before a collection, put back if the batch is dropped, so a checkpoint written
-    afterwards is the last completed update's."""
-
-    engine: dict[str, Any]
-    global_rng: dict[str, Any]
-    env_steps: int
-    env_failures: int
-
-    @classmethod
-    def capture(cls, engine: Any) -> RandomState:
-        return cls(
-            copy.deepcopy(engine.state_dict()),
-            checkpoints.capture_global_rng(),
-            engine.stats.env_steps,
-            engine.stats.env_failures,
-        )
-
-    def restore(self, engine: Any) -> None:
-        engine.load_state_dict(self.engine)
-        checkpoints.restore_global_rng(self.global_rng)
-        engine.stats.env_steps, engine.stats.env_failures = self.env_steps, self.env_failures
-
-
-TIME_BUDGET = "time budget"  # the stop reason when --minutes is used up
-
-
-def stop_cause(reason: str | None) -> str:
-    """A stop reason as the warnings say it: "time budget used up", "SIGTERM received"."""
-    if reason is None:
-        return "stop requested"
-    return "time budget used up" if reason == TIME_BUDGET else f"{reason} received"
-
-
-class CollectionWatch:
-    """Handed to :meth:`RolloutEngine.collect` for one update's batch: counts the
-    finished episodes for the progress bar and, after every env step, moves the bar's
-    clock on and says whether to stop: a signal was received or the time budget is
-    used up. ``may_stop`` False (several processes, which stop together between
-    updates) only shows progress."""
-
-    def __init__(
-        self,
-        trainer: Trainer,
-        wanted: int,
-        may_stop: bool,
-    ):
-        self.trainer, self.wanted, self.may_stop = trainer, wanted, may_stop
-        self.finished = 0
-        #: why the collection was cut short ("time budget", "SIGTERM"...), else None
-        self.reason: str | None = None
-
-    def show(self) -> None:
-        progress = self.trainer.progress
-        if progress is not None and hasattr(progress, "phase"):
-            progress.phase(
-                f"collecting {self.finished:,}/{self.wanted:,} episodes",
-                self.trainer._time_used(),
-            )
-
-    def on_episode(self, episode: Any) -> None:
-        self.finished += 1
-        self.show()
-
-    def should_stop(self) -> bool:
-        self.show()
-        if self.may_stop and self.reason is None:
-            self.reason = self.trainer._stop_reason()
-        return self.reason is not None
-
-
-def run_budgets(training: Any) -> tuple[int | None, float | None]:
-    """A run's budgets: episodes (``training.episodes``, or :data:`DEFAULT_EPISODES` when
-    neither it nor ``training.minutes`` is set; None: time alone) and seconds (None:
-    episodes alone)."""
-    episodes = training.episodes
-    if episodes is None and training.minutes is None:
-        episodes = DEFAULT_EPISODES
-    return episodes, 60 * training.minutes if training.minutes else None
-
-
-def _refuse_a_spent_budget(
-    agent: str, resume: Path | None, meta: dict[str, Any], training: Any
-) -> None:
-    """A resumed run whose checkpoint has used the whole budget would only evaluate
-    again: refused, with the flags that train on and the command that evaluates."""
-    counters = meta.get("counters") or {}
-    episodes, seconds = counters.get("episodes", 0), counters.get("seconds", 0.0)
-    episode_budget, time_budget = run_budgets(training)
-    spent = []
-    if episode_budget is not None and episodes >= episode_budget:
-        spent.append(f"{episodes:,} of {episode_budget:,} episodes")
-    if time_budget is not None and seconds >= time_budget:
-        spent.append(f"{seconds / 60:.1f} of {training.minutes:g} minutes")
-    if not spent:
-        return
-    raise LlamaGymError(
-        f"the run in {str(resume)!r} has used its budget ({' and '.join(spent)}): to train "
-        f"on, give a larger one (e.g. --resume {resume} --episodes {2 * max(episodes, 1)} "
-        f"or --minutes M), or evaluate it with `llamagym eval {agent} --checkpoint {resume}`"
-    )
 
 
 class Trainer:
@@ -414,7 +168,7 @@ class Trainer:
 
     # -- set-up -------------------------------------------------------------------
     #: What a new run in a directory that holds an older one replaces.
-    run_files: tuple[str, ...] = _RUN_FILES
+    run_files: tuple[str, ...] = RUN_FILES
 
     @staticmethod
     def run_dir_of(checkpoint: Path) -> Path:
@@ -642,7 +396,7 @@ class Trainer:
                 meta, config.model_dump(mode="json"), resume_checkpoint
             )
             earlier = self._read_resumed_files(resume_checkpoint)
-            _refuse_a_spent_budget(config.agent.name, self.resume_from, meta, config.training)
+            refuse_a_spent_budget(config.agent.name, self.resume_from, meta, config.training)
         # Every refusal comes before the run directory is touched: a damaged run file, a
         # directory that holds another run or cannot be written, a missing env, a model
         # that does not load.
@@ -721,7 +475,9 @@ class Trainer:
             budget_fraction(counters, training.episode_budget, training.time_budget)
         )
         wanted = algorithm.episodes_per_update
-        watch = CollectionWatch(self, wanted, not training.several)
+        watch = CollectionWatch(
+            self.progress, self._time_used, self._stop_reason, wanted, not training.several
+        )
         before = None if training.several else RandomState.capture(engine)
         watch.show()
         try:
@@ -981,19 +737,6 @@ def warn_if_plugins_changed(
         ("; " if now - before and before - now else "")
         + (f"gone {', '.join(sorted(before - now))}" if before - now else ""),
     )
-
-
-def budget_fraction(
-    counters: Counters, episode_budget: int | None, time_budget: float | None
-) -> float:
-    """How much of the training budget is used, 0..1 (the larger of the two budgets'
-    shares when both are set)."""
-    shares = [0.0]
-    if episode_budget:
-        shares.append(counters.episodes / episode_budget)
-    if time_budget:
-        shares.append(counters.seconds / time_budget)
-    return min(1.0, max(shares))
 
 
 def evaluate_with_baselines(

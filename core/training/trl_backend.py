@@ -53,6 +53,7 @@ from llamagym.models.policy import Replies, json_closed_at, reply_prefixes
 from llamagym.rollout.engine import RolloutEngine, Slot
 from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.training import distributed
+from llamagym.training.budget import run_budgets
 from llamagym.training.export import RUN_EXPORT
 from llamagym.training.report import (
     METRICS,
@@ -60,19 +61,16 @@ from llamagym.training.report import (
     records_until,
     rewrite_records,
 )
+from llamagym.training.run_directory import RUN_FILES, check_writable
 from llamagym.training.run_files import read_metrics
-from llamagym.training.trainer import (
-    _RUN_FILES,
+from llamagym.training.run_state import (
     MOVING_AVERAGE_EPISODES,
     Counters,
     RunSummary,
-    Trainer,
-    check_writable,
     isolated_rng,
-    make_first_env,
-    run_budgets,
     seed_everything,
 )
+from llamagym.training.trainer import Trainer, make_first_env
 from llamagym.training.transcripts import PER_UPDATE, TRANSCRIPTS, TranscriptLog, transcript
 
 if TYPE_CHECKING:
@@ -667,7 +665,7 @@ class TRLTrainer(Trainer):
     are TRL's (``checkpoints/checkpoint-N``, resumed by TRL), and the trained model is
     exported to ``model/`` at the end, which ``llamagym eval/play/export`` load."""
 
-    run_files = (*_RUN_FILES, RUN_EXPORT)
+    run_files = (*RUN_FILES, RUN_EXPORT)
 
     @staticmethod
     def run_dir_of(checkpoint: Path) -> Path:

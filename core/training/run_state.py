@@ -1,0 +1,149 @@
+"""What a run carries: its counters (saved in every checkpoint), the loop's state
+between updates, the summary it ends with, and the random streams it draws from."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import random
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from llamagym.rollout.evaluation import EvalResult
+from llamagym.training import checkpoint as checkpoints
+
+MOVING_AVERAGE_EPISODES = 500
+
+
+@dataclass
+class RunSummary:
+    output_dir: Path
+    episodes: int
+    updates: int
+    env_steps: int
+    #: training time so far, earlier runs of a resumed one included; a collection cut
+    #: short by a stop counts too (the checkpoint's counters stop at the last update)
+    seconds: float
+    evaluation: EvalResult | None = None
+    baselines: list[EvalResult] = field(default_factory=list)
+    last_metrics: dict[str, float] = field(default_factory=dict)
+    checkpoint: Path | None = None
+    #: the signal that stopped the run early ("SIGINT", "SIGTERM"), else None
+    interrupted: str | None = None
+    #: finished episodes of a collection cut short by a stop, thrown away untrained
+    dropped_episodes: int = 0
+    report: Path | None = None
+    #: the learning curve, when it was drawn (None: no picture was written)
+    curve: Path | None = None
+    resumed_from: Path | None = None
+    greedy: bool = True
+
+
+@dataclass
+class Counters:
+    """Where a run stands; saved in every checkpoint."""
+
+    updates: int = 0
+    episodes: int = 0
+    env_steps: int = 0
+    env_failures: int = 0
+    seconds: float = 0.0
+    recent_returns: list[float] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+@dataclass
+class Training:
+    """What the training loop carries from one update to the next, in one process."""
+
+    algorithm: Any
+    engine: Any
+    schedule: Any
+    envs: list[Any]
+    counters: Counters
+    #: Every record of the run so far (metrics.jsonl's lines), for the report.
+    history: list[dict[str, Any]]
+    #: The returns of the last episodes, for the moving average.
+    recent: deque[float]
+    episode_budget: int | None
+    time_budget: float | None
+    resume_checkpoint: Path | None
+    several: bool  # more than one process
+    started: float = 0.0  # perf_counter when training started in this process
+    seconds_before: float = 0.0  # training seconds of the run before (a resumed run's)
+    metrics: dict[str, float] = field(default_factory=dict)  # the last update's
+    skipped_in_a_row: int = 0
+    seconds_used: float | None = None  # set when a collection is cut short
+    dropped: int = 0  # episodes of a collection cut short
+    # Where this update's collection started: the clock and the engine's counts.
+    update_started: float = 0.0
+    steps_before: int = 0
+    failures_before: int = 0
+
+    def time_used(self) -> float:
+        """Training time so far, the same clock as ``counters.seconds``."""
+        return self.seconds_before + time.perf_counter() - self.started
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def reseed_process(agent: Any, seed: int) -> None:
+    """Seed this process's own random streams: the global generators, the engine's episode
+    seeds and sampling, and the algorithm's minibatch order."""
+    seed_everything(seed)
+    agent.engine.rng = np.random.default_rng(seed)
+    agent.engine.generator.manual_seed(seed)
+    agent.algorithm.rng.seed(seed)
+
+
+@contextlib.contextmanager
+def isolated_rng() -> Iterator[None]:
+    """Run observers (loggers, user plugins) without letting them move the training
+    random streams: a logger that draws a random number, or imports a library that
+    does, must not change what a resumed run computes."""
+    state = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    try:
+        yield
+    finally:
+        random.setstate(state[0])
+        np.random.set_state(state[1])
+        torch.set_rng_state(state[2])
+
+
+@dataclass
+class RandomState:
+    """Every random stream a collection draws from, and the engine's step counters:
+    taken before a collection, put back if the batch is dropped, so a checkpoint written
+    afterwards is the last completed update's."""
+
+    engine: dict[str, Any]
+    global_rng: dict[str, Any]
+    env_steps: int
+    env_failures: int
+
+    @classmethod
+    def capture(cls, engine: Any) -> RandomState:
+        return cls(
+            copy.deepcopy(engine.state_dict()),
+            checkpoints.capture_global_rng(),
+            engine.stats.env_steps,
+            engine.stats.env_failures,
+        )
+
+    def restore(self, engine: Any) -> None:
+        engine.load_state_dict(self.engine)
+        checkpoints.restore_global_rng(self.global_rng)
+        engine.stats.env_steps, engine.stats.env_failures = self.env_steps, self.env_failures
