@@ -66,7 +66,7 @@ def test_a_config_file_cannot_turn_on_remote_code(tmp_path, cli) -> None:
 
 
 def test_the_python_call_and_a_false_setting_are_allowed(tmp_path) -> None:
-    from llamagym.config import read_config_file, refuse_code_settings
+    from llamagym.config_files import read_config_file, refuse_code_settings
 
     refuse_code_settings({"model": {"trust_remote_code": False}}, "a run's config.yaml")
     agent = tiny_agent(BanditAgent, model={"trust_remote_code": True})

@@ -185,7 +185,7 @@ def test_the_architecture_doc_names_only_files_that_exist() -> None:
 
 
 def test_the_architecture_doc_places_every_floor_of_the_layers_contract() -> None:
-    from llamagym.config import tomllib  # tomli before Python 3.11
+    from llamagym.config_files import tomllib  # tomli before Python 3.11
 
     contracts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     layers = next(

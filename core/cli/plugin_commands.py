@@ -69,7 +69,8 @@ def check_command(
     and fit the tiny model's context, every action name parses back, score mode has a
     candidate per action, baselines run, and episodes play with a scripted model.
     Exit code 1 when a check fails."""
-    from llamagym.config import check_seed, deep_merge, parse_assignment
+    from llamagym.config import check_seed, deep_merge
+    from llamagym.config_files import parse_assignment
     from llamagym.devtools.conformance import CHECK_NAMES, check_agent
     from llamagym.errors import LlamaGymError
     from llamagym.plugin_manager import get_plugins

@@ -25,7 +25,7 @@ def command_line_layers(
 ) -> list[tuple[str, dict[str, Any]]]:
     """The layers a command line gives, lowest precedence first: the ``--config`` file,
     each ``--set``, then the typed flags (those not given are left out)."""
-    from llamagym.config import parse_assignment, read_config_file, refuse_code_settings
+    from llamagym.config_files import parse_assignment, read_config_file, refuse_code_settings
 
     layers: list[tuple[str, dict[str, Any]]] = []
     if config_file is not None:
@@ -299,7 +299,7 @@ def run_command(
     base = resume_checkpoint = resume_meta = None
     trl_resume = None
     if resume is not None:
-        from llamagym.config import read_config_file
+        from llamagym.config_files import read_config_file
         from llamagym.training.trl_backend import trl_checkpoint, trl_run_dir
 
         trl_resume = trl_checkpoint(resume)
@@ -521,7 +521,8 @@ def eval_command(
 
     from rich.console import Console
 
-    from llamagym.config import check_episode_memory, deep_merge, parse_assignment
+    from llamagym.config import check_episode_memory, deep_merge
+    from llamagym.config_files import parse_assignment
 
     if (checkpoint is None) == (model is None):
         raise LlamaGymError(

@@ -410,7 +410,7 @@ def read_run_config(path: Path) -> dict[str, Any]:
 
 
 def _read_config(path: Path) -> dict[str, Any]:
-    from llamagym.config import read_config_file
+    from llamagym.config_files import read_config_file
 
     try:
         return read_config_file(Path(path))
