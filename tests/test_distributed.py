@@ -271,3 +271,21 @@ def test_deepspeed_and_fsdp_launches_are_refused(monkeypatch) -> None:
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     with pytest.raises(ConfigError, match="DeepSpeed runs with --backend trl"):
         distributed.start("auto")
+
+
+@pytest.mark.parametrize(
+    ("variable", "named"),
+    [("ACCELERATE_USE_DEEPSPEED", "DeepSpeed"), ("ACCELERATE_USE_FSDP", "FSDP")],
+)
+def test_a_sharded_launch_on_cpus_says_it_trains_data_parallel(
+    monkeypatch, caplog, variable, named
+) -> None:
+    monkeypatch.setenv(variable, "true")
+    with caplog.at_level("WARNING", logger="llamagym.training.distributed"):
+        distributed.warn_if_not_sharded("DistributedType.MULTI_GPU")  # accelerate shards
+        assert caplog.records == []
+        distributed.warn_if_not_sharded("DistributedType.MULTI_CPU")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"accelerate was launched with {named}, which it runs only on GPUs: on the CPU it "
+        "trains data-parallel (DDP), each process holding the whole model"
+    ]

@@ -464,15 +464,26 @@ def test_vllm_colocate_generation_when_vllm_is_installed(tmp_path) -> None:
     assert summary.updates == 2
 
 
+FSDP2_CONFIG = Path(__file__).resolve().parents[1] / "docs" / "accelerate" / "fsdp2.yaml"
+
+
 @pytest.mark.slow
-def test_two_processes_under_accelerate_end_with_identical_weights(tmp_path) -> None:
+@pytest.mark.parametrize(
+    "launch",
+    [["--multi_gpu"], ["--config_file", str(FSDP2_CONFIG)]],
+    ids=["multi-gpu-flag", "fsdp2-config"],
+)
+def test_two_processes_under_accelerate_end_with_identical_weights(tmp_path, launch) -> None:
+    """On CPUs accelerate runs an FSDP launch as plain data-parallel: the run says so and
+    trains like the --multi_gpu one (the docs' config file, its GPU count and bf16
+    overridden by flags)."""
     run = tmp_path / "run"
     result = subprocess.run(
         [
             sys.executable,
             "-m",
             "accelerate.commands.launch",
-            "--multi_gpu",
+            *launch,
             "--num_processes",
             "2",
             "--num_machines",
@@ -518,6 +529,8 @@ def test_two_processes_under_accelerate_end_with_identical_weights(tmp_path) -> 
     # Rank 0's traceback fills the end of stderr when rank 1 fails first: show both.
     rank1 = "\n".join(line for line in result.stderr.splitlines() if "[rank1]" in line)
     assert result.returncode == 0, rank1[-3000:] + "\n---\n" + result.stderr[-3000:]
+    fsdp_on_cpu = "accelerate was launched with FSDP, which it runs only on GPUs"
+    assert (fsdp_on_cpu in result.stderr) == ("--config_file" in launch), result.stderr[-2000:]
     ranks = {}
     for rank in (0, 1):
         lines = (run / ".ranks" / f"rank-{rank}.jsonl").read_text().splitlines()

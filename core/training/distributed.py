@@ -22,6 +22,7 @@ no collective runs, and a run computes exactly what it computes without this mod
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -30,6 +31,8 @@ import torch
 import torch.distributed as dist
 
 from llamagym.errors import ConfigError, LlamaGymError
+
+logger = logging.getLogger(__name__)
 
 #: Environment variables a launcher sets to the number of processes (torchrun/accelerate,
 #: then MPI implementations, as accelerate reads them).
@@ -87,8 +90,7 @@ def start(device: str, sharding: bool = False) -> str:
                 "`llamagym run ... --num-processes N`"
             )
         return device
-    unsupported = {"ACCELERATE_USE_DEEPSPEED": "DeepSpeed", "ACCELERATE_USE_FSDP": "FSDP"}
-    for variable, what in unsupported.items():
+    for variable, what in SHARDING.items():
         if not sharding and os.environ.get(variable, "").lower() == "true":
             raise ConfigError(
                 f"the native backend trains data-parallel (each process holds the whole "
@@ -106,6 +108,8 @@ def start(device: str, sharding: bool = False) -> str:
         message = "training with several processes needs the package 'accelerate'"
         raise LlamaGymError(f"{message}: pip install accelerate") from None
     state = PartialState(cpu=device == "cpu" or not torch.cuda.is_available())
+    if sharding and state.is_main_process:
+        warn_if_not_sharded(str(state.distributed_type))
     if world_size() != launched_processes():
         raise LlamaGymError(
             f"the launcher started {launched_processes()} processes but accelerate joined "
@@ -113,6 +117,25 @@ def start(device: str, sharding: bool = False) -> str:
             "or `llamagym run --num-processes N`"
         )
     return "cpu" if device == "cpu" else str(state.device)
+
+
+#: What each sharding switch of ``accelerate launch`` is called in its warning.
+SHARDING = {"ACCELERATE_USE_FSDP": "FSDP", "ACCELERATE_USE_DEEPSPEED": "DeepSpeed"}
+
+
+def warn_if_not_sharded(distributed_type: str) -> None:
+    """accelerate (1.15, ``AcceleratorState``) turns FSDP and DeepSpeed on only on GPUs
+    and other accelerators: on CPUs, ``distributed_type`` stays ``MULTI_CPU`` and the
+    launch trains plain data-parallel (DDP), every process holding the whole model,
+    without a word. Say so, once, on the main process."""
+    asked = [what for variable, what in SHARDING.items()
+             if os.environ.get(variable, "").lower() == "true"]
+    if asked and distributed_type.endswith("MULTI_CPU"):
+        logger.warning(
+            "accelerate was launched with %s, which it runs only on GPUs: on the CPU it "
+            "trains data-parallel (DDP), each process holding the whole model",
+            asked[0],
+        )
 
 
 def barrier() -> None:
