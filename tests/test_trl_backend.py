@@ -23,6 +23,7 @@ from llamagym.plugin_manager import Plugins
 from llamagym.run import resolve_agent_config
 from llamagym.testing import free_port
 from llamagym.training import trl_backend
+from llamagym.training.run_files import read_metrics
 from llamagym.training.trl_backend import (
     EpisodeRollouts,
     SequenceEngine,
@@ -539,6 +540,12 @@ def test_two_processes_under_accelerate_end_with_identical_weights(tmp_path, lau
     for zero, one in zip(ranks[0], ranks[1], strict=True):
         assert zero["parameters_sha256"] == one["parameters_sha256"]
         assert set(zero["seeds"]).isdisjoint(one["seeds"])  # each rank its own groups
+    # The logged numbers cover both processes, as in a native run: 16 episodes an update.
+    updates = [r for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "update"]
+    assert [r["episodes"] for r in updates] == [
+        zero["episodes"] + one["episodes"] for zero, one in zip(ranks[0], ranks[1], strict=True)
+    ] == [16, 16]
+    assert updates[-1]["total_episodes"] == 32
 
 
 @pytest.mark.parametrize("name", ["zero2", "zero3", "fsdp2"])

@@ -883,9 +883,32 @@ class _Clock(TrainerCallback):
         self.updates = state.global_step // self.steps_per_update
         played = list(self.rollouts.played)
         rollout = self.rollouts.take_metrics()
-        self.episodes = self.episodes_before + self.rollouts.episodes
-        self.env_steps = self.env_steps_before + self.rollouts.env_steps
-        self.recent.extend(episode.env_return for episode in played)
+        # Every process logs at the same steps: the rollout numbers cover them all, as
+        # after a native update (each process plays its own share of the episodes).
+        shares = distributed.all_gather(
+            {
+                "returns": [episode.env_return for episode in played],
+                "turns": sum(len(episode.turns) for episode in played),
+                "invalid": sum(episode.invalid_replies for episode in played),
+                "episodes": self.rollouts.episodes,
+                "env_steps": self.rollouts.env_steps,
+                "env_steps_per_second": rollout.get("env_steps_per_second", 0.0),
+            }
+        )
+        returns = [value for share in shares for value in share["returns"]]
+        turns = sum(share["turns"] for share in shares)
+        if returns:
+            rollout.update(
+                episodes=float(len(returns)),
+                return_mean=sum(returns) / len(returns),
+                invalid_rate=sum(share["invalid"] for share in shares) / max(1, turns),
+                episode_length=turns / len(returns),
+            )
+        if "env_steps_per_second" in rollout:
+            rollout["env_steps_per_second"] = sum(s["env_steps_per_second"] for s in shares)
+        self.episodes = self.episodes_before + sum(share["episodes"] for share in shares)
+        self.env_steps = self.env_steps_before + sum(share["env_steps"] for share in shares)
+        self.recent.extend(returns)
         row: dict[str, Any] = {
             "kind": "update",
             "update": self.updates,
