@@ -31,13 +31,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +45,17 @@ if __package__ in (None, ""):  # run as a file: make the `benchmarks` package im
 
 import gymnasium  # noqa: E402
 
-from benchmarks.common import run_command, script_command, write_script_result  # noqa: E402
+from benchmarks.common import script_command, write_script_result  # noqa: E402
+from benchmarks.rows import (  # noqa: E402
+    Setup,
+    add_row_arguments,
+    keep_earlier_rows,
+    run_rows,
+    summarise,
+    update_records,
+    with_demonstrations,
+    without_only,
+)
 from llamagym import hookimpl  # noqa: E402
 from llamagym.agent import Agent  # noqa: E402
 from llamagym.specs import AgentSpec  # noqa: E402
@@ -206,55 +215,40 @@ class DistanceShaping:
 
 # -- the rows -----------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Setup:
-    """One row: what it changes from the baseline row, as config sections."""
+class LakeSetup(Setup):
+    """A row of this benchmark: a :class:`~benchmarks.rows.Setup` that may also turn the
+    distance shaping on."""
 
-    name: str
-    what: str
-    settings: Mapping[str, Any] = field(default_factory=dict)
     shaping: bool = False
-    demonstrations: str | None = None  # a baseline whose play is recorded and taught first
-
-    def assignments(self) -> list[str]:
-        """The settings as ``--set KEY=VALUE`` words (for the table's command column)."""
-        words: list[str] = []
-
-        def walk(prefix: str, value: Any) -> None:
-            if isinstance(value, Mapping):
-                for key, inner in value.items():
-                    walk(f"{prefix}.{key}" if prefix else key, inner)
-            else:
-                words.append(f"{prefix}={json.dumps(value) if isinstance(value, bool) else value}")
-
-        walk("", self.settings)
-        return words
 
 
 GENERATE = {"rollout": {"mode": "generate"}}
 SETUPS = (
-    Setup("ppo", "PPO, score mode, the agent's defaults"),
-    Setup(
+    LakeSetup("ppo", "PPO, score mode, the agent's defaults"),
+    LakeSetup(
         "shaping",
         f"+ reward shaping: {SHAPING_SCALE:+g} per square closer to the goal",
         {"rollout": {"reward_shaping": True}},
         shaping=True,
     ),
-    Setup(
+    LakeSetup(
         "replay",
         "+ SFT replay of the successful episodes after each update",
         {"algorithm": {"warm_start": {"replay": True, "min_return": 0.0, "steps": 2, "lr": 1e-3}}},
     ),
-    Setup(
+    LakeSetup(
         "demonstrations",
         "+ SFT on 200 episodes of the optimal baseline before RL",
         {"algorithm": {"warm_start": {"lr": 1e-3, "demonstration_epochs": 2}}},
         demonstrations="optimal",
     ),
-    Setup("entropy-0.1", "entropy bonus 0.1 instead of 0.01", {"algorithm": {"entropy_coef": 0.1}}),
-    Setup(
+    LakeSetup(
+        "entropy-0.1", "entropy bonus 0.1 instead of 0.01", {"algorithm": {"entropy_coef": 0.1}}
+    ),
+    LakeSetup(
         "generate", "generate mode, unreadable reply: fallback to the first action, -1", GENERATE
     ),
-    Setup(
+    LakeSetup(
         "generate-random",
         "generate mode, unreadable reply: a random legal action, -1",
         {"rollout": {"mode": "generate", "invalid_action": {"policy": "random"}}},
@@ -269,7 +263,6 @@ def train(spec: Mapping[str, Any]) -> dict[str, Any]:
     import torch
 
     from llamagym.config import deep_merge
-    from llamagym.rollout.demonstrations import record_demonstrations
     from llamagym.run import resolve_agent_config
     from llamagym.testing import temporary_plugin
     from llamagym.training.trainer import Trainer
@@ -300,28 +293,19 @@ def train(spec: Mapping[str, Any]) -> dict[str, Any]:
     with temporary_plugin(LakePlugin(), "sparse-lake"):
         shaping = temporary_plugin(DistanceShaping(), "distance-shaping") if setup.shaping else None
         with shaping or contextlib.nullcontext():
-            recording = None
-            if setup.demonstrations is not None:
-                plain = SparseLakeAgent(
-                    config=resolve_agent_config(SparseLakeAgent, [("row", layers)])
-                )
-                recording = record_demonstrations(
-                    plain,
-                    setup.demonstrations,
-                    int(spec["demonstration_episodes"]),
-                    run_dir.parent / f"{run_dir.name}-demonstrations.jsonl",
-                    seed=spec["seed"],
-                )
-                layers = deep_merge(
-                    layers,
-                    {"algorithm": {"warm_start": {"demonstrations": str(recording.path)}}},
-                )
+            layers, recording = with_demonstrations(
+                SparseLakeAgent,
+                setup,
+                layers,
+                int(spec["demonstration_episodes"]),
+                run_dir,
+                spec["seed"],
+            )
             resolved = resolve_agent_config(SparseLakeAgent, [("row", layers)])
             agent = SparseLakeAgent(config=resolved)
             summary = Trainer(agent).run()
     wall = time.perf_counter() - started
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    updates = [r for r in records if r.get("kind") == "update"]
+    updates = update_records(run_dir)
     evaluation = summary.evaluation
     assert evaluation is not None
     baselines = {b.name: {"success": b.mean, "ci95": b.ci95} for b in summary.baselines}
@@ -358,42 +342,6 @@ def worker(argv: Sequence[str]) -> int:
 
 
 # -- the whole benchmark ------------------------------------------------------------------
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776}  # two-sided Student t, by degrees of freedom
-
-
-def summarise(setup: Setup, runs: list[dict[str, Any]], command: str) -> dict[str, Any]:
-    values = [run["success"] for run in runs]
-    n = len(values)
-    spread = T95.get(n - 1, 1.96) * statistics.stdev(values) / math.sqrt(n) if n > 1 else None
-    return {
-        "what": setup.what,
-        "settings": setup.assignments(),
-        "seeds": [run["seed"] for run in runs],
-        "success": statistics.fmean(values),
-        "success_per_seed": values,
-        "ci95_over_seeds": spread,
-        "invalid_rate": statistics.fmean(run["invalid_rate"] for run in runs),
-        "episodes": statistics.fmean(run["episodes"] for run in runs),
-        "train_seconds": statistics.fmean(run["train_seconds"] for run in runs),
-        "wall_seconds": statistics.fmean(run["wall_seconds"] for run in runs),
-        "command": f"{command} --only {setup.name}",
-    }
-
-
-def without_only(argv: Sequence[str]) -> list[str]:
-    """``argv`` without ``--only`` and its names: each row's command adds its own."""
-    kept, skipping = [], False
-    for word in argv:
-        if word == "--only" or word.startswith("--only="):
-            skipping = word == "--only"
-        elif skipping and not word.startswith("-"):
-            continue
-        else:
-            kept.append(word)
-            skipping = False
-    return kept
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--worker" in argv:
@@ -413,33 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="train for this many episodes per run instead of --minutes",
     )
-    parser.add_argument(
-        "--eval-episodes",
-        type=int,
-        default=None,
-        help="greedy evaluation episodes per run (default 300)",
-    )
-    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: 0 1")
-    parser.add_argument(
-        "--only",
-        nargs="+",
-        choices=[s.name for s in SETUPS],
-        help="run only these rows (the others are kept from an earlier "
-        "result file with the same budget)",
-    )
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
-    parser.add_argument(
-        "--output",
-        type=Path,
-        default=None,
-        help="where the JSON goes (default: results/sparse-rewards.json)",
-    )
-    parser.add_argument(
-        "--keep-runs",
-        type=Path,
-        default=None,
-        help="keep the run directories here (default: a temporary one)",
-    )
+    add_row_arguments(parser, SETUPS, RESULT_NAME, eval_default=300)
     args = parser.parse_args(argv)
     quick = args.quick
     episodes = args.episodes or (64 if quick else None)
@@ -451,29 +373,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     runs_dir = args.keep_runs or Path(tempfile.mkdtemp(prefix="llamagym-sparse-"))
     started = time.perf_counter()
-    runs: list[dict[str, Any]] = []
-    for setup in setups:  # one run at a time: each is timed on the clock it shares
-        for seed in seeds:
-            spec = {
-                "setup": setup.name,
-                "seed": seed,
-                "episodes": episodes,
-                "minutes": minutes,
-                "eval_episodes": eval_episodes,
-                "demonstration_episodes": 20 if quick else 200,
-                "threads": args.threads,
-                "run_dir": str(runs_dir / f"{setup.name}-seed{seed}"),
-            }
-            command = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
-            run = run_command(command, args.threads)
-            runs.append(run)
-            print(
-                f"{setup.name:<16} seed {seed}: success {run['success']:.3f} "
-                f"± {run['ci95']:.3f}  invalid {run['invalid_rate']:.1%}  "
-                f"{run['episodes']} episodes  {run['wall_seconds']:.0f}s",
-                file=sys.stderr,
-                flush=True,
-            )
+
+    def spec(setup: Setup, seed: int) -> dict[str, Any]:
+        return {
+            "setup": setup.name,
+            "seed": seed,
+            "episodes": episodes,
+            "minutes": minutes,
+            "eval_episodes": eval_episodes,
+            "demonstration_episodes": 20 if quick else 200,
+            "threads": args.threads,
+            "run_dir": str(runs_dir / f"{setup.name}-seed{seed}"),
+        }
+
+    def line(run: Mapping[str, Any]) -> str:
+        return (
+            f"success {run['success']:.3f} ± {run['ci95']:.3f}  "
+            f"invalid {run['invalid_rate']:.1%}  {run['episodes']} episodes  "
+            f"{run['wall_seconds']:.0f}s"
+        )
+
+    runs = run_rows(Path(__file__).resolve(), setups, seeds, spec, args.threads, line)
     if args.keep_runs is None:
         import shutil
 
@@ -486,20 +406,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     output = args.output or Path(__file__).resolve().parent / "results" / (
         f"{RESULT_NAME}{'-quick' if quick else ''}.json"
     )
-    if args.only and output.is_file():  # keep the other rows of a comparable earlier file
-        earlier = json.loads(output.read_text(encoding="utf-8"))
-        budget = (
-            earlier.get("minutes_per_run"),
-            earlier.get("episodes_per_run"),
-            earlier.get("eval_episodes"),
-            earlier.get("seeds"),
-        )
-        if budget == (minutes, episodes, eval_episodes, seeds):
-            summary = {
-                **{k: v for k, v in earlier["summary"].items() if k not in summary},
-                **summary,
-            }
-            runs = [r for r in earlier["runs"] if r["setup"] not in names] + runs
+    if args.only:  # keep the other rows of a comparable earlier file
+        budget = {
+            "minutes_per_run": minutes,
+            "episodes_per_run": episodes,
+            "eval_episodes": eval_episodes,
+            "seeds": seeds,
+        }
+        summary, runs = keep_earlier_rows(output, budget, summary, runs)
     order = [s.name for s in SETUPS]
     baselines = {
         name: statistics.fmean(run["baselines"][name]["success"] for run in runs)
