@@ -272,7 +272,7 @@ def part_command(part: str, args: argparse.Namespace, extra: Sequence[str] = ())
 
 
 #: Options that only say where files go: left out of a recorded command.
-LOCATION_OPTIONS = ("--output", "--output-dir", "--runs-dir", "--keep-runs")
+LOCATION_OPTIONS = ("--output", "--output-dir", "--runs-dir", "--keep-runs", "--work-dir")
 
 
 def script_command(script: str, argv: Sequence[str]) -> str:

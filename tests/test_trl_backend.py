@@ -354,6 +354,7 @@ def test_any_grpo_config_field_passes_through_trl_settings(tmp_path) -> None:
         ({"vllm_gpu_memory_utilisation": 0.5}, "did you mean vllm_gpu_memory_utilization"),
         ({"learning_rate": 1e-3}, "the TRL backend sets it from algorithm.lr"),
         ({"remove_unused_columns": True}, "reads the dataset's seed column"),
+        ({"ds3_gather_for_generation": False}, "ZeRO-3 must gather the parameters"),
     ],
 )
 def test_a_trl_setting_grpo_config_lacks_or_the_run_sets_is_refused(trl, says, tmp_path) -> None:
@@ -557,3 +558,56 @@ def test_the_documented_accelerate_configs_are_accelerates_format(name) -> None:
     expected = "FSDP" if name.startswith("fsdp") else "DEEPSPEED"
     assert config.distributed_type.value == expected
     assert "--backend trl" in path.read_text().splitlines()[0]
+
+
+class VLLMDouble:
+    """What TRL's ``VLLMGeneration.generate`` returns (prompt ids, completion ids,
+    per-token log-probs, their token ids), with fixed replies in turn; vLLM stops at the
+    end-of-turn token, this double also returns tokens after it."""
+
+    def __init__(self, tokenizer: Any, replies: list[str]):
+        self.tokenizer, self.replies, self.calls = tokenizer, replies, []
+
+    def generate(self, prompts, images, num_generations, profiler=None):
+        assert images is None and num_generations == 1
+        self.calls.append([list(prompt) for prompt in prompts])
+        text = self.replies[min(len(self.calls) - 1, len(self.replies) - 1)]
+        reply = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        completion = [*reply, self.tokenizer.eos_token_id, *reply]
+        completions = [list(completion) for _ in prompts]
+        logprobs = [[[-0.5] for _ in completion] for _ in prompts]
+        return prompts, completions, logprobs, [[[t] for t in c] for c in completions]
+
+
+def test_the_rollout_plays_with_vllms_tokens_and_returns_no_log_probs(tmp_path) -> None:
+    """With ``trl.use_vllm`` the rollout function samples through TRL's vLLM generation:
+    each reply is vLLM's tokens up to the end-of-turn token, the episode is trained as
+    the tokens vLLM gave, and the importance-sampling correction is off (no log-probs)."""
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+
+    agent = small_agent(tmp_path, rollout={"num_envs": 2})
+    model, tokenizer = load_model_and_tokenizer("tiny", seed=0)
+    vllm = VLLMDouble(tokenizer, ['hit"}', 'stick"}'])
+    trainer = SimpleNamespace(
+        accelerator=Accelerator(cpu=True), model_wrapped=model, model=model,
+        args=SimpleNamespace(gradient_checkpointing_kwargs=None),
+        use_vllm=True, vllm_generation=vllm,
+    )
+    rollouts = EpisodeRollouts(agent, tokenizer, seed=0)
+    try:
+        output = rollouts(["seed=3", "seed=3"], trainer)
+    finally:
+        rollouts.close()
+    assert output["logprobs"] is None
+    assert len(vllm.calls) == 2 and len(output["completion_ids"]) == 2
+    for completion, mask in zip(output["completion_ids"], output["env_mask"], strict=True):
+        replies = tokenizer.decode([t for t, m in zip(completion, mask, strict=True) if m])
+        # hit, then stick; what vLLM gave after a reply's end of turn is not kept
+        assert (replies.count("hit"), replies.count("stick")) == (1, 1), replies
+    # Every prompt vLLM was given is an episode's sequence so far.
+    fulls = [p + c for p, c in zip(output["prompt_ids"], output["completion_ids"], strict=True)]
+    for call in vllm.calls:
+        for prompt in call:
+            assert any(full[: len(prompt)] == prompt for full in fulls)

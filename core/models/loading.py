@@ -476,6 +476,7 @@ def load_model_and_tokenizer(
 
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
+    from transformers.integrations import is_deepspeed_zero3_enabled
 
     # LlamaGym draws its own progress; the per-shard loading bars are noise here.
     transformers.utils.logging.disable_progress_bar()
@@ -501,9 +502,11 @@ def load_model_and_tokenizer(
         )
     elif quantize == "8bit":
         model_kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
-    if quantize is not None or resolved_device != "cpu":
+    if (quantize is not None or resolved_device != "cpu") and not is_deepspeed_zero3_enabled():
         # Quantized weights must be created on their final device; for GPUs
-        # this also avoids a full copy in host memory first.
+        # this also avoids a full copy in host memory first. Under DeepSpeed ZeRO-3
+        # (the TRL backend's GRPOConfig set it up) transformers creates the model
+        # partitioned instead, which a device map would refuse.
         model_kwargs["device_map"] = {"": resolved_device}
 
     try:

@@ -916,6 +916,10 @@ class Policy(nn.Module):
                 ),
                 return_dict_in_generate=True,
                 output_logits=True,  # before any processor: the policy's own
+                # Each process generates on its own: a sharded model's parameters are
+                # gathered for the whole rollout first (training/sharded.py), where
+                # transformers would otherwise step every process together.
+                synced_gpus=False,
             )
         finally:
             hook.remove()

@@ -123,10 +123,15 @@ def export_agent(
     evaluation: Mapping[str, Any] | None = None,
     training: Mapping[str, Any] | None = None,
     overwrite: bool = False,
+    weights: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write ``agent``'s trained model into ``directory`` (see the module docstring).
     ``evaluation`` is the run's last evaluation record (with its baselines) and
-    ``training`` its counters (updates, episodes, seconds), for the model card."""
+    ``training`` its counters (updates, episodes, seconds), for the model card.
+    ``weights``, a state dict of the policy's model gathered from the processes of a
+    sharded run, is written instead of the model's own (not with ``merge``)."""
+    if weights is not None and merge:
+        raise ValueError("export_agent: merge with gathered weights is not supported")
     directory = Path(directory)
     check_export_target(directory, overwrite)
     target = directory.resolve()  # a link to a directory: the export goes beside its files
@@ -139,7 +144,7 @@ def export_agent(
             f"({str(error.filename or target.parent)!r}); choose another --to"
         ) from None
     try:
-        weights = _write_export(agent, staging, merge, evaluation, training)
+        kind = _write_export(agent, staging, merge, evaluation, training, weights)
         _move_into(staging, target)
     except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)
@@ -147,7 +152,7 @@ def export_agent(
         if failure is None:
             raise
         raise failure from error
-    logger.info("exported %s (%s weights) to %s", agent.config.agent.name, weights, directory)
+    logger.info("exported %s (%s weights) to %s", agent.config.agent.name, kind, directory)
     return directory
 
 
@@ -187,6 +192,7 @@ def _write_export(
     merge: bool,
     evaluation: Mapping[str, Any] | None,
     training: Mapping[str, Any] | None,
+    state_dict: Mapping[str, Any] | None = None,
 ) -> str:
     """Write every file of the export into the empty ``directory``; returns its kind
     (``adapter``, ``merged`` or ``full``)."""
@@ -212,7 +218,10 @@ def _write_export(
         # offline that is two warnings about a lookup that does not matter here.
         warnings.filterwarnings("ignore", message=".*Unable to fetch remote file.*")
         warnings.filterwarnings("ignore", message=".*Could not find a config file.*")
-        model.save_pretrained(directory)
+        if state_dict is None:
+            model.save_pretrained(directory)
+        else:
+            model.save_pretrained(directory, state_dict=dict(state_dict))
     policy.tokenizer.save_pretrained(directory)
     rollout = agent.config.rollout
     generation = GenerationConfig(

@@ -70,6 +70,7 @@ from llamagym.training.run_state import (
     isolated_rng,
     seed_everything,
 )
+from llamagym.training.sharded import full_state_dict, whole_model
 from llamagym.training.trainer import Trainer, make_first_env
 from llamagym.training.transcripts import PER_UPDATE, TRANSCRIPTS, TranscriptLog, transcript
 
@@ -211,9 +212,16 @@ def _grpo_config_problems(config: RunConfig) -> list[str]:
     fields = {field.name for field in dataclasses.fields(GRPOConfig)}
     allowed = sorted(fields - set(SET_FROM_THE_RUN))
     problems = []
-    for key in config.trl.model_extra or {}:
+    for key, value in (config.trl.model_extra or {}).items():
         if key in SET_FROM_THE_RUN:
             problems.append(f"trl.{key}: the TRL backend sets it {SET_FROM_THE_RUN[key]}")
+        elif key == "ds3_gather_for_generation" and not value:
+            problems.append(
+                "trl.ds3_gather_for_generation=false: the processes play episodes of "
+                "different lengths, so ZeRO-3 must gather the parameters for the rollout "
+                "(each forward pass would otherwise wait for the other processes' "
+                "passes); leave it unset"
+            )
         elif key not in fields:
             close = difflib.get_close_matches(key, allowed, n=3)
             hint = f"did you mean {', '.join(close)}? " if close else ""
@@ -546,26 +554,28 @@ class EpisodeRollouts:
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
         import torch
 
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        vllm = trainer.vllm_generation if trainer.use_vllm else None
-        engine = self._engine_for(model, vllm)
         seeds = [seed_of(prompt) for prompt in prompts]
         started = time.perf_counter()
-        steps_before = engine.stats.env_steps
         episodes: dict[int, Episode] = {}
-        training = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                while len(episodes) < len(seeds):
-                    # An episode an env failure dropped is played again with its seed.
-                    wanted = [k for k in range(len(seeds)) if k not in episodes]
-                    for episode in engine.collect(
-                        self.envs, len(wanted), seeds=[seeds[k] for k in wanted]
-                    ):
-                        episodes[wanted[int(episode.group or 0)]] = episode
-        finally:
-            model.train(training)
+        # A sharded model's parameters are gathered once for all the turns, since the
+        # processes play different numbers of forward passes (see training/sharded.py).
+        with whole_model(trainer) as model:
+            vllm = trainer.vllm_generation if trainer.use_vllm else None
+            engine = self._engine_for(model, vllm)
+            steps_before = engine.stats.env_steps
+            training = model.training
+            model.eval()
+            try:
+                with torch.no_grad():
+                    while len(episodes) < len(seeds):
+                        # An episode an env failure dropped is played again with its seed.
+                        wanted = [k for k in range(len(seeds)) if k not in episodes]
+                        for episode in engine.collect(
+                            self.envs, len(wanted), seeds=[seeds[k] for k in wanted]
+                        ):
+                            episodes[wanted[int(episode.group or 0)]] = episode
+            finally:
+                model.train(training)
         self.rollout_seconds += time.perf_counter() - started
         self.env_steps += engine.stats.env_steps - steps_before
         self.episodes += len(seeds)
@@ -679,10 +689,9 @@ class TRLTrainer(Trainer):
         from llamagym.models.loading import (
             load_model_and_tokenizer,
             lora_config,
+            resolve_device,
             trains_through_lora,
         )
-        from llamagym.models.policy import Policy
-
         config, agent, resolved = self.config, self.agent, self.agent.resolved
         rank, world = distributed.rank(), distributed.world_size()
         seed_everything(distributed.process_seed(config.training.seed, rank))
@@ -699,12 +708,22 @@ class TRLTrainer(Trainer):
         if resume is not None:
             self._read_resumed_files(resume)
         settings = config.model
+        device = resolve_device(
+            str(agent.device) if agent.device is not None else settings.device
+        )
+        algorithm: Any = resolved.algorithm
+        steps = steps_per_update(config, algorithm, world) * algorithm.epochs
+        # GRPOConfig first: under `accelerate launch` with DeepSpeed ZeRO-3 it makes
+        # transformers create the model partitioned (zero.Init) as it loads.
+        args = grpo_args(
+            resolved, self.output_dir, world, use_cpu=torch.device(device).type == "cpu"
+        )
         # TRL wraps the model in its LoRA adapter (peft_config); a quantized model gets
         # the loader's, which prepares the quantized weights for it first.
         quantized = settings.quantize is not None
         model, tokenizer = load_model_and_tokenizer(
             settings.name,
-            device=str(agent.device) if agent.device is not None else settings.device,
+            device=device,
             dtype=None if settings.dtype == "auto" else settings.dtype,
             quantize=settings.quantize,
             lora=settings.lora if quantized else False,
@@ -729,10 +748,6 @@ class TRLTrainer(Trainer):
         rollouts = EpisodeRollouts(
             agent, tokenizer, distributed.process_seed(config.training.seed, rank)
         )
-        algorithm: Any = resolved.algorithm
-        steps = steps_per_update(config, algorithm, world) * algorithm.epochs
-        device = str(next(model.parameters()).device)
-        args = grpo_args(resolved, self.output_dir, world, use_cpu=device == "cpu")
         history: list[dict[str, Any]] = []
         clock = _Clock(self, rollouts, history, steps, resume)
         with _quiet_trl():
@@ -772,7 +787,6 @@ class TRLTrainer(Trainer):
             seconds=clock.seconds(),
         )
         distributed.barrier()
-        trained = trainer.accelerator.unwrap_model(trainer.model)
         summary = RunSummary(
             self.output_dir,
             counters.episodes,
@@ -785,25 +799,44 @@ class TRLTrainer(Trainer):
             resumed_from=resume,
             greedy=config.training.eval_greedy,
         )
-        if not distributed.is_main():
-            return summary
-        policy = Policy(trained, tokenizer)
-        agent.use_policy(policy)
+        # Every process takes part in gathering a sharded model; the main one alone
+        # evaluates and exports it (see training/sharded.py).
+        weights = full_state_dict(trainer)
+        with whole_model(trainer) as trained:
+            if distributed.is_main():
+                self._evaluate_and_export(trained, tokenizer, summary, counters, history,
+                                          weights)
+        return summary
+
+    def _evaluate_and_export(
+        self,
+        trained: Any,
+        tokenizer: Any,
+        summary: RunSummary,
+        counters: Counters,
+        history: list[dict[str, Any]],
+        weights: Mapping[str, Any] | None,
+    ) -> None:
+        """The main process's end of a run: the greedy evaluation, the export to
+        ``RUN/model`` (from ``weights`` when the model was sharded) and the report."""
+        from llamagym.models.policy import Policy
+        from llamagym.training.export import export_agent
+
+        agent, config = self.agent, self.config
+        agent.use_policy(Policy(trained, tokenizer))
         record = None
         if self.stop_signal is None and config.training.eval_episodes:
             summary.evaluation, summary.baselines, record = self._evaluate(counters)
             history.append(record)
-        from llamagym.training.export import export_agent
-
         summary.checkpoint = export_agent(
             agent,
             self.output_dir / RUN_EXPORT,
             evaluation=record,
             training=counters.as_dict(),
             overwrite=True,
+            weights=weights,
         )
         self._report(summary, history)
-        return summary
 
 
 @contextlib.contextmanager
