@@ -137,3 +137,35 @@ def test_every_part_runs_in_quick_mode(tmp_path):
         ), part
     table = (tmp_path / "table-quick.md").read_text()
     assert "### Learning per wall-clock" in table and "### Scaling with model size" in table
+
+
+def test_trl_overhead_quick_measures_both_backends(tmp_path):
+    """`benchmarks/trl_overhead.py --quick`: the tiny model's same batches under the native
+    and the TRL backend, each split into rollout and optimisation, and TRL's profile."""
+    pytest.importorskip("trl")
+    output = tmp_path / "trl-overhead-quick.json"
+    completed = subprocess.run(
+        [sys.executable, "benchmarks/trl_overhead.py", "--quick", "--output", output],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = json.loads(output.read_text())
+    assert result["quick"] is True
+    assert result["command"].startswith("python benchmarks/trl_overhead.py --quick")
+    assert result["machine"]["cores"] >= 1 and result["date"]
+    assert list(result["models"]) == ["tiny"]
+    runs = result["models"]["tiny"]["runs"]
+    assert set(runs) == {"native", "trl"}
+    for backend, run in runs.items():
+        assert run["backend"] == backend and run["updates"] >= 2
+        assert run["seconds_per_update"] > 0, backend
+        assert run["split"]["rollout"] > 0 and "optimisation" in run["split"], backend
+        assert run["command"].startswith("llamagym run blackjack --model tiny")
+    assert ("--backend trl" in runs["trl"]["command"]) and (
+        "--backend" not in runs["native"]["command"]
+    )
+    assert runs["trl"]["grpo_config"]["num_generations"] == 8
+    assert result["models"]["tiny"]["ratio"]["seconds_per_update"] > 0
+    profile = result["profile_tiny_trl"]
+    assert profile["seconds"] > 0 and profile["top_cumulative"]
+    assert "trl" in profile["own_seconds_by_package"]

@@ -333,8 +333,8 @@ def test_settings_map_onto_grpo_config(tmp_path) -> None:
     assert (args.num_generations, args.generation_batch_size) == (4, 16)
     assert args.warmup_steps == 3
     assert (args.use_vllm, args.vllm_mode, args.loss_type) == (True, "server", "grpo")
-    # The rollout returns no vLLM log-probabilities: TRL's correction by them is off.
-    assert args.vllm_importance_sampling_correction is False
+    # The rollout returns vLLM's log-probabilities: TRL's correction by them stays on.
+    assert args.vllm_importance_sampling_correction is True
     # 32 episodes = 2 updates of 16; each update is 2 minibatches of 8, twice.
     assert args.max_steps == 8
 
@@ -383,14 +383,6 @@ def test_bf16_follows_the_launcher_unless_asked(asked, launched, bf16, monkeypat
 def test_a_value_grpo_config_refuses_is_one_line(tmp_path) -> None:
     agent = small_agent(tmp_path, trl={"lr_scheduler_kwargs": "not a mapping", "optim": "nope"})
     with pytest.raises(ConfigError, match="GRPOConfig refused .* trl.optim='nope'"):
-        grpo_args(agent.resolved, tmp_path, world_size=1, use_cpu=True)
-
-
-def test_vllms_correction_cannot_be_asked_for_without_its_log_probabilities(tmp_path) -> None:
-    agent = small_agent(
-        tmp_path, trl={"use_vllm": True, "vllm_importance_sampling_correction": True}
-    )
-    with pytest.raises(ConfigError, match="returns no vLLM log-probabilities"):
         grpo_args(agent.resolved, tmp_path, world_size=1, use_cpu=True)
 
 
@@ -579,10 +571,10 @@ class VLLMDouble:
         return prompts, completions, logprobs, [[[t] for t in c] for c in completions]
 
 
-def test_the_rollout_plays_with_vllms_tokens_and_returns_no_log_probs(tmp_path) -> None:
+def test_the_rollout_plays_with_vllms_tokens_and_returns_their_log_probs(tmp_path) -> None:
     """With ``trl.use_vllm`` the rollout function samples through TRL's vLLM generation:
-    each reply is vLLM's tokens up to the end-of-turn token, the episode is trained as
-    the tokens vLLM gave, and the importance-sampling correction is off (no log-probs)."""
+    each reply is vLLM's tokens up to the end-of-turn token, and every reply token keeps
+    vLLM's log-probability (NaN on the environment's and the template's tokens)."""
     from types import SimpleNamespace
 
     from accelerate import Accelerator
@@ -591,23 +583,86 @@ def test_the_rollout_plays_with_vllms_tokens_and_returns_no_log_probs(tmp_path) 
     model, tokenizer = load_model_and_tokenizer("tiny", seed=0)
     vllm = VLLMDouble(tokenizer, ['hit"}', 'stick"}'])
     trainer = SimpleNamespace(
-        accelerator=Accelerator(cpu=True), model_wrapped=model, model=model,
+        accelerator=Accelerator(cpu=True),
+        model_wrapped=model,
+        model=model,
         args=SimpleNamespace(gradient_checkpointing_kwargs=None),
-        use_vllm=True, vllm_generation=vllm,
+        use_vllm=True,
+        vllm_generation=vllm,
     )
     rollouts = EpisodeRollouts(agent, tokenizer, seed=0)
     try:
         output = rollouts(["seed=3", "seed=3"], trainer)
     finally:
         rollouts.close()
-    assert output["logprobs"] is None
     assert len(vllm.calls) == 2 and len(output["completion_ids"]) == 2
-    for completion, mask in zip(output["completion_ids"], output["env_mask"], strict=True):
+    rows = zip(output["completion_ids"], output["env_mask"], output["logprobs"], strict=True)
+    for completion, mask, logprobs in rows:
+        assert len(logprobs) == len(completion)
         replies = tokenizer.decode([t for t, m in zip(completion, mask, strict=True) if m])
         # hit, then stick; what vLLM gave after a reply's end of turn is not kept
         assert (replies.count("hit"), replies.count("stick")) == (1, 1), replies
+        assert all((lp == -0.5) == bool(m) for lp, m in zip(logprobs, mask, strict=True))
     # Every prompt vLLM was given is an episode's sequence so far.
     fulls = [p + c for p, c in zip(output["prompt_ids"], output["completion_ids"], strict=True)]
     for call in vllm.calls:
         for prompt in call:
             assert any(full[: len(prompt)] == prompt for full in fulls)
+
+
+class PolicyAsVLLM:
+    """vLLM's generate contract over the tiny model itself: its sampled replies and each
+    token's log-probability (temperature 1, no other processor), so TRL's importance
+    ratio over correctly aligned log-probabilities is 1."""
+
+    def __init__(self, model: Any, tokenizer: Any):
+        from llamagym.models.policy import Policy
+
+        self.policy = Policy(model, tokenizer)
+        self.generator = torch.Generator().manual_seed(0)
+
+    def sync_weights(self) -> None:
+        pass
+
+    def generate(self, prompts, images, num_generations, profiler=None):
+        replies = self.policy.generate(prompts, max_new_tokens=8, generator=self.generator)
+        logprobs = [[[lp] for lp in row] for row in replies.logprobs]
+        return prompts, replies.tokens, logprobs, None
+
+
+def test_trls_importance_sampling_correction_accepts_the_rollouts_log_probs(tmp_path) -> None:
+    """TRL's own _generate_and_score_completions over the rollout function with vLLM's
+    contract: the sampling log-probabilities it subtracts from the model's line up with
+    the tokens, so the ratio is 1 (misaligned ones would differ by whole nats)."""
+    from trl import GRPOTrainer
+
+    agent = small_agent(
+        tmp_path, rollout={"num_envs": 4, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+    )
+    model, tokenizer = load_model_and_tokenizer("tiny", seed=0)
+    rollouts = EpisodeRollouts(agent, tokenizer, seed=0)
+    args = grpo_args(agent.resolved, tmp_path / "run", 1, use_cpu=True)
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[rollouts.reward],
+        args=args,
+        train_dataset=trl_backend.seed_dataset(agent.config, 4),
+        processing_class=tokenizer,
+        rollout_func=rollouts,
+    )
+    # vLLM's part, switched on after construction (vLLM itself needs GPUs).
+    trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True
+    trainer.vllm_generation, trainer._last_loaded_step = PolicyAsVLLM(trainer.model, tokenizer), -1
+    batch = [{"prompt": f"seed={seed}", "seed": seed} for seed in (3, 3, 3, 3, 7, 7, 7, 7)]
+    try:
+        scored = trainer._generate_and_score_completions(batch)
+    finally:
+        rollouts.close()
+    logged = {**trainer._metrics["eval"], **trainer._metrics["train"]}
+    metrics = {k: sum(v) / len(v) for k, v in logged.items() if v}
+    difference = [v for k, v in metrics.items() if "sampling_logp_difference" in k]
+    ratios = [v for k, v in metrics.items() if "importance_sampling_ratio" in k]
+    assert difference and ratios, sorted(metrics)
+    assert max(abs(d) for d in difference) < 1e-3, metrics
+    assert all(abs(r - 1) < 1e-3 for r in ratios), metrics
+    assert scored["importance_sampling_ratio"].shape[0] == 8

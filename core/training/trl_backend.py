@@ -294,21 +294,6 @@ def grpo_args(resolved: ResolvedConfig, output_dir: Path, world_size: int, use_c
     )
     renamed: dict[str, Any] = {checkpointing: settings.gradient_checkpointing}
     extra = dict(settings.model_extra or {})
-    if settings.use_vllm and extra.get("vllm_importance_sampling_correction", True):
-        # TRL corrects for vLLM's sampling by the log-probabilities the rollout returns
-        # (GRPOTrainer._generate_and_score_completions subtracts them from the model's);
-        # an episode here is laid out by the rollout from several replies and the env's
-        # text, and returns none, so the correction cannot run.
-        if "vllm_importance_sampling_correction" in extra:
-            raise ConfigError(
-                "trl.vllm_importance_sampling_correction=true: the multi-turn rollout "
-                "returns no vLLM log-probabilities to correct with; leave it unset"
-            )
-        logger.warning(
-            "trl.use_vllm: TRL's vLLM importance-sampling correction is off (the "
-            "multi-turn rollout returns no vLLM log-probabilities)"
-        )
-        extra["vllm_importance_sampling_correction"] = False
     micro = algorithm.microbatch_size or algorithm.minibatch_size
     arguments: dict[str, Any] = dict(
         output_dir=str(output_dir / "checkpoints"),
@@ -444,6 +429,9 @@ class EpisodeSequence:
     prompt_ids: list[int]
     completion_ids: list[int]
     env_mask: list[int]
+    #: per completion token: the sampler's log-probability of a reply token, NaN for
+    #: the environment's and the template's (TRL leaves those uncorrected)
+    logprobs: list[float]
 
 
 def episode_sequence(episode: Episode, eos_id: int) -> EpisodeSequence:
@@ -455,6 +443,7 @@ def episode_sequence(episode: Episode, eos_id: int) -> EpisodeSequence:
     first = episode.turns[0]
     completion: list[int] = []
     mask: list[int] = []
+    logprobs: list[float] = []
     so_far = list(first.prompt_tokens)
     for position, turn in enumerate(episode.turns):
         if position:
@@ -466,19 +455,24 @@ def episode_sequence(episode: Episode, eos_id: int) -> EpisodeSequence:
             between = prompt[len(so_far) :]
             completion += between
             mask += [0] * len(between)
+            logprobs += [math.nan] * len(between)
         completion += turn.action_tokens
         mask += [1] * len(turn.action_tokens)
+        sampled = list(turn.logprobs)[: len(turn.action_tokens)]
+        logprobs += sampled + [math.nan] * (len(turn.action_tokens) - len(sampled))
         so_far = turn.prompt_tokens + turn.action_tokens
     if not completion or completion[-1] != eos_id:
         completion.append(eos_id)
         mask.append(0)
-    return EpisodeSequence(list(first.prompt_tokens), completion, mask)
+        logprobs.append(math.nan)
+    return EpisodeSequence(list(first.prompt_tokens), completion, mask, logprobs)
 
 
 class _Sampler:
     """The rollout side of a :class:`~llamagym.models.policy.Policy` for TRL: it samples
     replies (with TRL's vLLM engine when ``trl.use_vllm`` is on, else the policy's
-    ``generate``); TRL computes every log-probability it trains on itself."""
+    ``generate``); TRL computes every log-probability it trains on itself, and corrects
+    by vLLM's own where vLLM sampled."""
 
     def __init__(self, policy: Any, vllm: Any = None):
         self.policy = policy
@@ -492,17 +486,24 @@ class _Sampler:
             return self.policy.generate(prompts, **settings)
         # vLLM samples with the run's temperature, top-p and top-k (GRPOConfig's) for
         # max_new_tokens (its max_completion_length); a reply ends as the policy's do.
-        _, completions, _, _ = self.vllm.generate(
+        # Its log-probabilities (top-1: the sampled token's, after temperature and the
+        # other processors) are kept per reply token for TRL's importance-sampling
+        # correction (see EpisodeRollouts.__call__).
+        _, completions, logprobs, _ = self.vllm.generate(
             prompts=[list(prompt) for prompt in prompts], images=None, num_generations=1
         )
         prefixes = reply_prefixes(settings.get("reply_prefix", ""), len(prompts))
-        replies = []
-        for completion, prefix in zip(completions, prefixes, strict=True):
+        replies, kept = [], []
+        for completion, token_logprobs, prefix in zip(
+            completions, logprobs, prefixes, strict=True
+        ):
             reply = list(completion)
             if self.eos_id in reply:
                 reply = reply[: reply.index(self.eos_id) + 1]
-            replies.append(json_closed_at(self.tokenizer, reply, prefix))
-        return Replies.unscored(replies)
+            reply = json_closed_at(self.tokenizer, reply, prefix)
+            replies.append(reply)
+            kept.append([float(top[0]) for top in token_logprobs[: len(reply)]])
+        return Replies(replies, kept, [0.0] * len(replies))
 
     def score(self, *args: Any, **kwargs: Any) -> Any:
         raise LlamaGymError("score mode does not run under the TRL backend")
@@ -584,6 +585,7 @@ class EpisodeRollouts:
             "completion_ids": [],
             "env_mask": [],
             "episode_key": [],
+            "logprobs": [],
         }
         for k in range(len(seeds)):
             episode = episodes[k]
@@ -594,9 +596,15 @@ class EpisodeRollouts:
             output["prompt_ids"].append(sequence.prompt_ids)
             output["completion_ids"].append(sequence.completion_ids)
             output["env_mask"].append(sequence.env_mask)
+            output["logprobs"].append(sequence.logprobs)
             output["episode_key"].append(key)
             self.played.append(episode)
-        return {**output, "logprobs": None}
+        # vLLM's sampling log-probabilities, for TRL's importance-sampling correction
+        # (GRPOTrainer._generate_and_score_completions: the difference to the training
+        # model's own, over the tokens env_mask marks); without vLLM TRL reads none.
+        if vllm is None:
+            output["logprobs"] = None  # type: ignore[assignment]
+        return output
 
     def reward(
         self,
