@@ -69,7 +69,7 @@ BACKENDS = ("native", "trl")
 MODELS = ("tiny", "smollm2-135m")
 SEED = 0
 #: The batch both backends train on (what LlamaGym's settings mean under TRL:
-#: core/training/trl_backend.py, grpo_args).
+#: core/training/trl_settings.py, grpo_args).
 SETTINGS: dict[str, Any] = {
     "algorithm.episodes_per_update": 64,
     "algorithm.group_size": 8,
@@ -183,11 +183,11 @@ def instrument_trl(timers: Timers) -> None:
     import torch
     from trl import GRPOTrainer
 
-    from llamagym.training import trl_backend
+    from llamagym.training import trl_backend, trl_rollout
 
     timers.wrap(GRPOTrainer, "train", "train")  # its start is the training loop's
-    timers.wrap(trl_backend.EpisodeRollouts, "__call__", "rollout")
-    timers.wrap(trl_backend.EpisodeRollouts, "reward", "reward")
+    timers.wrap(trl_rollout.EpisodeRollouts, "__call__", "rollout")
+    timers.wrap(trl_rollout.EpisodeRollouts, "reward", "reward")
     timers.wrap(
         GRPOTrainer,
         "_get_per_token_logps_and_entropies",
@@ -199,7 +199,7 @@ def instrument_trl(timers: Timers) -> None:
     timers.wrap(torch.optim.AdamW, "step", "optimizer step")
     # The sequence engine's own chat-template renders (the base engine's are its own
     # module's): part of the rollout.
-    timers.wrap(trl_backend, "render_chat", "rollout: SequenceEngine chat template")
+    timers.wrap(trl_rollout, "render_chat", "rollout: SequenceEngine chat template")
     timers.wrap(trl_backend._Clock, "on_log", "metrics callback")
     timers.wrap(trl_backend._Clock, "on_step_end", "stop check callback")
     original_args = trl_backend.grpo_args
@@ -283,8 +283,8 @@ def package_of(filename: str, function: str) -> str:
 
 #: The TRL backend's entry points from TRL into LlamaGym, and TRL's big parts.
 ENTRY_POINTS = {
-    "trl_backend.py:EpisodeRollouts.__call__ (rollout, LlamaGym)": ("trl_backend.py", "__call__"),
-    "trl_backend.py:EpisodeRollouts.reward (LlamaGym)": ("trl_backend.py", "reward"),
+    "trl_rollout.py:EpisodeRollouts.__call__ (rollout, LlamaGym)": ("trl_rollout.py", "__call__"),
+    "trl_rollout.py:EpisodeRollouts.reward (LlamaGym)": ("trl_rollout.py", "reward"),
     "trl_backend.py:_Clock.on_log (LlamaGym)": ("trl_backend.py", "on_log"),
     "trl_backend.py:_Clock.on_step_end (LlamaGym)": ("trl_backend.py", "on_step_end"),
     "GRPOTrainer.training_step (TRL)": ("grpo_trainer.py", "training_step"),
@@ -371,8 +371,8 @@ def _cache_rendered_texts() -> None:
     chat template (sandboxed and traced) although the engine's prompt cache already
     spares the native rollout that work: the same bounded cache, for the texts."""
     from llamagym.rollout.engine import PROMPT_CACHE_TOKENS, RolloutEngine
-    from llamagym.training import trl_backend
-    from llamagym.training.trl_backend import SequenceEngine
+    from llamagym.training import trl_rollout
+    from llamagym.training.trl_rollout import SequenceEngine
 
     def chat_texts(self: Any, conversations: Sequence[Sequence[dict[str, str]]]) -> list[str]:
         cache = self.__dict__.setdefault("_text_cache", {})
@@ -380,7 +380,7 @@ def _cache_rendered_texts() -> None:
         texts = [cache.get(key) for key in keys]
         missing = [row for row, text in enumerate(texts) if text is None]
         if missing:
-            rendered = trl_backend.render_chat(  # through the module: timed as its renders
+            rendered = trl_rollout.render_chat(  # through the module: timed as its renders
                 self.policy.tokenizer, [conversations[r] for r in missing]
             )
             for row, text in zip(missing, rendered, strict=True):

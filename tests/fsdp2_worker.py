@@ -29,7 +29,7 @@ from llamagym.rollout.evaluation import evaluate_agent
 from llamagym.run import resolve_agent_config
 from llamagym.training.export import export_agent
 from llamagym.training.sharded import full_state_dict, whole_model
-from llamagym.training.trl_backend import EpisodeRollouts
+from llamagym.training.trl_rollout import EpisodeRollouts
 
 
 def digest(model: torch.nn.Module) -> str:

@@ -22,17 +22,11 @@ from llamagym.models.policy import Replies
 from llamagym.plugin_manager import Plugins
 from llamagym.run import resolve_agent_config
 from llamagym.testing import free_port
-from llamagym.training import trl_backend
+from llamagym.training import trl_settings
 from llamagym.training.run_files import read_metrics
-from llamagym.training.trl_backend import (
-    EpisodeRollouts,
-    SequenceEngine,
-    TRLTrainer,
-    check_supported,
-    episode_sequence,
-    grpo_args,
-    mixed_precision_bf16,
-)
+from llamagym.training.trl_backend import TRLTrainer
+from llamagym.training.trl_rollout import EpisodeRollouts, SequenceEngine, episode_sequence
+from llamagym.training.trl_settings import check_supported, grpo_args, mixed_precision_bf16
 
 pytest.importorskip("trl")
 
@@ -242,7 +236,7 @@ def test_each_trl_group_holds_episodes_of_one_seed(recorded_run) -> None:
     assert recorder.batches
     for batch in recorder.batches:
         seeds = [episode.seed for episode in batch["episodes"]]
-        assert seeds == [trl_backend.seed_of(p) for p in batch["prompts"]]
+        assert seeds == [trl_settings.seed_of(p) for p in batch["prompts"]]
         groups = [seeds[k : k + group] for k in range(0, len(seeds), group)]
         assert all(len(set(g)) == 1 for g in groups)
         assert len({g[0] for g in groups}) == len(groups)  # one seed per group
@@ -437,7 +431,7 @@ def test_without_trl_the_backend_is_a_one_line_install_hint(monkeypatch) -> None
         importlib.util, "find_spec", lambda name, *a: None if name == "trl" else real(name, *a)
     )
     with pytest.raises(LlamaGymError, match=r'needs trl: pip install "trl>=1.16,<2"'):
-        trl_backend.require_trl()
+        trl_settings.require_trl()
 
 
 def test_deepspeed_with_the_native_backend_points_to_trl(monkeypatch) -> None:
@@ -646,7 +640,7 @@ def test_trls_importance_sampling_correction_accepts_the_rollouts_log_probs(tmp_
         model=model,
         reward_funcs=[rollouts.reward],
         args=args,
-        train_dataset=trl_backend.seed_dataset(agent.config, 4),
+        train_dataset=trl_settings.seed_dataset(agent.config, 4),
         processing_class=tokenizer,
         rollout_func=rollouts,
     )

@@ -274,14 +274,7 @@ def run_command(
     from llamagym.training import checkpoint as checkpoints
     from llamagym.training import distributed
 
-    if num_processes is not None:
-        if num_processes < 1:
-            raise LlamaGymError(f"--num-processes must be at least 1, got {num_processes}")
-        if num_processes > 1 and distributed.launched_processes() > 1:
-            raise LlamaGymError(
-                "--num-processes cannot be used in a process a launcher started "
-                f"({distributed.launched_processes()} processes already)"
-            )
+    _check_num_processes(num_processes)
     run_arguments = command_words(context, leave_out={"num_processes"})
 
     flags = {
@@ -296,58 +289,21 @@ def run_command(
     if minutes is not None and episodes is None:
         # A time budget given on the command line replaces an episode budget from below.
         assignments = [*assignments, "training.episodes=null"]
-    base = resume_checkpoint = resume_meta = None
-    trl_resume = None
-    if resume is not None:
-        from llamagym.config_files import read_config_file
-        from llamagym.training.trl_backend import trl_checkpoint, trl_run_dir
-
-        trl_resume = trl_checkpoint(resume)
-    if trl_resume is not None:
-        # A TRL-backend run: TRL's checkpoint, and the run's config.yaml.
-        resume_checkpoint = trl_resume
-        run_dir = trl_run_dir(trl_resume)
-        base = checkpoints.untrusted_config(
-            {"config": read_config_file(run_dir / "config.yaml")}
-        )
-        if output is None:
-            flags["output.dir"] = run_dir
-    elif resume is not None:
-        # The newest intact checkpoint of a run directory (a damaged one is skipped with a
-        # warning); one given by name must be intact.
-        resume_checkpoint = checkpoints.find_checkpoint(resume)
-        resume_meta = checkpoints.read_meta(resume_checkpoint)
-        checkpoints.check_format(resume_meta, resume_checkpoint)
-        # The checkpoint's config, but never its model.trust_remote_code: only the flag can.
-        base = checkpoints.untrusted_config(resume_meta)
-        if output is None:
-            # Continue in the directory the checkpoint belongs to, wherever it now is.
-            flags["output.dir"] = checkpoints.run_dir_of(resume_checkpoint)
+    base, resume_checkpoint, resume_meta = _resumed(resume, output, flags)
     agent_class, resolved = resolve_run_config(agent, config_file, assignments, flags, base)
     config = resolved.config
     replaced = None
     if assignments != given:
-        # The episode budget --minutes replaced, for the budget line to name.
-        from llamagym.run import resolve_agent_config
-
-        below = resolve_agent_config(
-            agent_class,
-            [
-                ("argument", {"agent": {"name": agent}}),
-                *command_line_layers(config_file, given, flags),
-            ],
-            base=base,
-        )
-        if below.config.training.episodes is not None:
-            replaced = (below.config.training.episodes, below.sources.get("training.episodes"))
+        replaced = _replaced_budget(agent, agent_class, config_file, given, flags, base)
     if resume_meta is not None and config.model.name == (base or {}).get("model", {}).get("name"):
         # The model the checkpoint names (another one is refused when the run starts).
+        assert resume_checkpoint is not None  # it came with its metadata
         checkpoints.check_model_source(
             resume_meta, config.model.name, config.model.trust_remote_code, resume_checkpoint
         )
     trl = config.training.backend == "trl"
     if trl:
-        from llamagym.training.trl_backend import check_supported, require_trl
+        from llamagym.training.trl_settings import check_supported, require_trl
 
         require_trl()
         check_supported(resolved, num_processes or distributed.launched_processes())
@@ -362,6 +318,74 @@ def run_command(
         _train(agent, agent_object, config, resume_checkpoint, verbose, _budget(resolved, replaced))
     finally:
         distributed.finish()
+
+
+def _check_num_processes(num_processes: int | None) -> None:
+    from llamagym.training import distributed
+
+    if num_processes is None:
+        return
+    if num_processes < 1:
+        raise LlamaGymError(f"--num-processes must be at least 1, got {num_processes}")
+    if num_processes > 1 and distributed.launched_processes() > 1:
+        raise LlamaGymError(
+            "--num-processes cannot be used in a process a launcher started "
+            f"({distributed.launched_processes()} processes already)"
+        )
+
+
+def _resumed(
+    resume: Path | None, output: Path | None, flags: dict[str, Any]
+) -> tuple[dict[str, Any] | None, Path | None, dict[str, Any] | None]:
+    """What ``--resume`` continues: the run's config as the lowest layer, the checkpoint,
+    and its metadata (None for a TRL checkpoint, which has its own). Without ``--output``
+    the run continues in the directory the checkpoint belongs to (set in ``flags``)."""
+    if resume is None:
+        return None, None, None
+    from llamagym.config_files import read_config_file
+    from llamagym.training import checkpoint as checkpoints
+    from llamagym.training.trl_backend import trl_checkpoint, trl_run_dir
+
+    trl_resume = trl_checkpoint(resume)
+    if trl_resume is not None:
+        # A TRL-backend run: TRL's checkpoint, and the run's config.yaml.
+        run_dir = trl_run_dir(trl_resume)
+        base = checkpoints.untrusted_config({"config": read_config_file(run_dir / "config.yaml")})
+        if output is None:
+            flags["output.dir"] = run_dir
+        return base, trl_resume, None
+    # The newest intact checkpoint of a run directory (a damaged one is skipped with a
+    # warning); one given by name must be intact.
+    checkpoint = checkpoints.find_checkpoint(resume)
+    meta = checkpoints.read_meta(checkpoint)
+    checkpoints.check_format(meta, checkpoint)
+    if output is None:
+        # Continue in the directory the checkpoint belongs to, wherever it now is.
+        flags["output.dir"] = checkpoints.run_dir_of(checkpoint)
+    # The checkpoint's config, but never its model.trust_remote_code: only the flag can.
+    return checkpoints.untrusted_config(meta), checkpoint, meta
+
+
+def _replaced_budget(
+    agent: str,
+    agent_class: Any,
+    config_file: Path | None,
+    given: list[str],
+    flags: dict[str, Any],
+    base: dict[str, Any] | None,
+) -> tuple[Any, Any] | None:
+    """The episode budget --minutes replaced (and where it came from), for the budget
+    line to name; None if there was none."""
+    from llamagym.run import resolve_agent_config
+
+    below = resolve_agent_config(
+        agent_class,
+        [("argument", {"agent": {"name": agent}}), *command_line_layers(config_file, given, flags)],
+        base=base,
+    )
+    if below.config.training.episodes is None:
+        return None
+    return below.config.training.episodes, below.sources.get("training.episodes")
 
 
 def _train(
