@@ -508,6 +508,10 @@ def test_two_processes_under_accelerate_end_with_identical_weights(tmp_path, lau
             "output.rank_records=true",
             "--set",
             "training.threads=1",
+            # Random fallbacks give a seed group's episodes different returns, so each
+            # update has advantages to train on and the weights move.
+            "--set",
+            "rollout.invalid_action.policy=random",
         ],
         capture_output=True,
         text=True,
@@ -524,6 +528,7 @@ def test_two_processes_under_accelerate_end_with_identical_weights(tmp_path, lau
         lines = (run / ".ranks" / f"rank-{rank}.jsonl").read_text().splitlines()
         ranks[rank] = [json.loads(line) for line in lines]
     assert [r["update"] for r in ranks[0]] == [r["update"] for r in ranks[1]] == [1, 2]
+    assert ranks[0][0]["parameters_sha256"] != ranks[0][1]["parameters_sha256"]
     for zero, one in zip(ranks[0], ranks[1], strict=True):
         assert zero["parameters_sha256"] == one["parameters_sha256"]
         assert set(zero["seeds"]).isdisjoint(one["seeds"])  # each rank its own groups
