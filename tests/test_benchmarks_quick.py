@@ -169,3 +169,19 @@ def test_trl_overhead_quick_measures_both_backends(tmp_path):
     profile = result["profile_tiny_trl"]
     assert profile["seconds"] > 0 and profile["top_cumulative"]
     assert "trl" in profile["own_seconds_by_package"]
+
+
+def test_every_script_all_runs_exists_and_takes_quick(benchmarks):
+    """`python -m benchmarks all` skips a script that is not there: each one it names is,
+    and its --help (with the script's own arguments) lists --quick."""
+    import benchmarks.__main__ as harness
+
+    assert any(script[0] == "real_model.py" for script in harness.SCRIPTS)
+    for name in sorted({script[0] for script in harness.SCRIPTS}):
+        path = REPO / "benchmarks" / name
+        assert path.is_file(), name
+        shown = subprocess.run(
+            [sys.executable, str(path), "--help"], cwd=REPO, capture_output=True, text=True,
+            timeout=120, check=False,
+        )
+        assert shown.returncode == 0 and "--quick" in shown.stdout, (name, shown.stderr[-500:])
