@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from llamagym import hookimpl
 from llamagym.agent import Agent
 from llamagym.cli import app
-from llamagym.devtools import conformance
+from llamagym.devtools import agent_checks, conformance
 from llamagym.devtools.conformance import check_agent
 from llamagym.devtools.fake_model import FakePolicy, ScriptExhaustedError
 from llamagym.testing import BanditAgent, TwoArmedBandit, assert_agent_conforms
@@ -180,7 +180,7 @@ class NoEnv(CorridorAgent):
     ],
 )
 def test_each_flaw_fails_its_check_with_a_fix(agent_class, check, says, monkeypatch) -> None:
-    monkeypatch.setattr(conformance, "MAX_TURNS_PER_EPISODE", 30)  # endless ends fast
+    monkeypatch.setattr(agent_checks, "MAX_TURNS_PER_EPISODE", 30)  # endless ends fast
     results = {r.name: r for r in check_agent(agent_class, episodes=1)}
     failed = [name for name, result in results.items() if result.failed]
     assert failed == [check]
