@@ -28,7 +28,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-# Style (ruff) and types (mypy on the installed layout of core/ and plugins/).
+# Style (ruff), types (mypy on core/ and plugins/) and floors (import-linter).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python .ci/package-checks

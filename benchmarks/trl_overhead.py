@@ -69,7 +69,7 @@ BACKENDS = ("native", "trl")
 MODELS = ("tiny", "smollm2-135m")
 SEED = 0
 #: The batch both backends train on (what LlamaGym's settings mean under TRL:
-#: core/training/trl_settings.py, grpo_args).
+#: core/llamagym/training/trl_settings.py, grpo_args).
 SETTINGS: dict[str, Any] = {
     "algorithm.episodes_per_update": 64,
     "algorithm.group_size": 8,

@@ -244,7 +244,7 @@ class ModelEntry:
     lora_rank: int = 16
     #: ``model.lora_layers`` in the pretrained-model defaults: LoRA on the last this many
     #: decoder layers only (None: every layer); below them the frozen trunk runs once per
-    #: token context (core/models/trunk.py).
+    #: token context (core/llamagym/models/trunk.py).
     lora_layers: int | None = None
     generation: GenerationDefaults = field(default_factory=GenerationDefaults)
     dtype: str | None = None

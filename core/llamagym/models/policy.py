@@ -143,7 +143,7 @@ class Policy(nn.Module):
         #: Token positions the decoder has run (every row and column of its calls,
         #: padding included), in the passes of this class.
         self.positions_run = 0
-        #: Each rollout env's key/value cache from its last turn (core/models/turn_cache.py),
+        #: Each rollout env's key/value cache from its last turn (core/llamagym/models/turn_cache.py),
         #: read by :meth:`score` and :meth:`generate` when the engine names the rows'
         #: envs (``keys``); None where the model keeps no plain cache (every prompt then
         #: runs whole, its shared prefix once, as without keys).
@@ -151,7 +151,7 @@ class Policy(nn.Module):
         self._turn_cache_checked = False
         #: What the frozen trunk (the decoder layers below the lowest trained one, with
         #: ``model.lora_layers``) computed for the token contexts seen so far in passes
-        #: without gradients; None when every layer trains. See core/models/trunk.py.
+        #: without gradients; None when every layer trains. See core/llamagym/models/trunk.py.
         start = first_trained_layer(_decoder_and_head(model)[0])
         self.trunk: TrunkStates | None = TrunkStates(start) if start else None
         # The LM stays in eval mode for good (see train()); gradient checkpointing is
