@@ -143,7 +143,7 @@ class Policy(nn.Module):
         #: Token positions the decoder has run (every row and column of its calls,
         #: padding included), in the passes of this class.
         self.positions_run = 0
-        #: Each rollout env's key/value cache from its last turn (core/llamagym/models/turn_cache.py),
+        #: Each rollout env's key/value cache from its last turn (models/turn_cache.py),
         #: read by :meth:`score` and :meth:`generate` when the engine names the rows'
         #: envs (``keys``); None where the model keeps no plain cache (every prompt then
         #: runs whole, its shared prefix once, as without keys).
