@@ -222,8 +222,8 @@ def train(spec: Mapping[str, Any]) -> dict[str, Any]:
     import torch
 
     from llamagym.config import deep_merge
+    from llamagym.config_layers import resolve_agent_config
     from llamagym.rollout.evaluation import evaluate_agent, evaluation_seeds
-    from llamagym.run import resolve_agent_config
     from llamagym.training.trainer import Trainer
 
     setup = next(s for s in SETUPS if s.name == spec["setup"])

@@ -193,8 +193,8 @@ def with_demonstrations(
     recorded episodes of the row's baseline (and the recording), or unchanged (and None)
     for a row without demonstrations."""
     from llamagym.config import deep_merge
+    from llamagym.config_layers import resolve_agent_config
     from llamagym.rollout.demonstrations import record_demonstrations
-    from llamagym.run import resolve_agent_config
 
     if setup.demonstrations is None:
         return dict(layers), None

@@ -263,7 +263,7 @@ def train(spec: Mapping[str, Any]) -> dict[str, Any]:
     import torch
 
     from llamagym.config import deep_merge
-    from llamagym.run import resolve_agent_config
+    from llamagym.config_layers import resolve_agent_config
     from llamagym.testing import temporary_plugin
     from llamagym.training.trainer import Trainer
 

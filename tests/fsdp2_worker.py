@@ -23,10 +23,10 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 from llamagym_blackjack.agent import BlackjackAgent
 
+from llamagym.config_layers import resolve_agent_config
 from llamagym.models.loading import load_model_and_tokenizer
 from llamagym.models.policy import Policy
 from llamagym.rollout.evaluation import evaluate_agent
-from llamagym.run import resolve_agent_config
 from llamagym.training.export import export_agent
 from llamagym.training.sharded import full_state_dict, whole_model
 from llamagym.training.trl_rollout import EpisodeRollouts

@@ -243,7 +243,7 @@ def test_pretrained_defaults_that_choose_an_algorithm_hold_only_for_it() -> None
     its tiny-tuned settings for another algorithm give way, and a user who picks yet
     another algorithm gets the generic pretrained defaults without the chosen one's keys."""
     from llamagym.config import PRETRAINED_MODEL_DEFAULTS
-    from llamagym.run import resolve_agent_config
+    from llamagym.config_layers import resolve_agent_config
 
     class Chooser(BlackjackAgent):
         pretrained_defaults = {

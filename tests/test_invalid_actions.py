@@ -50,7 +50,7 @@ def scripted_agent(script: list[str], **invalid_action) -> BanditAgent:
         rollout={"mode": "generate", "num_envs": 1, "invalid_action": invalid_action},
     )
     real = agent.policy
-    agent._policy = ScriptedPolicy(real.model, real.tokenizer, script)
+    agent.use_policy(ScriptedPolicy(real.model, real.tokenizer, script))
     return agent
 
 
@@ -130,7 +130,7 @@ def test_reply_prefix_is_context_and_the_parsers_read_it_with_the_reply() -> Non
         CountingBandit, rollout={"mode": "generate", "num_envs": 1, "reply_prefix": prefix}
     )
     real = agent.policy
-    agent._policy = ScriptedPolicy(real.model, real.tokenizer, ['right"}'])
+    agent.use_policy(ScriptedPolicy(real.model, real.tokenizer, ['right"}']))
     [episode] = run_episodes(agent, 1)
     [turn] = episode.turns
     prefix_tokens = real.tokenizer(prefix, add_special_tokens=False)["input_ids"]
@@ -172,15 +172,15 @@ def test_a_reply_prefix_names_fields_the_agent_fills_from_each_observation() -> 
         },
     )
     real = agent.policy
-    agent._policy = ScriptedPolicy(real.model, real.tokenizer, ["maybe", 'right"}'])
+    agent.use_policy(ScriptedPolicy(real.model, real.tokenizer, ["maybe", 'right"}']))
     observation, _ = agent.make_env().reset(seed=0)
     filled = f'{{"levers": 2, "seen": {int(observation)}, "cost": "$1", "action": "'
     [episode] = run_episodes(agent, 1)
     asked, turn = episode.turns  # the reply asked again for, then the one that counted
     filled_tokens = real.tokenizer(filled, add_special_tokens=False)["input_ids"]
     # The first reply and the one asked again both continue the filled prefix.
-    assert len(agent._policy.prompts_seen) == 2
-    for prompt in agent._policy.prompts_seen:
+    assert len(agent.policy.prompts_seen) == 2
+    for prompt in agent.policy.prompts_seen:
         assert prompt[-len(filled_tokens) :] == filled_tokens
     assert asked.reply == filled + "maybe" and not asked.valid
     assert turn.reply == filled + 'right"}' and turn.valid

@@ -16,11 +16,11 @@ import torch
 from llamagym_blackjack.agent import BlackjackAgent
 from safetensors.torch import load_file
 
+from llamagym.config_layers import resolve_agent_config
 from llamagym.errors import ConfigError, LlamaGymError
 from llamagym.models.loading import load_model_and_tokenizer
 from llamagym.models.policy import Replies
 from llamagym.plugin_manager import Plugins
-from llamagym.run import resolve_agent_config
 from llamagym.testing import free_port
 from llamagym.training import trl_settings
 from llamagym.training.run_files import read_metrics

@@ -143,16 +143,16 @@ def test_an_ended_episode_drops_its_cache(model: dict[str, Any]) -> None:
     for _ in range(3):
         agent.act(observation, info)
         observation, _, _, _, info = env.step(0)
-    assert len(cache.entries) == 1 and cache.runs[-1][0] < len(agent._slot.episode.turns[0]
+    assert len(cache.entries) == 1 and cache.runs[-1][0] < len(agent.session._slot.episode.turns[0]
                                                                  .prompt_tokens)
     agent.terminate_episode()
     assert not cache.entries
     observation, info = env.reset(seed=1)
     agent.act(observation, info)
-    assert cache.runs[-1][0] == len(agent._pending_turn.prompt_tokens)  # a new episode: whole
+    assert cache.runs[-1][0] == len(agent.session._pending_turn.prompt_tokens)  # new episode: whole
     # A collection stopped early abandons its episodes, and their caches.
     agent.engine.collect([agent.make_env() for _ in range(2)], 4, should_stop=lambda: True)
-    assert list(cache.entries) == [agent._slot.key]
+    assert list(cache.entries) == [agent.session._slot.key]
     assert policy.turn_cache is cache
 
 

@@ -24,15 +24,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from llamagym.config import Layer, ResolvedConfig, RunConfig
+from llamagym.config_layers import resolve_agent_config
 from llamagym.errors import ConfigError, LlamaGymError
 from llamagym.plugin_manager import Plugins, RefusedAnswer, action_index_of, get_plugins
 
 if TYPE_CHECKING:
-    from llamagym.rollout.engine import RolloutEngine, Slot
-    from llamagym.rollout.trajectory import Episode, Turn
-    from llamagym.run import Run
-    from llamagym.schedule import Control
-    from llamagym.training.algorithm import Algorithm
+    # The machinery's types, as the session module names them (one way up, see session).
+    from llamagym.session import Algorithm, Control, RolloutEngine, Run, Session
 
 logger = logging.getLogger(__name__)
 
@@ -105,11 +103,7 @@ class Agent:
         self.options = self.resolved.agent_options
         self.env = env
         self._model, self._tokenizer, self._device = model, tokenizer, device
-        self._policy: Any = None
-        self._run: Run | None = None
-        self._slot: Slot | None = None
-        self._pending_turn: Turn | None = None
-        self._finished: list[Episode] = []
+        self._session: Session | None = None
 
     @property
     def device(self) -> Any:
@@ -223,108 +217,64 @@ class Agent:
         except RefusedAnswer:
             return None
 
-    # -- the run's machinery, built on first use ---------------------------------------
+    # -- the classic loop, through the agent's session ---------------------------------
     @property
-    def policy(self) -> Any:
-        if self._policy is None:
-            from llamagym.run import load_policy
+    def session(self) -> Session:
+        """The policy, run and open episode this agent acts with (:mod:`llamagym.session`),
+        made on first use: the one way from the task up to the machinery."""
+        if self._session is None:
+            from llamagym.session import Session
 
-            self._policy = load_policy(self.config, self._model, self._tokenizer, self._device)
-        return self._policy
+            self._session = Session(self, self._model, self._tokenizer)
+        return self._session
 
-    def use_policy(self, policy: Any) -> None:
-        """Act with ``policy`` from now on (e.g. a scripted stand-in in tests)."""
-        self._policy, self._run = policy, None
-
-    @property
-    def run(self) -> Run:
-        """The run this agent acts in (:func:`llamagym.run.build_run`), built on first use."""
-        if self._run is None:
-            return self.start_run()
-        return self._run
-
-    def start_run(self, control: Control | None = None) -> Run:
-        """A new run on this agent's policy (the trainer passes its ``control``)."""
-        from llamagym.run import build_run
-
-        self._run = build_run(self, self.policy, control)
-        return self._run
-
-    def evaluation_engine(self, num_envs: int | None = None) -> RolloutEngine:
-        """An engine of its own for evaluation: its episodes reach no training observer
-        and draw nothing from the training engine's random streams. It needs no run, so
-        evaluating never builds an algorithm (no warm start: evaluating never trains);
-        it samples at the run's current temperature when there is a run."""
-        from llamagym.run import make_engine
-        from llamagym.schedule import Schedule
-
-        schedule = self._run.schedule if self._run is not None else Schedule(self.config.rollout)
-        return make_engine(
-            self, self.policy, self.config, schedule, num_envs=num_envs, observe=False
-        )
-
-    @property
-    def engine(self) -> RolloutEngine:
-        return self.run.engine
-
-    @property
-    def algorithm(self) -> Algorithm:
-        return self.run.algorithm
-
-    # -- the LlamaGym loop ----------------------------------------------------------
     def act(self, observation: Any, info: dict | None = None) -> Any:
         """Choose an action for ``observation`` (always a legal one)."""
-        slot = self._slot
-        if slot is None:
-            slot = self._slot = self.engine.new_slot(observation, dict(info or {}), None, None)
-        elif self._pending_turn is not None:
-            self._commit_turn(slot, self._pending_turn)
-        slot.observation, slot.info = observation, dict(info or {})
-        turn = self.engine.decide([slot])[0]
-        self._pending_turn = turn
-        if turn.action_index is None:  # actions not named: extract_action's value as it is
-            return turn.env_action
-        return self.env_action(turn.action_index, turn.legal_actions)
+        return self.session.act(observation, info)
 
     def assign_reward(self, reward: float) -> None:
         """Credit ``reward`` to the latest action."""
-        slot = self._slot
-        # A pending turn always belongs to the open episode (act() opens it first).
-        if slot is None or (self._pending_turn is None and not slot.episode.turns):
-            raise LlamaGymError("assign_reward() was called before act(): nothing to reward")
-        turn = self._pending_turn or slot.episode.turns[-1]
-        turn.reward += float(reward)
-        slot.episode.env_return += float(reward)
+        self.session.assign_reward(reward)
 
     def terminate_episode(self) -> dict[str, float]:
         """End the episode; train when ``episodes_per_update`` episodes are stored.
 
         Returns the update's metrics, or an empty dict when no update ran.
         """
-        slot = self._slot
-        if slot is None:
-            return {}
-        if self._pending_turn is not None:
-            self._commit_turn(slot, self._pending_turn)
-        episode = slot.episode
-        self._slot = None
-        self.engine.end_slot(slot)
-        if not episode.turns:
-            return {}
-        self._finished.append(episode)
-        self.plugins.episode_end(self, episode)
-        if len(self._finished) < self.algorithm.episodes_per_update:
-            return {}
-        batch, self._finished = self._finished, []
-        return self.algorithm.update(batch)
+        return self.session.terminate_episode()
 
-    def _commit_turn(self, slot: Slot, turn: Turn) -> None:
-        """Add the pending ``turn`` to ``slot``'s episode and conversation."""
-        self._pending_turn = None
-        include_retries = self.config.rollout.invalid_action.train_on_reprompts
-        slot.episode.turns += turn.training_turns(include_retries)
-        slot.episode.length += 1
-        slot.history += turn.context_messages()
+    @property
+    def policy(self) -> Any:
+        """The policy (model, tokenizer, value head), loaded on first use."""
+        return self.session.policy
+
+    def use_policy(self, policy: Any) -> None:
+        """Act with ``policy`` from now on (e.g. a scripted stand-in in tests)."""
+        self.session.use_policy(policy)
+
+    @property
+    def run(self) -> Run:
+        """The run this agent acts in (:func:`llamagym.run.build_run`), built on first use."""
+        return self.session.run
+
+    def start_run(self, control: Control | None = None) -> Run:
+        """A new run on this agent's policy (the trainer passes its ``control``)."""
+        return self.session.start_run(control)
+
+    def evaluation_engine(self, num_envs: int | None = None) -> RolloutEngine:
+        """An engine of its own for evaluation: its episodes reach no training observer
+        and draw nothing from the training engine's random streams. It needs no run, so
+        evaluating never builds an algorithm (no warm start: evaluating never trains);
+        it samples at the run's current temperature when there is a run."""
+        return self.session.evaluation_engine(num_envs)
+
+    @property
+    def engine(self) -> RolloutEngine:
+        return self.session.run.engine
+
+    @property
+    def algorithm(self) -> Algorithm:
+        return self.session.run.algorithm
 
     # -- configuration -------------------------------------------------------------
     def _resolve_config(
@@ -334,8 +284,6 @@ class Agent:
         ppo_config: Mapping[str, Any] | None,
         model: Any = None,
     ) -> ResolvedConfig:
-        from llamagym.run import resolve_agent_config
-
         legacy: dict[str, Any] = {}
         for key, value in (generate_config or {}).items():
             if key not in _LEGACY_GENERATE_KEYS:

@@ -166,7 +166,7 @@ def tiny_agent(agent_class: type[Agent] | None = None, **overrides: Any) -> Agen
         # A third-party algorithm need not have every key the built-ins share (epochs):
         # keep only the fast settings its Config declares.
         fast["algorithm"] = {k: v for k, v in fast["algorithm"].items() if k in accepted}
-    from llamagym.run import resolve_agent_config
+    from llamagym.config_layers import resolve_agent_config
 
     resolved = resolve_agent_config(agent_class, [("test settings", fast), ("test", overrides)])
     return agent_class(config=resolved)

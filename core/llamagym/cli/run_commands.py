@@ -56,8 +56,8 @@ def resolve_run_config(
     Everything is validated here, before a model or an environment loads: a bad value
     anywhere is a ``ConfigError`` naming each problem on its own line.
     """
+    from llamagym.config_layers import resolve_agent_config
     from llamagym.plugin_manager import get_plugins
-    from llamagym.run import resolve_agent_config
 
     plugins = get_plugins()
     report_plugin_problems()
@@ -376,7 +376,7 @@ def _replaced_budget(
 ) -> tuple[Any, Any] | None:
     """The episode budget --minutes replaced (and where it came from), for the budget
     line to name; None if there was none."""
-    from llamagym.run import resolve_agent_config
+    from llamagym.config_layers import resolve_agent_config
 
     below = resolve_agent_config(
         agent_class,
