@@ -16,7 +16,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from llamagym.config import format_validation_error
+from llamagym.config_layers import format_validation_error
 from llamagym.errors import ConfigError
 from llamagym.plugins.grpo import GRPO
 from llamagym.plugins.ppo import PPO

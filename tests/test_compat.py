@@ -34,3 +34,16 @@ def test_the_names_of_llamagym_itself_did_not_move() -> None:
     for name in ("Agent", "Algorithm", "AlgorithmConfig", "Episode", "Turn", "Policy",
                  "RunConfig", "load_model_and_tokenizer", "load_agent", "hookimpl"):
         assert getattr(llamagym, name) is not None
+
+
+def test_the_resolvers_names_left_in_config_and_run_point_to_config_layers() -> None:
+    import llamagym.config_layers as config_layers
+    import llamagym.run as run
+
+    with pytest.raises(ImportError, match="import it from llamagym.config_layers"):
+        from llamagym.config import resolve_config  # noqa: F401
+    with pytest.raises(AttributeError):
+        importlib.import_module("llamagym.config").no_such_name  # noqa: B018
+    # run.py kept the names it defined before: code importing them from there still works.
+    assert run.resolve_agent_config is config_layers.resolve_agent_config
+    assert run.run_layers is config_layers.run_layers

@@ -10,7 +10,8 @@ import yaml
 from llamagym_blackjack.agent import BlackjackAgent
 
 from llamagym.cli.run_commands import resolve_run_config
-from llamagym.config import RunConfig, render_config_yaml
+from llamagym.config import RunConfig
+from llamagym.config_layers import render_config_yaml
 from llamagym.errors import ConfigError
 
 
@@ -150,7 +151,7 @@ def test_rendered_yaml_round_trips_every_value() -> None:
 def test_agent_with_its_own_options_validates_them() -> None:
     from pydantic import BaseModel, Field
 
-    from llamagym.config import resolve_config
+    from llamagym.config_layers import resolve_config
     from llamagym.testing import BanditAgent
 
     class Options(BaseModel):

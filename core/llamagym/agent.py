@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from llamagym.config import Layer, ResolvedConfig, RunConfig
-from llamagym.config_layers import resolve_agent_config
+from llamagym.config import RunConfig
+from llamagym.config_layers import Layer, ResolvedConfig, resolve_agent_config
 from llamagym.errors import ConfigError, LlamaGymError
 from llamagym.plugin_manager import Plugins, RefusedAnswer, action_index_of, get_plugins
 

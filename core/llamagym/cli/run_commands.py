@@ -49,7 +49,7 @@ def resolve_run_config(
     flags: dict[str, Any],
     base: dict[str, Any] | None = None,
 ) -> tuple[Any, Any]:
-    """Agent class and :class:`~llamagym.config.ResolvedConfig` of a command line.
+    """Agent class and :class:`~llamagym.config_layers.ResolvedConfig` of a command line.
 
     ``base`` (a resumed checkpoint's config) replaces the agent's defaults: a resumed
     run continues with the settings it was trained with unless told otherwise.

@@ -263,7 +263,8 @@ _NOT_SETTINGS = ("output.dir", "output.quiet", "output.overwrite")
 def _default_settings(config: Mapping[str, Any]) -> dict[str, Any] | None:
     """Dotted key -> built-in default, the algorithm's own defaults included (None when
     the algorithm is not installed here, so every setting gets listed)."""
-    from llamagym.config import RunConfig, leaf_keys
+    from llamagym.config import RunConfig
+    from llamagym.config_layers import leaf_keys
 
     defaults = leaf_keys(RunConfig().model_dump(mode="json"))
     try:
@@ -279,7 +280,7 @@ def _default_settings(config: Mapping[str, Any]) -> dict[str, Any] | None:
 
 def settings_digest(config: Mapping[str, Any]) -> list[tuple[str, Any]]:
     """The headline settings, then every other setting whose value is not the default."""
-    from llamagym.config import leaf_keys
+    from llamagym.config_layers import leaf_keys
 
     values = leaf_keys(config)
     defaults = _default_settings(config)

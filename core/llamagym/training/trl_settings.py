@@ -17,7 +17,7 @@ from llamagym.errors import ConfigError, LlamaGymError
 from llamagym.training.budget import run_budgets
 
 if TYPE_CHECKING:
-    from llamagym.config import ResolvedConfig
+    from llamagym.config_layers import ResolvedConfig
 
 INSTALL_HINT = (
     'the TRL backend needs trl: pip install "trl>=1.16,<2" (or from a LlamaGym clone, '
