@@ -23,6 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+import torch
+from safetensors.torch import load_file
+
 from llamagym.config import RunConfig, check_generation_memory, deep_merge
 from llamagym.config_layers import (  # defined here before config_layers.py: the names stay
     defaults_for_model as defaults_for_model,
@@ -30,14 +33,23 @@ from llamagym.config_layers import (  # defined here before config_layers.py: th
 from llamagym.config_layers import resolve_agent_config
 from llamagym.config_layers import run_layers as run_layers
 from llamagym.errors import ConfigError, LlamaGymError
+from llamagym.models.loading import (
+    LORA_AUTO_THRESHOLD,
+    add_lora_adapter,
+    load_model_and_tokenizer,
+    trains_through_lora,
+)
+from llamagym.models.policy import Policy
 from llamagym.plugin_manager import get_plugins
+from llamagym.rollout.engine import RolloutEngine
+from llamagym.schedule import Control, Schedule
+from llamagym.training import checkpoint as checkpoints
+from llamagym.training import distributed
+from llamagym.training.export import RUN_EXPORT, VALUE_HEAD, read_export_meta
 
 if TYPE_CHECKING:
     from llamagym.agent import Agent
-    from llamagym.models.policy import Policy
     from llamagym.plugin_manager import Plugins
-    from llamagym.rollout.engine import RolloutEngine
-    from llamagym.schedule import Control, Schedule
     from llamagym.training.algorithm import Algorithm, AlgorithmConfig
 
 logger = logging.getLogger(__name__)
@@ -49,13 +61,6 @@ def load_policy(
     """The policy of a run: ``model`` (an object, or a name/directory) or the configured
     model, loaded with its tokenizer; LoRA by the loader's rule. Sets torch's CPU
     threads (``training.threads``; one for a small model on the CPU)."""
-    from llamagym.models.loading import (
-        add_lora_adapter,
-        load_model_and_tokenizer,
-        trains_through_lora,
-    )
-    from llamagym.models.policy import Policy
-
     settings = config.model
     if model is None or isinstance(model, str):
         where, device = device, None  # the loader places the model; the policy follows it
@@ -103,10 +108,6 @@ def load_policy(
 def _choose_threads(policy: Policy, threads: int | None) -> None:
     """One thread for a model below the LoRA threshold on the CPU: its matrices are too
     small to split (two threads were slower than one here)."""
-    import torch
-
-    from llamagym.models.loading import LORA_AUTO_THRESHOLD
-
     if threads is not None:
         torch.set_num_threads(threads)
     elif policy.device.type == "cpu" and (
@@ -143,8 +144,6 @@ def make_engine(
     num_envs: int | None = None,
     observe: bool = True,
 ) -> RolloutEngine:
-    from llamagym.rollout.engine import RolloutEngine
-
     rollout = config.rollout
     if num_envs is not None:
         rollout = rollout.model_copy(update={"num_envs": num_envs})
@@ -168,9 +167,6 @@ def build_run(agent: Agent, policy: Policy, control: Control | None = None) -> R
     (demonstrations, if configured) and freezing its KL reference on the final starting
     weights. A resumed run goes through them too, before its checkpoint is loaded over
     them, so its KL reference is the one the unbroken run had."""
-    from llamagym.schedule import Schedule
-    from llamagym.training import distributed
-
     resolved, config = agent.resolved, agent.config
     if resolved.algorithm_class is None or resolved.algorithm is None:
         raise LlamaGymError(f"agent {agent.name!r}: the config names no algorithm")
@@ -212,9 +208,6 @@ def load_agent(
     ``trust_remote_code=True`` (or an override setting it) lets the model run code of
     its own, with a warning naming the model; without it, a checkpoint naming a local
     model directory that maps classes to its own Python code is refused."""
-    from llamagym.training import checkpoint as checkpoints
-    from llamagym.training.export import RUN_EXPORT, read_export_meta
-
     plugins = plugins or get_plugins()
     path = Path(path)
     if read_export_meta(path) is None and read_export_meta(path / RUN_EXPORT) is not None:
@@ -270,11 +263,8 @@ def load_agent(
 def _load_exported_weights(policy: Policy, directory: Path, weights: str) -> None:
     """The value head of an export, and its LoRA adapter when the export holds one (the
     whole model was already loaded from the directory otherwise)."""
-    from safetensors.torch import load_file
-
-    from llamagym.training.export import VALUE_HEAD
-
     if weights == "adapter":
+        # peft takes seconds to import; a run that trains every weight never needs it.
         from peft import set_peft_model_state_dict
 
         adapter = load_file(str(directory / "adapter_model.safetensors"))

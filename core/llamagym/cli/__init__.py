@@ -11,6 +11,7 @@ import typer
 
 from llamagym.cli import (  # noqa: F401  (importing a module attaches its commands)
     config_commands,
+    eval_commands,
     inspect_commands,
     model_commands,
     plugin_commands,

@@ -1,8 +1,7 @@
-"""Commands that train and evaluate: ``run`` and ``eval``."""
+"""The command that trains: ``run`` (and the config resolution other commands share)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -15,6 +14,29 @@ import typer
 from llamagym.cli.app import app, report_plugin_problems
 from llamagym.display import shown
 from llamagym.errors import LlamaGymError
+
+#: The config key each of ``run``'s flags sets; ``SWITCHES`` are its on/off flags.
+FLAG_KEYS = {
+    "algorithm": "algorithm.name", "model": "model.name", "mode": "rollout.mode",
+    "episodes": "training.episodes", "minutes": "training.minutes",
+    "num_envs": "rollout.num_envs", "seed": "training.seed", "threads": "training.threads",
+    "eval_episodes": "training.eval_episodes", "checkpoint_every": "output.checkpoint_every",
+    "output": "output.dir", "quiet": "output.quiet", "backend": "training.backend",
+    "trust_remote_code": "model.trust_remote_code",
+}
+SWITCHES = {"quiet", "trust_remote_code"}
+#: The help of ``run``'s flags whose help takes more than a line.
+HELP = {
+    "episodes": "Training episodes; with a time budget, whichever ends first.",
+    "minutes": "Wall-clock training budget. Without --episodes it replaces the episode "
+    "budget of the agent's defaults, a --config file or --set.",
+    "num_processes": "Train data-parallel in N processes, started through accelerate's "
+    "launcher (each steps its own envs; gradients are averaged).",
+    "backend": "native (default): LlamaGym's algorithms; trl: TRL's GRPOTrainer optimises "
+    "(vLLM, DeepSpeed, FSDP through accelerate; needs the trl extra).",
+    "trust_remote_code": "Let the model run Python code of its own (never taken from a "
+    "config file, --set or a checkpoint; only for a model whose code you trust).",
+}
 
 #: Exit codes of a run stopped by a signal, as a shell reports them (128 + signal).
 SIGNAL_EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143}
@@ -224,18 +246,8 @@ def run_command(
     algorithm: str = typer.Option(None, "--algorithm", "-a", help="Algorithm name."),
     model: str = typer.Option(None, "--model", "-m", help="'tiny', a Hub id or a local dir."),
     mode: str = typer.Option(None, "--mode", help="score or generate."),
-    episodes: int = typer.Option(
-        None,
-        "--episodes",
-        "-n",
-        help="Training episodes; with a time budget, whichever ends first.",
-    ),
-    minutes: float = typer.Option(
-        None,
-        "--minutes",
-        help="Wall-clock training budget. Without --episodes it replaces the episode "
-        "budget of the agent's defaults, a --config file or --set.",
-    ),
+    episodes: int = typer.Option(None, "--episodes", "-n", help=HELP["episodes"]),
+    minutes: float = typer.Option(None, "--minutes", help=HELP["minutes"]),
     num_envs: int = typer.Option(None, "--num-envs", help="Environments in lockstep."),
     seed: int = typer.Option(None, "--seed", help="Random seed."),
     threads: int = typer.Option(None, "--threads", help="torch threads."),
@@ -251,23 +263,10 @@ def run_command(
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar (CI)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log a line per update."),
-    num_processes: int = typer.Option(
-        None,
-        "--num-processes",
-        help="Train data-parallel in N processes, started through accelerate's launcher "
-        "(each steps its own envs; gradients are averaged).",
-    ),
-    backend: str = typer.Option(
-        None,
-        "--backend",
-        help="native (default): LlamaGym's algorithms; trl: TRL's GRPOTrainer optimises "
-        "(vLLM, DeepSpeed, FSDP through accelerate; needs the trl extra).",
-    ),
+    num_processes: int = typer.Option(None, "--num-processes", help=HELP["num_processes"]),
+    backend: str = typer.Option(None, "--backend", help=HELP["backend"]),
     trust_remote_code: bool = typer.Option(
-        False,
-        "--trust-remote-code",
-        help="Let the model run Python code of its own (never taken from a config file, "
-        "--set or a checkpoint; only for a model whose code you trust).",
+        False, "--trust-remote-code", help=HELP["trust_remote_code"]
     ),
 ) -> None:
     """Train AGENT online, then evaluate it beside its baselines and write a report."""
@@ -277,14 +276,9 @@ def run_command(
     _check_num_processes(num_processes)
     run_arguments = command_words(context, leave_out={"num_processes"})
 
-    flags = {
-        "algorithm.name": algorithm, "model.name": model, "rollout.mode": mode,
-        "training.episodes": episodes, "training.minutes": minutes,
-        "rollout.num_envs": num_envs, "training.seed": seed, "training.threads": threads,
-        "training.eval_episodes": eval_episodes, "output.checkpoint_every": checkpoint_every,
-        "output.dir": output, "output.quiet": quiet or None, "training.backend": backend,
-        "model.trust_remote_code": trust_remote_code or None,
-    }
+    # Each flag sets one key; a switch left off sets nothing (a lower layer may set it).
+    flags = {key: context.params[name] or None if name in SWITCHES else context.params[name]
+             for name, key in FLAG_KEYS.items()}
     given = list(assignments)
     if minutes is not None and episodes is None:
         # A time budget given on the command line replaces an episode budget from below.
@@ -303,10 +297,7 @@ def run_command(
         )
     trl = config.training.backend == "trl"
     if trl:
-        from llamagym.training.trl_settings import check_supported, require_trl
-
-        require_trl()
-        check_supported(resolved, num_processes or distributed.launched_processes())
+        _check_trl_backend(resolved, num_processes)
     if num_processes is not None and num_processes > 1:
         # Everything above is checked once, here; each process then runs the command
         # again without --num-processes.
@@ -318,6 +309,15 @@ def run_command(
         _train(agent, agent_object, config, resume_checkpoint, verbose, _budget(resolved, replaced))
     finally:
         distributed.finish()
+
+
+def _check_trl_backend(resolved: Any, num_processes: int | None) -> None:
+    """``--backend trl``: TRL is installed, and supports what the config asks of it."""
+    from llamagym.training import distributed
+    from llamagym.training.trl_settings import check_supported, require_trl
+
+    require_trl()
+    check_supported(resolved, num_processes or distributed.launched_processes())
 
 
 def _check_num_processes(num_processes: int | None) -> None:
@@ -451,153 +451,3 @@ def _train(
         # Only a picture that was drawn is named.
         curve = f"  (learning curve: {summary.curve})" if summary.curve is not None else ""
         console.print(f"report: {summary.report}{curve}", markup=False, soft_wrap=True)
-
-
-def _agent_to_evaluate(
-    agent: str,
-    checkpoint: Path | None,
-    model: str | None,
-    mode: str | None,
-    seed: int,
-    num_envs: int | None,
-    assignments: list[str],
-    given: dict[str, Any],
-    trust_remote_code: bool,
-) -> tuple[Any, str, dict[str, str]]:
-    """The agent ``llamagym eval`` plays: a checkpoint's, or ``model`` untrained as a run
-    would start it; with the heading line and the JSON key that say which. ``given`` is
-    ``assignments`` (the ``--set`` lines) parsed."""
-    from llamagym.config import deep_merge
-    from llamagym.run import load_agent
-
-    if model is not None:
-        flags = {
-            "model.name": model, "rollout.mode": mode, "rollout.num_envs": num_envs,
-            "training.seed": seed, "model.trust_remote_code": trust_remote_code or None,
-        }
-        agent_class, resolved = resolve_run_config(agent, None, assignments, flags)
-        return agent_class(config=resolved), f"model {shown(model)} untrained (zero-shot)", {
-            "model": model
-        }
-    overrides = deep_merge(given, {"training": {"seed": seed}})
-    if num_envs is not None:
-        overrides = deep_merge(overrides, {"rollout": {"num_envs": num_envs}})
-    if mode is not None:
-        overrides = deep_merge(overrides, {"rollout": {"mode": mode}})
-    assert checkpoint is not None, "eval_command gives a checkpoint or a model"
-    loaded = load_agent(
-        checkpoint, overrides=overrides, agent=agent, trust_remote_code=trust_remote_code
-    )
-    directory, meta = loaded.checkpoint, loaded.checkpoint_meta
-    assert directory is not None and meta is not None, "load_agent() records its checkpoint"
-    heading = (
-        f"checkpoint {shown(directory)}: update {meta.get('update', '?')}, "
-        f"{meta.get('episodes', 0):,} training episodes"
-    )
-    return loaded, heading, {"checkpoint": str(directory)}
-
-
-@app.command(
-    "eval",
-    help="Evaluate a checkpoint, or a model untrained (--model): mean return with a 95% CI, "
-    "beside the baselines.\n\n"
-    # One line per paragraph: the help keeps a later paragraph's line breaks.
-    "A progress bar on stderr shows the episodes played, when stderr is a terminal and "
-    "neither --quiet nor --set output.quiet=true is given; --json output on stdout is "
-    "the JSON alone.",
-)
-def eval_command(
-    agent: str = typer.Argument(..., help="Agent name."),
-    checkpoint: Path = typer.Option(
-        None, "--checkpoint", help="A run directory (its newest checkpoint) or a checkpoint."
-    ),
-    model: str = typer.Option(
-        None,
-        "--model",
-        "-m",
-        help="Instead of a checkpoint: this model untrained (zero-shot), as a run would "
-        "start it ('tiny', a registry name, a Hub id or a local dir).",
-    ),
-    mode: str = typer.Option(None, "--mode", help="score or generate (default: the agent's)."),
-    episodes: int = typer.Option(1000, "--episodes", "-n", min=1, help="Evaluation episodes."),
-    greedy: bool = typer.Option(True, "--greedy/--sample", help="Argmax or sampled actions."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the evaluation episodes."),
-    num_envs: int = typer.Option(None, "--num-envs", min=1, help="Environments in lockstep."),
-    as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
-    quiet: bool = typer.Option(
-        False, "--quiet", "-q", help="No progress bar; warnings only (also output.quiet)."
-    ),
-    assignments: list[str] = typer.Option(
-        [],
-        "--set",
-        help="KEY=VALUE over the checkpoint's config (with --model: over the agent's "
-        "defaults), e.g. model.dtype=bfloat16",
-    ),
-    trust_remote_code: bool = typer.Option(
-        False,
-        "--trust-remote-code",
-        help="Let the checkpoint's model run Python code of its own (never taken from the "
-        "checkpoint; only for a model whose code you trust).",
-    ),
-) -> None:
-    """Evaluate a checkpoint or an untrained model (the help text is above)."""
-    import contextlib
-
-    from rich.console import Console
-
-    from llamagym.config import check_episode_memory, deep_merge
-    from llamagym.config_files import parse_assignment
-
-    if (checkpoint is None) == (model is None):
-        raise LlamaGymError(
-            "give --checkpoint RUN_DIR to evaluate a trained agent, or --model NAME to "
-            "evaluate a model untrained (zero-shot), not both"
-            if checkpoint is not None
-            else "nothing to evaluate: give --checkpoint RUN_DIR (a trained agent) or "
-            "--model NAME (a model untrained, zero-shot; e.g. --model smollm2-135m)"
-        )
-    check_episode_memory(episodes, "--episodes")  # before the model loads
-    report_plugin_problems()
-    given: dict[str, Any] = {}
-    for assignment in assignments:
-        given = deep_merge(given, parse_assignment(assignment))
-    agent_object, heading, evaluated = _agent_to_evaluate(
-        agent, checkpoint, model, mode, seed, num_envs, assignments, given, trust_remote_code
-    )
-    # Only this command's own --quiet or --set: a checkpoint trained with --quiet (CI)
-    # does not silence a later evaluation.
-    quiet = quiet or bool(given.get("output", {}).get("quiet"))
-    status = Console(stderr=True)
-    configure_logging(status, quiet=as_json or quiet, verbose=False)
-
-    from llamagym.training.progress import EvaluationProgress, evaluation_table
-    from llamagym.training.trainer import evaluate_with_baselines
-
-    display = contextlib.nullcontext() if quiet else EvaluationProgress(status)
-    with display as progress:
-        result, baselines = evaluate_with_baselines(
-            agent_object, episodes, seed, greedy=greedy, on_progress=progress
-        )
-    if as_json:
-        typer.echo(json.dumps({
-            **evaluated, "mode": agent_object.config.rollout.mode, "greedy": greedy,
-            "seed": seed,
-            **result.as_dict(), "baselines": [b.as_dict() for b in baselines],
-        }, indent=2))
-        return
-    console = Console()
-    console.print(
-        f"[bold]{shown(agent)}[/] {heading}, {agent_object.config.rollout.mode} mode; "
-        f"evaluation seed {seed}"
-    )
-    label = "untrained model" if model is not None else "trained agent"
-    console.print(evaluation_table(result, baselines, greedy=greedy, agent_label=label))
-    interval = (
-        f"all {result.episodes:,} episodes identical (no CI)"
-        if result.identical
-        else f"95% CI [{result.mean - result.ci95:+.3f}, {result.mean + result.ci95:+.3f}]"
-    )
-    console.print(
-        f"agent: mean return {result.mean:+.3f}, {interval}, "
-        f"invalid replies {result.invalid_rate:.2%}"
-    )

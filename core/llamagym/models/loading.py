@@ -461,22 +461,9 @@ def load_model_and_tokenizer(
     LoRA adapter's initialisation. The tokenizer's ``padding_side`` is left as
     the checkpoint has it.
     """
-    if quantize is not None and quantize not in QUANTIZE_CHOICES:
-        raise ModelLoadError(
-            f"unknown quantize value {quantize!r}: use one of {', '.join(QUANTIZE_CHOICES)} or none"
-        )
-    if quantize is not None and lora is False:
-        raise ModelLoadError(
-            "a quantized model cannot be fully fine-tuned: drop --quantize or allow LoRA"
-        )
-    if lora_rank is not None and lora_rank < 1:
-        raise ModelLoadError(f"lora_rank must be a positive integer, got {lora_rank}")
-    if quantize is not None and importlib.util.find_spec("bitsandbytes") is None:
-        raise ModelLoadError(f"--quantize {quantize} needs bitsandbytes: pip install bitsandbytes")
-
+    _check_load_options(quantize, lora, lora_rank)
     import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
-    from transformers.integrations import is_deepspeed_zero3_enabled
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     # LlamaGym draws its own progress; the per-shard loading bars are noise here.
     transformers.utils.logging.disable_progress_bar()
@@ -489,26 +476,7 @@ def load_model_and_tokenizer(
     except Exception as exc:  # noqa: BLE001 - every loader failure becomes one readable line
         raise _load_error(name_or_path, source, is_local, exc) from exc
 
-    model_kwargs: dict[str, Any] = {
-        dtype_keyword(): torch_dtype,
-        "trust_remote_code": trust_remote_code,
-    }
-    if quantize == "4bit":
-        model_kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True,
-            bnb_4bit_quant_type="nf4",
-            bnb_4bit_use_double_quant=True,
-            bnb_4bit_compute_dtype=torch_dtype,
-        )
-    elif quantize == "8bit":
-        model_kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
-    if (quantize is not None or resolved_device != "cpu") and not is_deepspeed_zero3_enabled():
-        # Quantized weights must be created on their final device; for GPUs
-        # this also avoids a full copy in host memory first. Under DeepSpeed ZeRO-3
-        # (the TRL backend's GRPOConfig set it up) transformers creates the model
-        # partitioned instead, which a device map would refuse.
-        model_kwargs["device_map"] = {"": resolved_device}
-
+    model_kwargs = _model_keywords(torch_dtype, quantize, resolved_device, trust_remote_code)
     try:
         model = AutoModelForCausalLM.from_pretrained(source, **model_kwargs)
     except Exception as exc:  # noqa: BLE001 - see above
@@ -545,3 +513,48 @@ def load_model_and_tokenizer(
         "LoRA" if use_lora else "full fine-tuning",
     )
     return model, tokenizer
+
+
+def _check_load_options(quantize: str | None, lora: bool | None, lora_rank: int | None) -> None:
+    """Refuse a combination of loading options that cannot work, before anything loads."""
+    if quantize is not None and quantize not in QUANTIZE_CHOICES:
+        raise ModelLoadError(
+            f"unknown quantize value {quantize!r}: use one of {', '.join(QUANTIZE_CHOICES)} or none"
+        )
+    if quantize is not None and lora is False:
+        raise ModelLoadError(
+            "a quantized model cannot be fully fine-tuned: drop --quantize or allow LoRA"
+        )
+    if lora_rank is not None and lora_rank < 1:
+        raise ModelLoadError(f"lora_rank must be a positive integer, got {lora_rank}")
+    if quantize is not None and importlib.util.find_spec("bitsandbytes") is None:
+        raise ModelLoadError(f"--quantize {quantize} needs bitsandbytes: pip install bitsandbytes")
+
+
+def _model_keywords(
+    torch_dtype: Any, quantize: str | None, device: str, trust_remote_code: bool
+) -> dict[str, Any]:
+    """``from_pretrained``'s keywords: the dtype, 4/8-bit quantization and device map."""
+    from transformers import BitsAndBytesConfig
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    model_kwargs: dict[str, Any] = {
+        dtype_keyword(): torch_dtype,
+        "trust_remote_code": trust_remote_code,
+    }
+    if quantize == "4bit":
+        model_kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=torch_dtype,
+        )
+    elif quantize == "8bit":
+        model_kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
+    if (quantize is not None or device != "cpu") and not is_deepspeed_zero3_enabled():
+        # Quantized weights must be created on their final device; for GPUs
+        # this also avoids a full copy in host memory first. Under DeepSpeed ZeRO-3
+        # (the TRL backend's GRPOConfig set it up) transformers creates the model
+        # partitioned instead, which a device map would refuse.
+        model_kwargs["device_map"] = {"": device}
+    return model_kwargs

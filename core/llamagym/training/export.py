@@ -326,8 +326,20 @@ def model_card(
     lines += [f"Weights: {how}.", ""]
     if evaluation:
         lines += _evaluation_table(evaluation)
-    mode = config.rollout.mode
+    lines += _how_it_acts(agent)
+    lines += _loading(weights, config.model.name)
     lines += [
+        "With LlamaGym: `llamagym.load_agent(\"THIS_DIR\")` returns the agent, ready to "
+        "`act`.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _how_it_acts(agent: Agent) -> list[str]:
+    """The model card's section on the prompt and how a reply becomes an action."""
+    rollout = agent.config.rollout
+    return [
         "## How it acts",
         "",
         f"System prompt: {agent.get_system_prompt()!r}. Each observation is one user turn "
@@ -336,19 +348,21 @@ def model_card(
         (
             "Score mode: each legal action's name is scored as the assistant's reply "
             "(mean log-probability of its tokens) and the highest is taken."
-            if mode == "score"
+            if rollout.mode == "score"
             else "Generate mode: the reply is sampled (settings in generation_config.json)"
-            + (f" after the prefix {config.rollout.reply_prefix!r}"
+            + (f" after the prefix {rollout.reply_prefix!r}"
                + (" ($fields filled from each observation by the agent's reply_fields)"
-                  if "$" in config.rollout.reply_prefix else "")
-               if config.rollout.reply_prefix else "")
+                  if "$" in rollout.reply_prefix else "")
+               if rollout.reply_prefix else "")
             + " and parsed for an action (JSON first, then the action names)."
         ),
         "",
-        "## Loading",
-        "",
-        "```python",
     ]
+
+
+def _loading(weights: str, model_name: str) -> list[str]:
+    """The model card's section on loading the export with peft or transformers."""
+    lines = ["## Loading", "", "```python"]
     if weights == "adapter":
         lines += [
             "from peft import AutoPeftModelForCausalLM",
@@ -365,11 +379,11 @@ def model_card(
             'tokenizer = AutoTokenizer.from_pretrained("THIS_DIR")',
         ]
     lines += ["```", ""]
-    if weights == "adapter" and _registry_name(config.model.name):
+    if weights == "adapter" and _registry_name(model_name):
         lines += [
             f"`base_model` is the Hub id. Offline, load the base LlamaGym used (for a "
             f"registry model, the converted copy in its model cache; `llamagym models "
-            f"fetch {config.model.name}` prints its directory) and the adapter on it:",
+            f"fetch {model_name}` prints its directory) and the adapter on it:",
             "",
             "```python",
             "from peft import PeftModel",
@@ -380,12 +394,7 @@ def model_card(
             "```",
             "",
         ]
-    lines += [
-        "With LlamaGym: `llamagym.load_agent(\"THIS_DIR\")` returns the agent, ready to "
-        "`act`.",
-        "",
-    ]
-    return "\n".join(lines)
+    return lines
 
 
 def _registry_name(name: str) -> bool:

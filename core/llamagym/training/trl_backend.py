@@ -135,21 +135,12 @@ class TRLTrainer(Trainer):
         check_supported(self.agent.resolved, distributed.world_size())
         from trl import GRPOTrainer
 
-        from llamagym.models.loading import (
-            load_model_and_tokenizer,
-            lora_config,
-            resolve_device,
-            trains_through_lora,
-        )
+        from llamagym.models.loading import resolve_device
+
         config, agent, resolved = self.config, self.agent, self.agent.resolved
         rank, world = distributed.rank(), distributed.world_size()
         seed_everything(distributed.process_seed(config.training.seed, rank))
-        resume = trl_checkpoint(self.resume_from) if self.resume_from is not None else None
-        if self.resume_from is not None and resume is None:
-            raise LlamaGymError(
-                f"{str(self.resume_from)!r} holds no TRL checkpoint (checkpoints/"
-                "checkpoint-N with trainer_state.json)"
-            )
+        resume = self._checkpoint_to_resume()
         self._replaces_a_run(resume)
         if distributed.is_main():
             check_writable(self.output_dir, resume is not None, create=False)
@@ -167,25 +158,7 @@ class TRLTrainer(Trainer):
         args = grpo_args(
             resolved, self.output_dir, world, use_cpu=torch.device(device).type == "cpu"
         )
-        # TRL wraps the model in its LoRA adapter (peft_config); a quantized model gets
-        # the loader's, which prepares the quantized weights for it first.
-        quantized = settings.quantize is not None
-        model, tokenizer = load_model_and_tokenizer(
-            settings.name,
-            device=device,
-            dtype=None if settings.dtype == "auto" else settings.dtype,
-            quantize=settings.quantize,
-            lora=settings.lora if quantized else False,
-            lora_rank=settings.lora_rank if quantized else None,
-            lora_layers=settings.lora_layers if quantized else None,
-            trust_remote_code=settings.trust_remote_code,
-            seed=config.training.seed,
-        )
-        peft_config = None
-        if not quantized and trains_through_lora(model, settings.lora):
-            peft_config = lora_config(
-                model, settings.name, settings.lora_rank, settings.lora_layers
-            )
+        model, tokenizer, peft_config = self._load_model(device)
         if config.training.threads is not None:
             torch.set_num_threads(config.training.threads)
         # Everything that can refuse the run has run: now the directory is written.
@@ -212,6 +185,76 @@ class TRLTrainer(Trainer):
             )
         # The run's own progress bar and metrics.jsonl stand in for TRL's printed logs.
         trainer.remove_callback(PrinterCallback)
+        self._train(trainer, clock, rollouts, resume)
+        self.stop_signal = self._signal_received
+        counters = Counters(
+            updates=clock.updates,
+            episodes=clock.episodes,
+            env_steps=clock.env_steps,
+            seconds=clock.seconds(),
+        )
+        distributed.barrier()
+        summary = RunSummary(
+            self.output_dir, counters.episodes, counters.updates, counters.env_steps,
+            counters.seconds, last_metrics=history[-1] if history else {},
+            checkpoint=trl_checkpoint(self.output_dir), interrupted=self.stop_signal,
+            resumed_from=resume, greedy=config.training.eval_greedy,
+        )
+        # Every process takes part in gathering a sharded model; the main one alone
+        # evaluates and exports it (see training/sharded.py).
+        weights = full_state_dict(trainer)
+        with whole_model(trainer) as trained:
+            if distributed.is_main():
+                self._evaluate_and_export(trained, tokenizer, summary, counters, history,
+                                          weights)
+        return summary
+
+    def _checkpoint_to_resume(self) -> Path | None:
+        """The TRL checkpoint ``--resume`` names, or None for a new run."""
+        if self.resume_from is None:
+            return None
+        resume = trl_checkpoint(self.resume_from)
+        if resume is None:
+            raise LlamaGymError(
+                f"{str(self.resume_from)!r} holds no TRL checkpoint (checkpoints/"
+                "checkpoint-N with trainer_state.json)"
+            )
+        return resume
+
+    def _load_model(self, device: str) -> tuple[Any, Any, Any]:
+        """The model, its tokenizer and the LoRA config TRL wraps it in (None: none).
+
+        TRL wraps the model in its LoRA adapter (peft_config); a quantized model gets
+        the loader's, which prepares the quantized weights for it first."""
+        from llamagym.models.loading import (
+            load_model_and_tokenizer,
+            lora_config,
+            trains_through_lora,
+        )
+
+        settings = self.config.model
+        quantized = settings.quantize is not None
+        model, tokenizer = load_model_and_tokenizer(
+            settings.name,
+            device=device,
+            dtype=None if settings.dtype == "auto" else settings.dtype,
+            quantize=settings.quantize,
+            lora=settings.lora if quantized else False,
+            lora_rank=settings.lora_rank if quantized else None,
+            lora_layers=settings.lora_layers if quantized else None,
+            trust_remote_code=settings.trust_remote_code,
+            seed=self.config.training.seed,
+        )
+        peft_config = None
+        if not quantized and trains_through_lora(model, settings.lora):
+            peft_config = lora_config(
+                model, settings.name, settings.lora_rank, settings.lora_layers
+            )
+        return model, tokenizer, peft_config
+
+    def _train(self, trainer: Any, clock: Any, rollouts: Any, resume: Path | None) -> None:
+        """TRL's training loop, under the run's progress bar and signal handling."""
+        config = self.config
         if self.progress is not None and distributed.is_main():
             self.progress.start(
                 None
@@ -228,34 +271,6 @@ class TRLTrainer(Trainer):
             if self.progress is not None:
                 self.progress.stop()
             rollouts.close()
-        self.stop_signal = self._signal_received
-        counters = Counters(
-            updates=clock.updates,
-            episodes=clock.episodes,
-            env_steps=clock.env_steps,
-            seconds=clock.seconds(),
-        )
-        distributed.barrier()
-        summary = RunSummary(
-            self.output_dir,
-            counters.episodes,
-            counters.updates,
-            counters.env_steps,
-            counters.seconds,
-            last_metrics=history[-1] if history else {},
-            checkpoint=trl_checkpoint(self.output_dir),
-            interrupted=self.stop_signal,
-            resumed_from=resume,
-            greedy=config.training.eval_greedy,
-        )
-        # Every process takes part in gathering a sharded model; the main one alone
-        # evaluates and exports it (see training/sharded.py).
-        weights = full_state_dict(trainer)
-        with whole_model(trainer) as trained:
-            if distributed.is_main():
-                self._evaluate_and_export(trained, tokenizer, summary, counters, history,
-                                          weights)
-        return summary
 
     def _evaluate_and_export(
         self,
