@@ -99,6 +99,7 @@ class LoaderSpy:
     model (and no code of one) is ever loaded by it."""
 
     def __init__(self, monkeypatch, call_through: bool = False) -> None:
+        import llamagym.run
         from llamagym.models import loading
 
         self.calls: list[dict] = []
@@ -110,7 +111,9 @@ class LoaderSpy:
                 return real(name, **kwargs)
             raise checkpoints.CheckpointError("the loader was reached (test stand-in)")
 
+        # Both names of the loader: its module's, and the one the run builder imported.
         monkeypatch.setattr(loading, "load_model_and_tokenizer", spy)
+        monkeypatch.setattr(llamagym.run, "load_model_and_tokenizer", spy)
 
 
 # -- 1. trust_remote_code and the model a checkpoint names -------------------------------

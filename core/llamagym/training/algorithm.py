@@ -23,6 +23,12 @@ the extra turns of a process with more are left out of that epoch, a different r
 share each epoch), the target-KL stop (:meth:`Algorithm.sync_target_kl_stop`, on the
 largest KL of all processes) and the adaptive KL weight (:meth:`Algorithm.sync_adapt_kl`).
 With one process all of this is exactly the single-process computation.
+
+The pieces have modules of their own, and every name they define is importable from
+here too (``__all__``): the config and the fields the built-in configs share
+(``algorithm_config``), how an update groups and cuts its batch (``batching``), the loss
+terms (``losses``), the adaptive KL weight (``kl_control``) and how turns are scored
+under the policy (``turn_scoring``, a base class of :class:`Algorithm`).
 """
 
 from __future__ import annotations
@@ -30,156 +36,76 @@ from __future__ import annotations
 import inspect
 import math
 import random
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 import torch
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
-from pydantic_core import PydanticCustomError, ValidationError
 
 from llamagym.config import RolloutSettings
-from llamagym.models.policy import Evaluation, Policy, name_tokens, padded
+from llamagym.models.policy import Policy
 from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.schedule import Control, Schedule
 from llamagym.training import distributed
-from llamagym.training.credit import unsupported_credit_message
+from llamagym.training.algorithm_config import (
+    FLAT_WARM_START_KEYS,
+    AlgorithmConfig,
+    ClippedSettings,
+    check_adaptive_kl,
+    check_group_divides_batch,
+    microbatch_size_field,
+    nest_warm_start_keys,
+    warmup_steps_field,
+)
+from llamagym.training.batching import history_groups, minibatches, prompt_pieces, seed_groups
+from llamagym.training.kl_control import KLController
+from llamagym.training.losses import (
+    LossTerm,
+    Surrogate,
+    clipped_surrogate,
+    masked_mean,
+    reference_kl,
+    zero_metrics,
+)
+from llamagym.training.turn_scoring import TurnScoring, chosen_actions
 
 if TYPE_CHECKING:
     from typing import Self
 
+__all__ = [
+    "FLAT_WARM_START_KEYS",
+    "TARGET_KL_TOLERANCE",
+    "Algorithm",
+    "AlgorithmConfig",
+    "ClippedSettings",
+    "KLController",
+    "LossTerm",
+    "Optimisation",
+    "Stateful",
+    "Supervised",
+    "Surrogate",
+    "TurnScoring",
+    "check_adaptive_kl",
+    "check_group_divides_batch",
+    "chosen_actions",
+    "clipped_surrogate",
+    "history_groups",
+    "masked_mean",
+    "microbatch_size_field",
+    "minibatches",
+    "nest_warm_start_keys",
+    "prompt_pieces",
+    "reference_kl",
+    "rng_state",
+    "rollout_metrics",
+    "seed_groups",
+    "set_rng_state",
+    "warmup_steps_field",
+    "zero_metrics",
+]
+
 #: An update's remaining epochs stop once KL(rollout || current) passes this x target_kl.
 TARGET_KL_TOLERANCE = 1.5
-
-#: The flat ``algorithm.sft_*`` keys of the supervised settings, and their names in the
-#: ``algorithm.warm_start`` section that holds them.
-FLAT_WARM_START_KEYS: dict[str, str] = {
-    "sft_warm_start": "replay",
-    "sft_buffer_size": "buffer_size",
-    "sft_top_k": "top_k",
-    "sft_min_return": "min_return",
-    "sft_steps": "steps",
-    "sft_batch_size": "batch_size",
-    "sft_lr": "lr",
-    "sft_demonstrations": "demonstrations",
-    "sft_demonstration_epochs": "demonstration_epochs",
-}
-
-
-def nest_warm_start_keys(section: Mapping[str, Any]) -> dict[str, Any]:
-    """An algorithm section with the flat ``sft_*`` keys moved into its ``warm_start``
-    section, for reading a config written with them (an older checkpoint's)."""
-    nested = {key: value for key, value in section.items() if key not in FLAT_WARM_START_KEYS}
-    moved = {
-        FLAT_WARM_START_KEYS[key]: value
-        for key, value in section.items()
-        if key in FLAT_WARM_START_KEYS
-    }
-    if moved:
-        nested["warm_start"] = {**moved, **dict(section.get("warm_start") or {})}
-    return nested
-
-
-class AlgorithmConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
-
-    #: Credit rules the algorithm accepts; a config with a ``credit`` field is checked
-    #: against them, so ``--set algorithm.credit=gae`` on GRPO fails before any loading.
-    credit_rules: ClassVar[tuple[str, ...]] = ()
-
-    @model_validator(mode="before")
-    @classmethod
-    def _warm_start_keys_are_nested(cls, data: Any) -> Any:
-        """A config with a ``warm_start`` section refuses the flat ``sft_*`` keys, each
-        with the key to use instead."""
-        if not isinstance(data, Mapping) or "warm_start" not in cls.model_fields:
-            return data
-        flat = [key for key in data if key in FLAT_WARM_START_KEYS]
-        if not flat:
-            return data
-        raise ValidationError.from_exception_data(
-            cls.__name__,
-            [
-                {
-                    "type": PydanticCustomError(
-                        "nested_key",
-                        "this key is now algorithm.warm_start.{key}",
-                        {"key": FLAT_WARM_START_KEYS[key]},
-                    ),
-                    "loc": (key,),
-                    "input": data[key],
-                }
-                for key in flat
-            ],
-        )
-
-    @field_validator("credit", check_fields=False)
-    @classmethod
-    def _credit_is_supported(cls, rule: str) -> str:
-        if cls.credit_rules and rule not in cls.credit_rules:
-            name = cls.__name__.removesuffix("Config").lower()
-            raise PydanticCustomError(
-                "unsupported_credit", unsupported_credit_message(name, rule, cls.credit_rules)
-            )
-        return rule
-
-
-def microbatch_size_field() -> Any:
-    """The ``microbatch_size`` setting of a config whose algorithm steps through
-    :meth:`Algorithm.optimise` (PPO's and GRPO's)."""
-    return Field(
-        None,
-        ge=1,
-        description="Turns per forward and backward pass; a step accumulates its "
-        "minibatch's gradients from such pieces (less memory, same step). null = the "
-        "whole minibatch.",
-    )
-
-
-def warmup_steps_field() -> Any:
-    """The ``warmup_steps`` setting of a config whose algorithm steps with Adam."""
-    return Field(
-        0,
-        ge=0,
-        description="Optimizer steps over which the learning rate rises linearly to its "
-        "value (0 = none). Adam's first step moves every weight by the whole rate, "
-        "whatever its gradient's size.",
-    )
-
-
-def check_group_divides_batch(group_size: int, info: ValidationInfo) -> int:
-    """Field validator body for ``group_size`` (declared after ``episodes_per_update``, so
-    that is validated first): a batch must hold whole seed groups."""
-    episodes = info.data.get("episodes_per_update")
-    if episodes and episodes % group_size:
-        lower = max(group_size, episodes - episodes % group_size)
-        raise PydanticCustomError(
-            "not_multiple_of_group",
-            "episodes_per_update ({episodes}) must be a multiple of group_size "
-            "({group_size}) so every seed group is complete; try episodes_per_update "
-            "{lower} or {upper}",
-            {"episodes": episodes, "group_size": group_size, "lower": lower,
-             "upper": lower + group_size},
-        )
-    return group_size
-
-
-def check_adaptive_kl(target: float | None, info: ValidationInfo) -> float | None:
-    """Field validator body: the adaptive controller scales ``kl_coef``, so it must start >0."""
-    if target is not None and not info.data.get("kl_coef"):
-        raise PydanticCustomError(
-            "adaptive_kl_needs_coef",
-            "needs a starting kl_coef > 0 (the controller scales it); "
-            "set e.g. algorithm.kl_coef=0.05",
-        )
-    return target
 
 
 class Stateful(Protocol):
@@ -195,28 +121,6 @@ class Supervised(Stateful, Protocol):
     def after_update(self, episodes: Sequence[Episode]) -> dict[str, float]: ...
 
 
-class ClippedSettings(Protocol):
-    """The settings :meth:`Algorithm.optimise` reads (the built-in configs have them)."""
-
-    epochs: int
-    minibatch_size: int
-    clip_range: float
-    entropy_coef: float
-    target_kl: float | None
-    max_grad_norm: float
-
-
-@dataclass(frozen=True)
-class LossTerm:
-    """One more term of the clipped-policy-gradient loss: ``weight * compute(index,
-    new)`` for the minibatch of turn positions ``index`` and its evaluation ``new``
-    (e.g. PPO's value loss). Its mean over the update's steps is reported as ``name``."""
-
-    name: str
-    weight: float
-    compute: Callable[[list[int], Evaluation], torch.Tensor]
-
-
 @dataclass
 class Optimisation:
     """What one :meth:`Algorithm.optimise` did."""
@@ -230,7 +134,7 @@ class Optimisation:
     interrupted: bool
 
 
-class Algorithm:
+class Algorithm(TurnScoring):
     Config: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
     #: Credit rules this algorithm accepts (mirrors its Config's; documented in credit.py).
     credit_rules: ClassVar[tuple[str, ...]] = ()
@@ -400,81 +304,6 @@ class Algorithm:
         """Report that epoch ``epoch`` (from 1) of ``epochs`` begins."""
         self.control.on_epoch(epoch, epochs)
 
-    def sampling_temperature(self, turns: Sequence[Turn]) -> float | torch.Tensor:
-        """The temperature ``turns`` were sampled at: one number when they share it (as
-        a batch does), else one per turn, [N, 1]."""
-        first = turns[0].temperature
-        if all(turn.temperature == first for turn in turns):
-            return first
-        return torch.tensor([[turn.temperature] for turn in turns], device=self.policy.device)
-
-    def evaluate(
-        self, turns: Sequence[Turn], temperature: float | torch.Tensor | None = None
-    ) -> Evaluation:
-        """Current log-probabilities, entropy and values for ``turns`` (with gradients).
-        Score mode's policy is taken at the temperature each turn was sampled at, or at
-        ``temperature`` when given."""
-        prompts = [turn.prompt_tokens for turn in turns]
-        if turns[0].candidates:
-            if temperature is None:
-                temperature = self.sampling_temperature(turns)
-            return self.policy.evaluate_choices(
-                prompts,
-                [turn.candidates for turn in turns],
-                chosen_actions(turns),
-                temperature=temperature,
-            )
-        return self.policy.evaluate_replies(
-            prompts, [turn.action_tokens for turn in turns], actions=self.named_actions(turns)
-        )
-
-    def named_actions(self, turns: Sequence[Turn]) -> list[list[list[int]]]:
-        """Each generate-mode turn's legal actions as tokens (empty where the agent names
-        none): the entropy bonus is taken over them (:meth:`Policy.evaluate_replies`)."""
-        names = sorted({name for turn in turns for name in turn.legal_actions})
-        encoded = name_tokens(self.policy.tokenizer, self.policy.eos_id, names)
-        tokens = dict(zip(names, encoded, strict=True))
-        return [[tokens[name] for name in turn.legal_actions] for turn in turns]
-
-    def old_logprobs(self, turns: Sequence[Turn], width: int) -> torch.Tensor:
-        """The rollout-time log-probabilities, padded to ``width`` action units."""
-        return self.padded([turn.logprobs for turn in turns], width)
-
-    def padded(self, rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
-        """Per-turn lists of per-unit numbers as a zero-padded [N, width] tensor."""
-        return padded(rows, width, 0.0, dtype=torch.float32).to(self.policy.device)
-
-    @torch.no_grad()
-    def reference_logprobs(self, turns: Sequence[Turn]) -> torch.Tensor:
-        """Log-probabilities of the chosen actions under the reference policy (the
-        adapter switched off, or the frozen copy of a fully fine-tuned model). A loop
-        that never called :meth:`freeze_reference` has it frozen here, at the weights
-        its first update starts from."""
-        self.freeze_reference()
-        prompts = [turn.prompt_tokens for turn in turns]
-        if turns[0].candidates:
-            return self.policy.evaluate_choices(
-                prompts,
-                [turn.candidates for turn in turns],
-                chosen_actions(turns),
-                temperature=self.sampling_temperature(turns),
-                reference=True,
-            ).logprobs
-        replies = [turn.action_tokens for turn in turns]
-        return self.policy.evaluate_replies(prompts, replies, reference=True).logprobs
-
-    def reference_logprob_lists(self, turns: Sequence[Turn], chunk: int) -> list[list[float]]:
-        """Reference log-probabilities of every turn, once per update (the reference
-        never changes, so epochs reuse them), ``chunk`` turns per forward pass, those
-        that share a prompt in the same pass."""
-        lists: list[list[float]] = [[] for _ in turns]
-        for piece in prompt_pieces(turns, range(len(turns)), chunk):
-            table = self.reference_logprobs([turns[i] for i in piece]).cpu()
-            for row, i in enumerate(piece):
-                units = 1 if turns[i].candidates else len(turns[i].action_tokens)
-                lists[i] = table[row, :units].tolist()
-        return lists
-
     def model_parameters(self) -> list[torch.nn.Parameter]:
         """The language model's trainable parameters, without the value head (for the
         algorithms that have no critic)."""
@@ -551,26 +380,6 @@ class Algorithm:
         of ``self.optimizer`` takes: ``step / warmup_steps`` during the warmup, else 1."""
         warmup = int(getattr(self.config, "warmup_steps", 0) or 0)
         return min(1.0, step / warmup) if warmup else 1.0
-
-    def keep_trunk(self, turns: Sequence[Turn], chunk: int) -> None:
-        """Have the policy's frozen trunk (:attr:`Policy.trunk`) hold every turn of an
-        update before its epochs: a pass without gradients, ``chunk`` turns at a time,
-        runs the decoder where a context is new (a score-mode rollout already kept its
-        prompts and candidates) and records it. The reference and every epoch then
-        run only the trained layers. A trunk that filled its memory starts over here."""
-        trunk = self.policy.trunk
-        if trunk is None or not turns:
-            return
-        if trunk.full:
-            trunk.clear()
-        for piece in prompt_pieces(turns, range(len(turns)), chunk):
-            batch = [turns[i] for i in piece]
-            prompts = [turn.prompt_tokens for turn in batch]
-            if batch[0].candidates:
-                self.policy.keep_trunk(prompts, candidates=[turn.candidates for turn in batch])
-            else:
-                replies = [turn.action_tokens for turn in batch]
-                self.policy.keep_trunk(prompts, replies=replies, actions=self.named_actions(batch))
 
     # -- the clipped-policy-gradient update ------------------------------------------
     def optimise(
@@ -731,146 +540,7 @@ class Algorithm:
         return metrics
 
 
-def history_groups(turns: Sequence[Turn]) -> list[list[int]]:
-    """The turns that minibatches keep together, as positions in ``turns``: a turn whose
-    prompt starts with another's (the turns of one episode with its history) joins that
-    one's group, so a pass runs their shared tokens once (:func:`prefix_rows`); every
-    other turn is a group of its own. Groups come in the order of their first turn
-    (without history, ``[[0], [1], ...]``: shuffling them is shuffling the turns)."""
-    ordered = sorted(range(len(turns)), key=lambda i: turns[i].prompt_tokens)
-    group_of = list(range(len(turns)))
-    for before, after in zip(ordered, ordered[1:], strict=False):
-        first, then = turns[before].prompt_tokens, turns[after].prompt_tokens
-        if len(first) < len(then) and then[: len(first)] == first:
-            group_of[after] = group_of[before]
-    groups: dict[int, list[int]] = {}
-    for index in range(len(turns)):
-        groups.setdefault(group_of[index], []).append(index)
-    return sorted(groups.values(), key=lambda group: group[0])
-
-
-def prompt_pieces(turns: Sequence[Turn], index: Iterable[int], size: int) -> list[list[int]]:
-    """``index`` (positions in ``turns``) cut into forward passes of at most ``size``
-    turns, in the order of their prompts, so turns that share a prompt go through the
-    same pass: the policy computes a prompt, and a reply repeated after it, once per
-    pass (a seed group's episodes all start from one prompt, and a small action space
-    repeats replies)."""
-    ordered = sorted(index, key=lambda i: turns[i].prompt_tokens)
-    return [ordered[start : start + size] for start in range(0, len(ordered), size)]
-
-
-# -- losses ---------------------------------------------------------------------------
-def zero_metrics(extra_losses: Sequence[LossTerm]) -> dict[str, float]:
-    """The metrics of a clipped-policy-gradient step, each at 0, in their report order."""
-    metrics = {"policy_loss": 0.0, **{term.name: 0.0 for term in extra_losses}}
-    metrics.update(entropy=0.0, kl_ref=0.0, approx_kl=0.0, clip_fraction=0.0)
-    return metrics
-
-
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean over each row's unmasked units, then over rows (long replies don't dominate)."""
-    per_row = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
-    return per_row.mean()
-
-
-@dataclass
-class Surrogate:
-    loss: torch.Tensor  # the clipped surrogate, to minimise
-    approx_kl: float  # KL(rollout || current) on this minibatch, ((r - 1) - log r)
-    clip_fraction: float  # share of units whose ratio left [1 - eps, 1 + eps]
-
-
-def clipped_surrogate(
-    new: Evaluation, old_logprobs: torch.Tensor, advantages: torch.Tensor, clip_range: float
-) -> Surrogate:
-    """PPO's clipped objective per action unit; ``advantages`` is one number per turn.
-
-    At the first step after a rollout the ratio is 1 and this is the plain policy
-    gradient, so REINFORCE-style algorithms take the same path and stay safe over epochs.
-    """
-    log_ratio = (new.logprobs - old_logprobs) * new.mask
-    ratio = log_ratio.exp()
-    advantage = advantages[:, None]
-    surrogate = torch.max(
-        -advantage * ratio, -advantage * ratio.clamp(1 - clip_range, 1 + clip_range)
-    )
-    with torch.no_grad():
-        approx_kl = masked_mean((ratio - 1) - log_ratio, new.mask).item()
-        clipped = ((ratio - 1).abs() > clip_range).float()
-        clip_fraction = masked_mean(clipped, new.mask).item()
-    return Surrogate(masked_mean(surrogate, new.mask), approx_kl, clip_fraction)
-
-
-def reference_kl(
-    new_logprobs: torch.Tensor, reference_logprobs: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
-    """KL(current || reference) per unit with the non-negative ``k3`` estimator
-    (exp(d) - 1 - d, d = log ref - log current), as in GRPO and TRL."""
-    delta = (reference_logprobs - new_logprobs) * mask
-    return masked_mean(delta.exp() - 1 - delta, mask)
-
-
-def minibatches(order: Sequence[int], size: int, count: int) -> list[list[int]]:
-    """The first ``count`` minibatches of ``size`` indices of ``order`` (the last may be
-    shorter); ``count`` comes from :meth:`Algorithm.sync_minibatch_count`."""
-    return [list(order[k * size : (k + 1) * size]) for k in range(count)]
-
-
-class KLController:
-    """The weight of the KL-to-reference penalty: fixed, or steered towards a target KL
-    with the proportional controller of Ziegler et al. (2019), sec. 2.2:
-    ``coef *= 1 + clip(KL / target - 1, -0.2, 0.2) * samples / horizon``."""
-
-    def __init__(self, coef: float, target: float | None = None, horizon: int = 10_000):
-        self.coef, self.target, self.horizon = coef, target, horizon
-
-    @classmethod
-    def from_config(cls, config: Any) -> KLController:
-        """From a config's ``kl_coef``, ``adaptive_kl_target`` and ``adaptive_kl_horizon``."""
-        return cls(config.kl_coef, config.adaptive_kl_target, config.adaptive_kl_horizon)
-
-    def update(self, measured_kl: float, samples: float) -> None:
-        """Steer by ``measured_kl`` over ``samples`` turns (with several processes, what
-        they agreed on: :meth:`Algorithm.sync_adapt_kl`). A fixed weight, or a measure
-        that is not finite, leaves it as it is."""
-        if self.target is None or not math.isfinite(measured_kl):
-            return
-        error = min(max(measured_kl / self.target - 1.0, -0.2), 0.2)
-        self.coef *= 1.0 + error * samples / self.horizon
-
-    def state_dict(self) -> dict:
-        return {"coef": self.coef}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.coef = float(state["coef"])
-
-
 # -- bookkeeping ------------------------------------------------------------------------
-def seed_groups(episodes: Sequence[Episode]) -> list[list[Episode]]:
-    """Episodes grouped by the seed group the engine gave them, in batch order.
-
-    Episodes without a group (the LlamaGym ``act``/``terminate_episode`` loop, which
-    does not seed resets) form one group together: a batch-level baseline is the best
-    that can be done for them.
-    """
-    groups: dict[int | None, list[Episode]] = {}
-    for episode in episodes:
-        groups.setdefault(episode.group, []).append(episode)
-    return list(groups.values())
-
-
-def chosen_actions(turns: Sequence[Turn]) -> list[int]:
-    """The index of the legal action each turn took (score mode's chosen candidate)."""
-    chosen = []
-    for turn in turns:
-        if turn.action_index is None:
-            raise ValueError(
-                "a turn with no chosen action (action_index None) cannot be trained on"
-            )
-        chosen.append(turn.action_index)
-    return chosen
-
-
 def rng_state(rng: random.Random) -> list:
     """A ``random.Random`` state as JSON-able lists."""
     version, internal, gauss = rng.getstate()

@@ -18,15 +18,19 @@ mid-write leaves the previous checkpoints untouched and no half directory. A dam
 checkpoint is named and never half-loaded: every tensor is checked against the model or
 optimizer it goes into (name, shape, dtype, finite values) before any is copied, and a
 run directory whose newest checkpoint is damaged falls back to its newest intact one.
+
+This module writes, finds and reads checkpoints; its pieces have modules of their own,
+and every name callers had from here is still importable from here (``__all__``):
+the errors (``checkpoint_errors``), the training state as JSON and named tensors
+(``checkpoint_state``), the checks on tensors before they load (``checkpoint_tensors``)
+and on the model a checkpoint names (``checkpoint_trust``).
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import os
-import random
 import re
 import shutil
 import tempfile
@@ -35,10 +39,77 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from llamagym.errors import LlamaGymError
 from llamagym.paths import write_failure, write_failure_text
+from llamagym.training.checkpoint_errors import (
+    CheckpointError,
+    CheckpointMismatchError,
+    CheckpointWriteError,
+    DamagedCheckpointError,
+    UntrustedModelError,
+    damaged,
+    first_line,
+)
+from llamagym.training.checkpoint_state import (
+    capture_global_rng,
+    decode_state,
+    encode_state,
+    restore_global_rng,
+    tensor_names,
+)
+from llamagym.training.checkpoint_tensors import (
+    PARAMETER_SHAPED_MOMENTS,
+    check_optimizer_state,
+    check_tensors,
+    load_tensors,
+)
+from llamagym.training.checkpoint_trust import (
+    TRUST_HINT,
+    check_model_source,
+    dotted,
+    untrusted_config,
+)
+
+__all__ = [
+    "CHECKPOINTS",
+    "CONFIG",
+    "FORMAT_VERSION",
+    "IDENTITY_FIELDS",
+    "META",
+    "PARAMETER_SHAPED_MOMENTS",
+    "STATE_TENSORS",
+    "TRUST_HINT",
+    "VALUE_HEAD",
+    "WEIGHTS",
+    "CheckpointError",
+    "CheckpointMismatchError",
+    "CheckpointWriteError",
+    "DamagedCheckpointError",
+    "UntrustedModelError",
+    "capture_global_rng",
+    "check_compatible",
+    "check_format",
+    "check_intact",
+    "check_model_source",
+    "checkpoint_name",
+    "decode_state",
+    "encode_state",
+    "find_checkpoint",
+    "how_to_continue",
+    "is_newer_format",
+    "list_checkpoints",
+    "load_checkpoint",
+    "prune_checkpoints",
+    "read_meta",
+    "restore_global_rng",
+    "restore_training_checkpoint",
+    "run_dir_of",
+    "save_checkpoint",
+    "save_training_checkpoint",
+    "trainable_state",
+    "untrusted_config",
+    "write_atomically",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -54,126 +125,6 @@ _NAME = re.compile(r"^update-(\d+)$")
 #: Config fields a resumed run must share with its checkpoint: a different value means
 #: different weights or a different optimizer, so the saved state cannot apply.
 IDENTITY_FIELDS = ("agent.name", "algorithm.name", "model.name", "model.lora", "model.lora_rank")
-#: How a user lets a checkpoint's model run its own code, wherever a checkpoint is loaded.
-TRUST_HINT = (
-    "llamagym eval (or play) --trust-remote-code, llamagym run --resume ... "
-    "--trust-remote-code, or load_agent(..., trust_remote_code=True)"
-)
-#: The optimizer moments that have one value per parameter entry (Adam, AdamW, SGD).
-PARAMETER_SHAPED_MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer")
-
-
-class CheckpointError(LlamaGymError):
-    """A checkpoint that cannot be used as asked."""
-
-
-class DamagedCheckpointError(CheckpointError):
-    """A checkpoint's files are missing, unreadable, truncated or inconsistent."""
-
-
-class CheckpointMismatchError(CheckpointError):
-    """A checkpoint's tensors do not fit the model or optimizer they would load into."""
-
-
-class CheckpointWriteError(CheckpointError):
-    """A checkpoint could not be written (a full disk, a read-only directory)."""
-
-
-class UntrustedModelError(CheckpointError):
-    """A checkpoint names a model that would run code of its own, and nobody allowed it."""
-
-
-def _first_line(error: BaseException) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
-
-
-# -- nested state <-> JSON plus named tensors -------------------------------------------
-def encode_state(value: Any, tensors: dict[str, Any]) -> Any:
-    """A JSON-safe copy of ``value``; each tensor goes into ``tensors`` under a new name.
-
-    Tuples, numpy arrays and dicts with non-string keys (an optimizer's ``state`` is
-    keyed by parameter index) are tagged so :func:`decode_state` restores them exactly.
-    """
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        name = f"t{len(tensors)}"
-        tensors[name] = value.detach().cpu().contiguous().clone()
-        return {"__tensor__": name}
-    if isinstance(value, np.ndarray):
-        return {"__ndarray__": value.tolist(), "dtype": str(value.dtype)}
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, tuple):
-        return {"__tuple__": [encode_state(item, tensors) for item in value]}
-    if isinstance(value, list):
-        return [encode_state(item, tensors) for item in value]
-    if isinstance(value, dict):
-        if all(isinstance(key, str) and not key.startswith("__") for key in value):
-            return {key: encode_state(item, tensors) for key, item in value.items()}
-        return {
-            "__items__": [
-                [encode_state(key, tensors), encode_state(item, tensors)]
-                for key, item in value.items()
-            ]
-        }
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    raise TypeError(f"a checkpoint cannot hold a {type(value).__name__} ({value!r:.80})")
-
-
-def decode_state(value: Any, tensors: dict[str, Any]) -> Any:
-    """The inverse of :func:`encode_state`."""
-    if isinstance(value, list):
-        return [decode_state(item, tensors) for item in value]
-    if not isinstance(value, dict):
-        return value
-    if "__tensor__" in value:
-        return tensors[value["__tensor__"]]
-    if "__ndarray__" in value:
-        return np.asarray(value["__ndarray__"], dtype=value["dtype"])
-    if "__tuple__" in value:
-        return tuple(decode_state(item, tensors) for item in value["__tuple__"])
-    if "__items__" in value:
-        return {
-            decode_state(key, tensors): decode_state(item, tensors)
-            for key, item in value["__items__"]
-        }
-    return {key: decode_state(item, tensors) for key, item in value.items()}
-
-
-# -- random states ---------------------------------------------------------------------
-def capture_global_rng() -> dict[str, Any]:
-    """The process-wide generators: python ``random``, numpy's legacy one, torch's."""
-    import torch
-
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_global_rng(state: dict[str, Any]) -> None:
-    import torch
-
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    cuda = state.get("cuda")
-    if cuda is not None and torch.cuda.is_available():
-        if len(cuda) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(cuda)
-        else:
-            logger.warning(
-                "checkpoint has CUDA random states for %d devices, this machine has %d: "
-                "GPU sampling will not repeat the original run exactly",
-                len(cuda),
-                torch.cuda.device_count(),
-            )
 
 
 # -- writing -------------------------------------------------------------------------
@@ -425,10 +376,6 @@ def run_dir_of(checkpoint: Path) -> Path:
     return checkpoint.parent
 
 
-def _damaged(directory: Path, problem: str) -> DamagedCheckpointError:
-    return DamagedCheckpointError(f"checkpoint {str(directory)!r} is damaged: {problem}")
-
-
 def read_meta(directory: Path) -> dict[str, Any]:
     """The checkpoint's ``checkpoint.json``, checked against its schema
     (:class:`~llamagym.training.run_files.CheckpointMeta`: counters are counts, the config
@@ -444,15 +391,15 @@ def read_meta(directory: Path) -> dict[str, Any]:
     try:
         meta = read_json_file(path)
     except ValueError as error:
-        raise _damaged(directory, f"{META} {error}") from None
+        raise damaged(directory, f"{META} {error}") from None
     except OSError as error:
-        raise _damaged(directory, f"{META} cannot be read ({_first_line(error)})") from None
+        raise damaged(directory, f"{META} cannot be read ({first_line(error)})") from None
     problem = _meta_problem(meta)
     if problem is not None:
-        raise _damaged(directory, f"{META} {problem}")
+        raise damaged(directory, f"{META} {problem}")
     algorithm = meta["config"].get("algorithm")
     if isinstance(algorithm, dict):
-        from llamagym.training.algorithm import nest_warm_start_keys
+        from llamagym.training.algorithm_config import nest_warm_start_keys
 
         # Written before the warm-start settings had their own section.
         meta["config"]["algorithm"] = nest_warm_start_keys(algorithm)
@@ -470,17 +417,6 @@ def _meta_problem(meta: Any) -> str | None:
     if recorded is not None and "name" in model and recorded != model["name"]:
         return f"names two models: {recorded!r} and {model['name']!r} in its config"
     return None
-
-
-def _tensor_names(value: Any) -> set[str]:
-    """The tensor names an encoded state refers to."""
-    if isinstance(value, list):
-        return set().union(*(_tensor_names(item) for item in value))
-    if isinstance(value, dict):
-        if isinstance(value.get("__tensor__"), str):
-            return {value["__tensor__"]}
-        return set().union(*(_tensor_names(item) for item in value.values()))
-    return set()
 
 
 def _damage(directory: Path) -> str | None:
@@ -508,10 +444,10 @@ def _damage(directory: Path) -> str | None:
         except (SafetensorError, OSError) as error:
             return (
                 f"checkpoint {str(directory)!r} is damaged: {name} is truncated or not a "
-                f"safetensors file ({_first_line(error)})"
+                f"safetensors file ({first_line(error)})"
             )
         if name == STATE_TENSORS:
-            absent = sorted(_tensor_names(meta["state"]) - keys)
+            absent = sorted(tensor_names(meta["state"]) - keys)
             if absent:
                 return (
                     f"checkpoint {str(directory)!r} is damaged: {STATE_TENSORS} lacks "
@@ -527,13 +463,6 @@ def check_intact(directory: Path) -> dict[str, Any]:
     if problem is not None:
         raise DamagedCheckpointError(problem)
     return read_meta(directory)
-
-
-def _dotted(config: dict[str, Any], key: str) -> Any:
-    node: Any = config
-    for part in key.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
-    return node
 
 
 def is_newer_format(meta: dict[str, Any]) -> bool:
@@ -558,7 +487,7 @@ def check_compatible(meta: dict[str, Any], config: dict[str, Any], directory: Pa
     check_format(meta, directory)
     saved = meta.get("config", {})
     for key in IDENTITY_FIELDS:
-        before, now = _dotted(saved, key), _dotted(config, key)
+        before, now = dotted(saved, key), dotted(config, key)
         if before != now:
             raise LlamaGymError(
                 f"cannot resume from {str(directory)!r}: it was trained with {key} = "
@@ -567,160 +496,20 @@ def check_compatible(meta: dict[str, Any], config: dict[str, Any], directory: Pa
             )
 
 
-# -- the model a checkpoint names --------------------------------------------------------
-def untrusted_config(meta: dict[str, Any]) -> dict[str, Any]:
-    """A copy of a checkpoint's config to build a run or agent from, with
-    ``model.trust_remote_code`` off: only the user can turn it on, never the checkpoint."""
-    config = copy.deepcopy(meta["config"])
-    model = config.setdefault("model", {})
-    model["trust_remote_code"] = False
-    return config
-
-
-def _code_map(model_name: str) -> tuple[str, str] | None:
-    """The file of the local model directory ``model_name`` that maps classes to Python
-    code of its own (``auto_map``) and the modules it names; ``None`` for anything else
-    (the tiny model, a Hub id, a GGUF file, a directory without ``auto_map``)."""
-    if not model_name or model_name.strip().lower() == "tiny":
-        return None
-    local = Path(model_name).expanduser()
-    if not local.is_dir():
-        return None
-    for name in ("config.json", "tokenizer_config.json"):
-        try:
-            data = json.loads((local / name).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        auto_map = data.get("auto_map") if isinstance(data, dict) else None
-        if auto_map:
-            targets = auto_map.values() if isinstance(auto_map, dict) else [auto_map]
-            modules = sorted(
-                {
-                    str(target).split(".")[0]
-                    for item in targets
-                    for target in (item if isinstance(item, (list, tuple)) else [item])
-                    if target
-                }
-            )
-            return name, ", ".join(modules) or "?"
-    return None
-
-
-def check_model_source(
-    meta: dict[str, Any], model_name: str, trust_remote_code: bool, directory: Path
-) -> None:
-    """Before the model of a checkpoint (``meta``) is loaded as ``model_name``: with
-    ``trust_remote_code`` (which only the user can give) a warning that the model's own
-    code will run; without it, a local model directory that maps classes to its own
-    Python code (``auto_map``) is refused, since loading it would either run that code
-    or quietly swap in another class. A checkpoint that recorded
-    ``trust_remote_code = true`` says so in a warning."""
-    if trust_remote_code:
-        logger.warning(
-            "trust_remote_code is on: loading model %r (checkpoint %s) will run Python code "
-            "that comes with it",
-            model_name,
-            directory,
-        )
-        return
-    code = _code_map(model_name)
-    if code is not None:
-        file, modules = code
-        raise UntrustedModelError(
-            f"checkpoint {str(directory)!r} names model {model_name!r}, a local directory "
-            f"whose {file} maps classes to Python code of its own (auto_map: {modules}); "
-            f"loading it would run that code, so it is refused (if you trust that code, "
-            f"allow it: {TRUST_HINT})"
-        )
-    if _dotted(meta.get("config", {}), "model.trust_remote_code") is True:
-        logger.warning(
-            "checkpoint %s records model.trust_remote_code = true; a checkpoint cannot turn "
-            "it on, so model %r loads without its own code (if you trust that code, allow "
-            "it: %s)",
-            directory,
-            model_name,
-            TRUST_HINT,
-        )
-
-
 # -- loading tensors ---------------------------------------------------------------------
-def _load_tensors(directory: Path, name: str) -> dict[str, Any]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    path = Path(directory) / name
-    if not path.is_file():
-        raise _damaged(directory, f"{name} is missing")
-    try:
-        return load_file(str(path))
-    except (SafetensorError, OSError) as error:
-        raise _damaged(
-            directory, f"{name} is truncated or not a safetensors file ({_first_line(error)})"
-        ) from None
-
-
-def _dtype_name(dtype: Any) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _check_tensors(
-    saved: dict[str, Any],
-    expected: dict[str, Any],
-    directory: Path,
-    what: str,
-    trained_with: str,
-    required: set[str],
-) -> None:
-    """Every saved tensor must have a place in ``expected`` with the same shape and
-    dtype, and finite values; every name in ``required`` must be saved."""
-    import torch
-
-    unknown = sorted(set(saved) - set(expected))
-    missing = sorted(required - set(saved))
-    if unknown or missing:
-        name, where = (unknown[0], "this model has none") if unknown else (
-            missing[0], "the checkpoint has none"
-        )
-        raise CheckpointMismatchError(
-            f"checkpoint {str(directory)!r} does not match this model: {what} {name!r} "
-            f"({where}); it was trained with {trained_with}"
-        )
-    for name in sorted(saved):
-        tensor, target = saved[name], expected[name]
-        if tuple(tensor.shape) != tuple(target.shape):
-            raise CheckpointMismatchError(
-                f"checkpoint {str(directory)!r} does not match this model: {what} {name!r} "
-                f"has shape {tuple(tensor.shape)} in the checkpoint, {tuple(target.shape)} "
-                f"in the model; it was trained with {trained_with}"
-            )
-        if tensor.dtype != target.dtype:
-            wanted = _dtype_name(tensor.dtype)
-            raise CheckpointMismatchError(
-                f"checkpoint {str(directory)!r} does not match this model: {what} {name!r} "
-                f"is {wanted} in the checkpoint, {_dtype_name(target.dtype)} in the model "
-                f"(it is not converted); load the model as {wanted} "
-                f"(--set model.dtype={wanted})"
-            )
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise _damaged(
-                directory, f"{what} {name!r} holds NaN or infinite values; use an earlier "
-                "checkpoint of the run"
-            )
-
-
 def _read_weights(
     policy: Any, directory: Path, meta: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The checkpoint's weights and value head, checked against ``policy``; nothing is
     copied yet."""
     trained_with = f"model {meta.get('model')!r}"
-    weights = _load_tensors(directory, WEIGHTS)
+    weights = load_tensors(directory, WEIGHTS)
     parameters = dict(policy.model.named_parameters())
     trainable = {name for name, parameter in parameters.items() if parameter.requires_grad}
-    _check_tensors(weights, parameters, directory, "parameter", trained_with, trainable)
-    value_head = _load_tensors(directory, VALUE_HEAD)
+    check_tensors(weights, parameters, directory, "parameter", trained_with, trainable)
+    value_head = load_tensors(directory, VALUE_HEAD)
     expected = policy.value_head.state_dict()
-    _check_tensors(value_head, expected, directory, "value head tensor", trained_with,
+    check_tensors(value_head, expected, directory, "value head tensor", trained_with,
                    set(expected))
     return weights, value_head
 
@@ -745,58 +534,6 @@ def load_checkpoint(policy: Any, directory: Path) -> dict[str, Any]:
     return meta
 
 
-def _check_optimizer_state(saved: Any, optimizer: Any, policy: Any, directory: Path) -> None:
-    """A saved optimizer state must fit ``optimizer``: as many groups and parameters,
-    and each per-parameter moment shaped like its parameter, with finite values."""
-    import torch
-
-    if saved is None or not isinstance(optimizer, torch.optim.Optimizer):
-        return
-    groups, state = (saved.get("param_groups"), saved.get("state")) if isinstance(
-        saved, dict
-    ) else (None, None)
-    if not isinstance(groups, list) or not isinstance(state, dict):
-        raise _damaged(directory, "its optimizer state has no parameter groups")
-    prefix = f"checkpoint {str(directory)!r} does not match this run: its optimizer"
-    if len(groups) != len(optimizer.param_groups):
-        raise CheckpointMismatchError(
-            f"{prefix} has {len(groups)} parameter group(s), this run's "
-            f"{len(optimizer.param_groups)}"
-        )
-    parameters: dict[Any, Any] = {}
-    for number, (group, live) in enumerate(zip(groups, optimizer.param_groups, strict=True)):
-        ids = group.get("params") if isinstance(group, dict) else None
-        if not isinstance(ids, list) or len(ids) != len(live["params"]):
-            count = len(ids) if isinstance(ids, list) else 0
-            raise CheckpointMismatchError(
-                f"{prefix} has {count} parameter(s) in group {number}, this run's "
-                f"{len(live['params'])}"
-            )
-        parameters.update(zip(ids, live["params"], strict=True))
-    names = {id(p): n for n, p in policy.model.named_parameters()}
-    names.update({id(p): f"value_head.{n}" for n, p in policy.value_head.named_parameters()})
-    for index, moments in state.items():
-        parameter = parameters.get(index)
-        if parameter is None or not isinstance(moments, dict):
-            raise CheckpointMismatchError(
-                f"{prefix} has state for parameter {index!r}, which this run's has not"
-            )
-        name = names.get(id(parameter), f"#{index}")
-        for key, value in moments.items():
-            if not isinstance(value, torch.Tensor):
-                continue
-            if key in PARAMETER_SHAPED_MOMENTS and value.shape != parameter.shape:
-                raise CheckpointMismatchError(
-                    f"{prefix} state {key!r} of parameter {name!r} has shape "
-                    f"{tuple(value.shape)}, the parameter {tuple(parameter.shape)}"
-                )
-            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-                raise _damaged(
-                    directory, f"optimizer state {key!r} of parameter {name!r} holds NaN "
-                    "or infinite values"
-                )
-
-
 def restore_training_checkpoint(directory: Path, run: Any) -> dict[str, Any]:
     """Load weights, optimizer, algorithm, engine and global RNG state into ``run`` (a
     :class:`llamagym.run.Run`); return the saved counters. Everything is read and
@@ -809,18 +546,18 @@ def restore_training_checkpoint(directory: Path, run: Any) -> dict[str, Any]:
             "evaluated but not resumed"
         )
     weights, value_head = _read_weights(run.policy, directory, meta)
-    tensors = _load_tensors(directory, STATE_TENSORS)
+    tensors = load_tensors(directory, STATE_TENSORS)
     try:
         state = decode_state(meta["state"], tensors)
     except (KeyError, TypeError, ValueError) as error:
-        raise _damaged(
-            directory, f"its training state does not decode ({_first_line(error)})"
+        raise damaged(
+            directory, f"its training state does not decode ({first_line(error)})"
         ) from None
     absent = [key for key in ("algorithm", "engine", "rng") if key not in state]
     if absent or not isinstance(meta.get("counters"), dict):
-        raise _damaged(directory, f"its training state lacks {(absent or ['counters'])[0]!r}")
+        raise damaged(directory, f"its training state lacks {(absent or ['counters'])[0]!r}")
     algorithm_state = state["algorithm"]
-    _check_optimizer_state(
+    check_optimizer_state(
         algorithm_state.get("optimizer") if isinstance(algorithm_state, dict) else None,
         getattr(run.algorithm, "optimizer", None),
         run.policy,
@@ -832,7 +569,7 @@ def restore_training_checkpoint(directory: Path, run: Any) -> dict[str, Any]:
         # Last: building the model and algorithm above may have drawn random numbers.
         restore_global_rng(state["rng"])
     except (KeyError, TypeError, ValueError, IndexError) as error:
-        raise _damaged(
-            directory, f"its training state does not fit this run ({_first_line(error)})"
+        raise damaged(
+            directory, f"its training state does not fit this run ({first_line(error)})"
         ) from None
     return dict(meta["counters"])
