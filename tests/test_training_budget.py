@@ -17,7 +17,7 @@ import torch
 from llamagym import hookimpl
 from llamagym.testing import temporary_plugin
 from llamagym.training import checkpoint as checkpoints
-from llamagym.training import run_state
+from llamagym.training import run_state, update_metrics
 from llamagym.training import trainer as training
 from llamagym.training.algorithm import Algorithm
 from llamagym.training.progress import format_stats
@@ -102,7 +102,7 @@ def test_time_budget_stops_inside_the_first_collection(tmp_path, caplog) -> None
 
 class FakeClock:
     """Stands in for the ``time`` module where the training loop reads the clock
-    (llamagym.training.trainer and run_state): real time plus a jump."""
+    (llamagym.training.trainer, run_state and update_metrics): real time plus a jump."""
 
     def __init__(self) -> None:
         self.offset = 0.0
@@ -113,7 +113,7 @@ class FakeClock:
     @classmethod
     def installed(cls, monkeypatch) -> FakeClock:
         clock = cls()
-        for module in (training, run_state):
+        for module in (training, run_state, update_metrics):
             monkeypatch.setattr(module, "time", clock)
         return clock
 
@@ -375,7 +375,7 @@ def test_a_first_update_that_moves_the_policy_far_is_one_warning(
     assert code == 0
     first = updates_of(tmp_path / "run")[0]
     lines = [r.getMessage() for r in caplog.records if "moved the policy far" in r.getMessage()]
-    assert (first["approx_kl"] > training.SANE_UPDATE_KL) == warned
+    assert (first["approx_kl"] > update_metrics.SANE_UPDATE_KL) == warned
     assert len(lines) == (1 if warned else 0)
     if warned:
         assert f"lower algorithm.lr (now {lr:g})" in lines[0] and "target_kl=0.02" in lines[0]

@@ -1,31 +1,38 @@
 """The rollout engine: N environments in lockstep, one batched forward pass per step.
 
 Each step renders every active env's prompt through the hooks and the tokenizer's chat
-template, asks the policy once for all of them (score or generate mode), turns replies
-into legal actions (extraction chain, then the invalid-action policy), and steps the
-envs. The LlamaGym-style ``Agent.act`` drives the same :meth:`RolloutEngine.decide`
-with one env, so there is one code path.
+template (:mod:`llamagym.rollout.prompts`), asks the policy once for all of them (score
+or generate mode), turns replies into legal actions (extraction chain, then the
+invalid-action policy), and steps the envs (:mod:`llamagym.rollout.env_checks`). The
+LlamaGym-style ``Agent.act`` drives the same :meth:`RolloutEngine.decide` with one env,
+so there is one code path.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
-import math
-import string
 import time
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from llamagym.config import RolloutSettings
 from llamagym.errors import EnvFailureError, LlamaGymError
-from llamagym.models.chat_template import render_chat
-from llamagym.models.policy import Policy, Replies, name_tokens
+from llamagym.models.policy import Policy
+from llamagym.rollout.env_checks import checked_reset as checked_reset
+from llamagym.rollout.env_checks import checked_step as checked_step
+from llamagym.rollout.env_checks import max_turns as max_turns
+from llamagym.rollout.prompts import PROMPT_CACHE_TOKENS as PROMPT_CACHE_TOKENS
+from llamagym.rollout.prompts import PromptRendering
+from llamagym.rollout.prompts import fill_reply_prefix as fill_reply_prefix
+from llamagym.rollout.prompts import reply_closing as reply_closing
+from llamagym.rollout.rollout_policy import RolloutPolicy as RolloutPolicy
+from llamagym.rollout.slots import Lockstep
+from llamagym.rollout.slots import Slot as Slot
 from llamagym.rollout.trajectory import Episode, Turn, info_summary
 from llamagym.schedule import Schedule
 
@@ -33,98 +40,6 @@ if TYPE_CHECKING:
     from llamagym.agent import Agent
 
 logger = logging.getLogger(__name__)
-
-PROMPT_CACHE_TOKENS = 1_000_000  # about 8 MB of cached prompt ids at most
-
-#: Each slot's key, naming its episode to the policy's turn cache.
-_slot_keys = itertools.count()
-
-
-class RolloutPolicy(Protocol):
-    """What the engine asks of a policy: a tokenizer, the context length, and the
-    batched passes that score candidates and that generate (and score) replies.
-    :class:`~llamagym.models.policy.Policy` is one; a stand-in such as
-    :class:`~llamagym.devtools.fake_model.FakePolicy` plays without a model. ``keys``
-    name each row's episode in progress (its slot's key), so a policy may keep what a
-    row's pass computed for the episode's next turn (Policy's turn cache); a policy
-    with a ``drop_turn_cache(key)`` method is told when that episode is over."""
-
-    @property
-    def tokenizer(self) -> Any: ...
-
-    @property
-    def eos_id(self) -> int: ...
-
-    @property
-    def max_context(self) -> int: ...
-
-    def score(
-        self,
-        prompts: Sequence[Sequence[int]],
-        candidates: Sequence[Sequence[Sequence[int]]],
-        reference: bool = False,
-        keys: Sequence[Hashable] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        greedy: bool = False,
-        generator: torch.Generator | None = None,
-        reply_prefix: str | Sequence[str] = "",
-        should_stop: Callable[[], bool] | None = None,
-        keys: Sequence[Hashable] | None = None,
-    ) -> Replies: ...
-
-
-def reply_closing(prefix: str) -> str:
-    """What closes a reply started by ``prefix`` after its action's name: ``"}`` after an
-    open JSON string (``{"action": "``), ``}`` after another opener."""
-    return '"}' if prefix.rstrip().endswith('"') else "}"
-
-
-def fill_reply_prefix(template: str, agent: Agent, observation: Any) -> str:
-    """``template`` (a ``rollout.reply_prefix``) with its ``$name`` fields filled from
-    ``agent.reply_fields(observation)``; ``$$`` is a dollar sign."""
-    try:
-        fields = agent.reply_fields(observation)
-    except Exception as error:
-        raise LlamaGymError(
-            f"{type(agent).__name__}.reply_fields raised {type(error).__name__}: {error} for "
-            f"the observation {observation!r}; rollout.reply_prefix {template!r} needs it "
-            "for every observation"
-        ) from error
-    try:
-        return string.Template(template).substitute(fields)
-    except KeyError as missing:
-        raise LlamaGymError(
-            f"rollout.reply_prefix {template!r} names ${missing.args[0]}, which "
-            f"{type(agent).__name__}.reply_fields does not give (it gives "
-            f"{sorted(fields) or 'none'}): name one of those, or write $$ for a dollar sign"
-        ) from None
-    except ValueError as error:
-        raise LlamaGymError(
-            f"rollout.reply_prefix {template!r}: {error}; a $ starts a field name ($sum), "
-            "write $$ for a dollar sign"
-        ) from None
-
-
-@dataclass
-class Slot:
-    """One environment's episode in progress. ``key`` names it to the policy, which
-    keeps the slot's last turn's key/value cache under it (``Policy.turn_cache``) until
-    the engine drops it (:meth:`RolloutEngine.end_slot`)."""
-
-    observation: Any
-    info: dict
-    episode: Episode
-    system_prompt: str
-    history: list[dict[str, str]] = field(default_factory=list)
-    key: int = field(default_factory=lambda: next(_slot_keys))
 
 
 @dataclass
@@ -135,14 +50,15 @@ class RolloutStats:
     seconds_total: float = 0.0
 
 
-class RolloutEngine:
+class RolloutEngine(PromptRendering):
     """Plays episodes with ``policy`` under ``settings``.
 
     ``schedule`` gives the sampling temperature (the run's schedule, moved by its owner;
     by default one of its own that stays at progress 0). ``max_failures_in_a_row``
     environment errors in a row end a collection with :class:`EnvFailureError`. With
     ``observe`` off, finished episodes are not passed to the ``llamagym_episode_end``
-    hook (an evaluation's episodes are not training data for the observers).
+    hook (an evaluation's episodes are not training data for the observers). The
+    prompts each step shows the model are :class:`PromptRendering`'s.
     """
 
     def __init__(
@@ -156,6 +72,7 @@ class RolloutEngine:
         max_failures_in_a_row: int = 10,
         observe: bool = True,
     ):
+        super().__init__()  # the prompt caches
         self.agent = agent
         self.policy = policy
         self.settings = settings
@@ -166,12 +83,7 @@ class RolloutEngine:
         self.rng = np.random.default_rng(seed)
         self.generator = torch.Generator().manual_seed(seed)
         self.stats = RolloutStats()
-        self._candidate_cache: dict[str, list[int]] = {}
-        self._reply_prefix_tokens: dict[str, list[int]] = {}
         self._greedy_memo: dict[tuple, Turn] | None = None
-        self._prompt_cache: dict[tuple, list[int]] = {}
-        self._prompt_cache_tokens = 0
-        self._warned_long_prompt = False
         #: env failures in a row, across collections (a batch of dropped episodes is no
         #: success), reset by the first step an env completes
         self.failures_in_a_row = 0
@@ -191,7 +103,18 @@ class RolloutEngine:
         self.rng.bit_generator.state = state["rng"]
         self.generator.set_state(state["generator"])
 
-    # -- prompts ---------------------------------------------------------------------
+    # -- the schedule ----------------------------------------------------------------
+    @property
+    def progress(self) -> float:
+        """The share of the run's budget used so far (the schedule's; read-only here)."""
+        return self.schedule.progress
+
+    @property
+    def temperature(self) -> float:
+        """The sampling temperature now (the schedule's)."""
+        return self.schedule.temperature()
+
+    # -- slots -----------------------------------------------------------------------
     def new_slot(self, observation: Any, info: dict, seed: int | None, group: int | None) -> Slot:
         return Slot(
             observation=observation,
@@ -206,153 +129,6 @@ class RolloutEngine:
         drop = getattr(self.policy, "drop_turn_cache", None)
         if drop is not None:
             drop(slot.key)
-
-    def _messages(self, slot: Slot, user_text: str, history: list[dict]) -> list[dict]:
-        messages = [{"role": "system", "content": slot.system_prompt}] if slot.system_prompt else []
-        return messages + history + [{"role": "user", "content": user_text}]
-
-    def _history(self, slot: Slot) -> list[dict]:
-        keep = self.settings.history_turns
-        if keep is None:
-            return list(slot.history)
-        return list(slot.history[len(slot.history) - 2 * keep :]) if keep else []
-
-    def render_prompts(
-        self, slots: Sequence[Slot], prefixes: Sequence[str] | None = None
-    ) -> tuple[list[str], list[list[int]], list[list[dict[str, str]]]]:
-        """User texts and prompt token ids; the oldest history turns go first if too long.
-        In generate mode each prompt leaves room for its reply prefix (``prefixes``, the
-        slots' :meth:`reply_prefixes` when the caller has them already) and the reply."""
-        user_texts = [
-            self._within_prompt_cap(
-                self.plugins.format_observation(self.agent, slot.observation, slot.info)
-            )
-            for slot in slots
-        ]
-        histories = [self._history(slot) for slot in slots]
-        cap = self.settings.max_prompt_chars
-        for row, slot in enumerate(slots):
-            # Bounded before the template renders or anything is tokenized.
-            while histories[row] and _characters(slot, user_texts[row], histories[row]) > cap:
-                histories[row] = histories[row][2:]
-        conversations = [
-            self._messages(slot, text, history)
-            for slot, text, history in zip(slots, user_texts, histories, strict=True)
-        ]
-        ids = self.prompt_tokens(conversations)
-        if self.settings.mode == "generate":
-            if prefixes is None:
-                prefixes = self.reply_prefixes(slots)
-            rooms = [self.reply_room(prefix) for prefix in prefixes]
-        else:
-            rooms = [16] * len(slots)
-        for row, prompt in enumerate(ids):
-            # Never cut the system prompt or the current observation: drop old turns.
-            while len(prompt) > self.policy.max_context - rooms[row] and histories[row]:
-                histories[row] = histories[row][2:]
-                conversations[row] = self._messages(slots[row], user_texts[row], histories[row])
-                [prompt] = self.prompt_tokens([conversations[row]])
-            ids[row] = prompt
-        return user_texts, ids, conversations
-
-    def _within_prompt_cap(self, text: str) -> str:
-        """An observation's text, cut to ``rollout.max_prompt_chars`` (one warning per
-        engine the first time one is longer)."""
-        cap = self.settings.max_prompt_chars
-        if len(text) <= cap:
-            return text
-        if not self._warned_long_prompt:
-            self._warned_long_prompt = True
-            logger.warning(
-                "%s gave an observation of %s characters, more than rollout.max_prompt_chars"
-                " = %s; such observations are cut to their first %s characters (raise "
-                "rollout.max_prompt_chars if the model's context holds more)",
-                self._env_name(),
-                f"{len(text):,}",
-                f"{cap:,}",
-                f"{cap:,}",
-            )
-        return text[:cap]
-
-    def _env_name(self) -> str:
-        """The env as messages name it: agent and env id."""
-        env_id = getattr(self.agent, "env_id", None)
-        name = self.agent.name or type(self.agent).__name__
-        return f"env {env_id!r} of agent {name!r}" if env_id else f"the env of agent {name!r}"
-
-    def prompt_tokens(self, conversations: list[list[dict[str, str]]]) -> list[list[int]]:
-        """Token ids of each conversation through the chat template, with a generation
-        prompt. Rendering is deterministic, so prompts seen before (a small state space
-        repeats them constantly) come from a bounded cache."""
-        keys = [tuple((m["role"], m["content"]) for m in c) for c in conversations]
-        ids = [self._prompt_cache.get(key) for key in keys]
-        missing = [row for row, found in enumerate(ids) if found is None]
-        encoded_rows: dict[int, list[int]] = {}
-        if missing:
-            tokenizer = self.policy.tokenizer
-            texts = render_chat(tokenizer, [conversations[row] for row in missing])
-            encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
-            for row, prompt in zip(missing, encoded, strict=True):
-                encoded_rows[row] = prompt
-                if self._prompt_cache_tokens + len(prompt) <= PROMPT_CACHE_TOKENS:
-                    self._prompt_cache[keys[row]] = prompt
-                    self._prompt_cache_tokens += len(prompt)
-        return [
-            list(encoded_rows[row] if prompt is None else prompt)
-            for row, prompt in enumerate(ids)
-        ]
-
-    @property
-    def progress(self) -> float:
-        """The share of the run's budget used so far (the schedule's; read-only here)."""
-        return self.schedule.progress
-
-    @property
-    def temperature(self) -> float:
-        """The sampling temperature now (the schedule's)."""
-        return self.schedule.temperature()
-
-    def reply_prefixes(self, slots: Sequence[Slot]) -> list[str]:
-        """Each slot's reply prefix: ``rollout.reply_prefix`` with the ``$name`` fields
-        of the agent's :meth:`~llamagym.agent.Agent.reply_fields` filled in."""
-        template = self.settings.reply_prefix
-        if "$" not in template:
-            return [template] * len(slots)
-        return [fill_reply_prefix(template, self.agent, slot.observation) for slot in slots]
-
-    def generation_prompts(self, slots: Sequence[Slot]) -> tuple[list[list[int]], list[str]]:
-        """Each slot's generate-mode context, its prompt followed by its reply prefix's
-        tokens, and the reply prefix (which the model's reply continues)."""
-        prefixes = self.reply_prefixes(slots)
-        prompts = [
-            prompt + self.reply_prefix_tokens(prefix)
-            for prompt, prefix in zip(
-                self.render_prompts(slots, prefixes)[1], prefixes, strict=True
-            )
-        ]
-        return prompts, prefixes
-
-    def reply_prefix_tokens(self, prefix: str) -> list[int]:
-        """The tokens of one reply prefix, which follow its generate-mode prompt."""
-        tokens = self._reply_prefix_tokens.get(prefix)
-        if tokens is None:
-            tokenizer = self.policy.tokenizer
-            tokens = tokenizer(prefix, add_special_tokens=False)["input_ids"] if prefix else []
-            if len(self._reply_prefix_tokens) < 100_000:
-                self._reply_prefix_tokens[prefix] = tokens
-        return tokens
-
-    def reply_room(self, prefix: str) -> int:
-        """Context positions a generate-mode reply needs after its prompt."""
-        return len(self.reply_prefix_tokens(prefix)) + self.settings.max_new_tokens
-
-    def candidate_tokens(self, name: str) -> list[int]:
-        tokens = self._candidate_cache.get(name)
-        if tokens is None:
-            tokens = name_tokens(self.policy.tokenizer, self.policy.eos_id, [name])[0]
-            if len(self._candidate_cache) < 100_000:
-                self._candidate_cache[name] = tokens
-        return tokens
 
     # -- one decision for every active env --------------------------------------------
     @torch.no_grad()
@@ -624,117 +400,149 @@ class RolloutEngine:
         undone.
         """
         started_at = time.perf_counter()
-        if seeds is None:
-            group_seeds = self.rng.integers(0, 2**31 - 1, size=-(-num_episodes // group_size))
-            seeds = [int(group_seeds[k // group_size]) for k in range(num_episodes)]
-        slots: list[Slot | None] = [None] * len(envs)
-        finished: list[Episode] = []
-        next_episode = 0
-        turn_caps = [max_turns(env, self.settings.max_episode_turns) for env in envs]
-
-        def start(position: int) -> None:
-            nonlocal next_episode
-            while next_episode < num_episodes:
-                k = next_episode
-                next_episode += 1
-                try:
-                    observation, info = checked_reset(envs[position], seeds[k])
-                except Exception as error:  # an env that raises must not end the run
-                    self._env_failed(envs, position, error)
-                    turn_caps[position] = max_turns(envs[position], self.settings.max_episode_turns)
-                    continue
-                slots[position] = self.new_slot(observation, info, seeds[k], k // group_size)
-                return
-            slots[position] = None
-
-        def finish(position: int, episode: Episode, summary: dict) -> None:
-            ended = slots[position]
-            if ended is not None:
-                self.end_slot(ended)
-            episode.info = summary
-            finished.append(episode)
-            if self.observe:
-                self.plugins.episode_end(self.agent, episode)
-            if on_episode is not None:
-                on_episode(episode)
-            start(position)
-
-        for position in range(len(envs)):
-            start(position)
-
+        lockstep = self._open_lockstep(envs, num_episodes, group_size, seeds, on_episode)
         try:
-            while any(slot is not None for slot in slots):
-                active = [(p, slot) for p, slot in enumerate(slots) if slot is not None]
+            while active := lockstep.active():
                 turns = self.decide([slot for _, slot in active], greedy, should_stop)
                 if self.settings.mode == "generate" and should_stop is not None and should_stop():
                     break  # the replies may be cut short: no env steps them
-                include_retries = self.settings.invalid_action.train_on_reprompts
                 for (position, slot), turn in zip(active, turns, strict=True):
-                    episode = slot.episode
-                    if turn.ends_episode:
-                        # The end-episode policy: the env is not stepped; the penalty is the
-                        # turn's only reward and the env is reset for the next episode.
-                        episode.turns += turn.training_turns(include_retries)
-                        episode.length += 1
-                        finish(
-                            position, episode, {"terminated": False, "ended_by_invalid_reply": True}
-                        )
-                        continue
-                    index = turn.action_index
-                    if index is None:  # the agent names no actions: extract_action's value
-                        action_name, env_action = str(turn.env_action), turn.env_action
-                    else:
-                        action_name = turn.legal_actions[index]
-                        env_action = self.agent.env_action(index, turn.legal_actions)
-                    try:
-                        observation, reward, terminated, truncated, info = checked_step(
-                            envs[position], env_action
-                        )
-                    except Exception as error:
-                        # Whatever went wrong (it raised, the old 4-tuple API, a reward that
-                        # is not a finite number), the partial episode is dropped, never
-                        # trained on nor averaged into a return.
-                        self.end_slot(slot)
-                        self._env_failed(envs, position, error)
-                        turn_caps[position] = max_turns(
-                            envs[position], self.settings.max_episode_turns
-                        )
-                        start(position)
-                        continue
-                    self.failures_in_a_row = 0
-                    self.stats.env_steps += 1
-                    shaped = reward
-                    if self.settings.reward_shaping:
-                        shaped += self.plugins.shape_reward(
-                            self.agent, slot.observation, action_name, reward, info
-                        )
-                    turn.reward += shaped
-                    episode.turns += turn.training_turns(include_retries)
-                    episode.env_return += reward
-                    episode.length += 1
-                    slot.history += turn.context_messages()
-                    slot.observation, slot.info = observation, info
-                    if terminated or truncated:
-                        finish(position, episode, {**info_summary(info), "terminated": terminated})
-                    elif episode.length >= turn_caps[position]:
-                        # An env that never ends (or sets no limit) is cut here: truncated.
-                        finish(
-                            position,
-                            episode,
-                            {
-                                **info_summary(info),
-                                "terminated": False,
-                                "turn_cap": turn_caps[position],
-                            },
-                        )
+                    self._play_turn(lockstep, position, slot, turn)
                 if should_stop is not None and should_stop():
                     break
         finally:
-            for abandoned in slots:  # a stop, an error: their caches go
-                if abandoned is not None:
-                    self.end_slot(abandoned)
+            self._abandon(lockstep)
         self.stats.seconds_total += time.perf_counter() - started_at
-        return finished
+        return lockstep.finished
+
+    def _open_lockstep(
+        self,
+        envs: list[Any],
+        num_episodes: int,
+        group_size: int,
+        seeds: Sequence[int] | None,
+        on_episode: Callable[[Episode], None] | None,
+    ) -> Lockstep:
+        """Draw the episodes' seeds (unless given), then start an episode in every env."""
+        if seeds is None:
+            group_seeds = self.rng.integers(0, 2**31 - 1, size=-(-num_episodes // group_size))
+            seeds = [int(group_seeds[k // group_size]) for k in range(num_episodes)]
+        lockstep = Lockstep(
+            envs,
+            seeds,
+            num_episodes,
+            group_size,
+            on_episode,
+            slots=[None] * len(envs),
+            turn_caps=[max_turns(env, self.settings.max_episode_turns) for env in envs],
+        )
+        for position in range(len(envs)):
+            self._start_episode(lockstep, position)
+        return lockstep
+
+    def _start_episode(self, lockstep: Lockstep, position: int) -> None:
+        """Reset env ``position`` for the next episode due, or leave it idle if none is."""
+        while lockstep.next_episode < lockstep.num_episodes:
+            k = lockstep.next_episode
+            lockstep.next_episode += 1
+            try:
+                observation, info = checked_reset(lockstep.envs[position], lockstep.seeds[k])
+            except Exception as error:  # an env that raises must not end the run
+                self._replace_env(lockstep, position, error)
+                continue
+            lockstep.slots[position] = self.new_slot(
+                observation, info, lockstep.seeds[k], k // lockstep.group_size
+            )
+            return
+        lockstep.slots[position] = None
+
+    def _play_turn(self, lockstep: Lockstep, position: int, slot: Slot, turn: Turn) -> None:
+        """Carry out one env's turn: step the env with its action, or end the episode."""
+        episode = slot.episode
+        if turn.ends_episode:
+            # The end-episode policy: the env is not stepped; the penalty is the turn's
+            # only reward and the env is reset for the next episode.
+            episode.turns += turn.training_turns(self.settings.invalid_action.train_on_reprompts)
+            episode.length += 1
+            ended = {"terminated": False, "ended_by_invalid_reply": True}
+            self._finish_episode(lockstep, position, slot, ended)
+            return
+        action_name, env_action = self._chosen_action(turn)
+        try:
+            observation, reward, terminated, truncated, info = checked_step(
+                lockstep.envs[position], env_action
+            )
+        except Exception as error:
+            # Whatever went wrong (it raised, the old 4-tuple API, a reward that is not
+            # a finite number), the partial episode is dropped, never trained on nor
+            # averaged into a return.
+            self.end_slot(slot)
+            self._replace_env(lockstep, position, error)
+            self._start_episode(lockstep, position)
+            return
+        self._record_step(slot, turn, action_name, observation, reward, info)
+        turn_cap = lockstep.turn_caps[position]
+        if terminated or truncated:
+            summary = {**info_summary(info), "terminated": terminated}
+            self._finish_episode(lockstep, position, slot, summary)
+        elif episode.length >= turn_cap:
+            # An env that never ends (or sets no limit) is cut here: truncated.
+            summary = {**info_summary(info), "terminated": False, "turn_cap": turn_cap}
+            self._finish_episode(lockstep, position, slot, summary)
+
+    def _chosen_action(self, turn: Turn) -> tuple[str, Any]:
+        """The name of the action a turn chose, and what the env is stepped with."""
+        index = turn.action_index
+        if index is None:  # the agent names no actions: extract_action's value
+            return str(turn.env_action), turn.env_action
+        return turn.legal_actions[index], self.agent.env_action(index, turn.legal_actions)
+
+    def _record_step(
+        self, slot: Slot, turn: Turn, action_name: str, observation: Any, reward: float,
+        info: dict,
+    ) -> None:
+        """Add a stepped turn to the slot: its episode's rewards and turns, the history."""
+        self.failures_in_a_row = 0
+        self.stats.env_steps += 1
+        shaped = reward
+        if self.settings.reward_shaping:
+            shaped += self.plugins.shape_reward(
+                self.agent, slot.observation, action_name, reward, info
+            )
+        turn.reward += shaped
+        episode = slot.episode
+        episode.turns += turn.training_turns(self.settings.invalid_action.train_on_reprompts)
+        episode.env_return += reward
+        episode.length += 1
+        slot.history += turn.context_messages()
+        slot.observation, slot.info = observation, info
+
+    def _finish_episode(
+        self, lockstep: Lockstep, position: int, slot: Slot, summary: dict
+    ) -> None:
+        """Hand out a finished episode (hooks, ``on_episode``), then start the env's next."""
+        self.end_slot(slot)
+        episode = slot.episode
+        episode.info = summary
+        lockstep.finished.append(episode)
+        if self.observe:
+            self.plugins.episode_end(self.agent, episode)
+        if lockstep.on_episode is not None:
+            lockstep.on_episode(episode)
+        self._start_episode(lockstep, position)
+
+    def _replace_env(self, lockstep: Lockstep, position: int, error: Exception) -> None:
+        """Count env ``position``'s failure and replace the env (see :meth:`_env_failed`)."""
+        self._env_failed(lockstep.envs, position, error)
+        lockstep.turn_caps[position] = max_turns(
+            lockstep.envs[position], self.settings.max_episode_turns
+        )
+
+    def _abandon(self, lockstep: Lockstep) -> None:
+        """End the episodes still in progress (a stop, an error): their caches go."""
+        for abandoned in lockstep.slots:
+            if abandoned is not None:
+                self.end_slot(abandoned)
 
     def _env_failed(self, envs: list[Any], position: int, error: Exception) -> None:
         """Count a failed reset or step (in a row, across collections), then replace the
@@ -764,65 +572,6 @@ def _short(error: Exception, limit: int = 300) -> str:
     """An env's error message on one bounded line (an env is untrusted)."""
     text = " ".join(str(error).split())
     return repr(text[:limit] + ("..." if len(text) > limit else ""))
-
-
-def _characters(slot: Slot, user_text: str, history: list[dict[str, str]]) -> int:
-    return len(slot.system_prompt) + len(user_text) + sum(len(m["content"]) for m in history)
-
-
-def max_turns(env: Any, default: int) -> int:
-    """The turns an episode of ``env`` may last: its own ``max_episode_steps`` (the
-    registration's), else ``default`` (``rollout.max_episode_turns``)."""
-    spec = getattr(env, "spec", None)
-    own = getattr(spec, "max_episode_steps", None)
-    return own if isinstance(own, int) and own > 0 else default
-
-
-def checked_reset(env: Any, seed: int) -> tuple[Any, dict]:
-    """``env.reset(seed=seed)`` as Gymnasium defines it, ``(observation, info)``;
-    anything else raises ``ValueError`` saying what came back."""
-    result = env.reset(seed=seed)
-    if not isinstance(result, tuple) or len(result) != 2:
-        raise ValueError(
-            f"env.reset returned {_shape(result)}, not Gymnasium's (observation, info)"
-        )
-    observation, info = result
-    if not isinstance(info, Mapping):
-        raise ValueError(f"env.reset returned an info of type {type(info).__name__}, not a dict")
-    return observation, dict(info)
-
-
-def checked_step(env: Any, action: Any) -> tuple[Any, float, bool, bool, dict]:
-    """``env.step(action)`` as Gymnasium defines it: ``(observation, reward, terminated,
-    truncated, info)`` with a finite number for the reward. Anything else (the old gym
-    API's 4-tuple, a reward of nan, inf or text) raises ``ValueError`` saying what came
-    back, which counts as a failure of the env."""
-    result = env.step(action)
-    if not isinstance(result, tuple) or len(result) != 5:
-        old_api = isinstance(result, tuple) and len(result) == 4
-        raise ValueError(
-            f"env.step returned {_shape(result)}, not Gymnasium's (observation, reward, "
-            "terminated, truncated, info)"
-            + ("; that is the old gym API's (observation, reward, done, info)" if old_api else "")
-        )
-    observation, reward, terminated, truncated, info = result
-    try:
-        reward = float(reward)
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"env.step returned a reward of type {type(reward).__name__}, not a number"
-        ) from None
-    if not math.isfinite(reward):
-        raise ValueError(f"env.step returned a non-finite reward ({reward})")
-    if not isinstance(info, Mapping):
-        raise ValueError(f"env.step returned an info of type {type(info).__name__}, not a dict")
-    return observation, reward, bool(terminated), bool(truncated), dict(info)
-
-
-def _shape(result: Any) -> str:
-    if isinstance(result, tuple):
-        return f"a tuple of {len(result)}"
-    return f"a {type(result).__name__}"
 
 
 def feedback_message(legal_actions: Sequence[str], shown: int = 20) -> str:

@@ -3,6 +3,8 @@
 The loop is the same for a fresh run and a resumed one: a resumed run first loads the
 checkpoint's weights, optimizer, counters and every random state, then carries on, so
 from the checkpoint's update on it writes the metrics the unbroken run would have.
+Its parts live beside it: the start and the resume in :mod:`.run_start`, an update's
+numbers in :mod:`.update_metrics`, the final evaluation in :mod:`.final_evaluation`.
 SIGINT (Ctrl-C) and SIGTERM stop the run within seconds, write a checkpoint and return;
 a second signal aborts at once. A signal (or the time budget running out) during a
 collection drops that unfinished batch: its finished episodes are not trained on, and
@@ -42,12 +44,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from llamagym.config import check_episode_memory
 from llamagym.errors import EnvFailureError, LlamaGymError, TrainingDivergedError, WriteError
 from llamagym.paths import write_atomically
-from llamagym.rollout.evaluation import EvalResult, evaluate_agent, evaluate_baseline
+from llamagym.rollout.evaluation import EvalResult
 from llamagym.schedule import Control
 from llamagym.specs import RunContext
 from llamagym.training import checkpoint as checkpoints
@@ -60,13 +59,11 @@ from llamagym.training.budget import (
     run_budgets,
     stop_cause,
 )
-from llamagym.training.report import (
-    METRICS,
-    append_record,
-    records_until,
-    rewrite_records,
-    write_report,
+from llamagym.training.final_evaluation import evaluate_run
+from llamagym.training.final_evaluation import (
+    evaluate_with_baselines as evaluate_with_baselines,
 )
+from llamagym.training.report import METRICS, append_record, write_report
 from llamagym.training.run_directory import (
     PLUGINS,
     RANK_RECORDS,
@@ -77,6 +74,7 @@ from llamagym.training.run_directory import (
 )
 from llamagym.training.run_files import read_metrics, read_transcripts
 from llamagym.training.run_lock import RunDirectoryLock
+from llamagym.training.run_start import make_first_env, restore_run, warn_if_plugins_changed
 from llamagym.training.run_state import (
     MOVING_AVERAGE_EPISODES,
     Counters,
@@ -93,42 +91,10 @@ from llamagym.training.transcripts import (
     TranscriptLog,
     transcript,
 )
+from llamagym.training.update_metrics import SANE_UPDATE_KL as SANE_UPDATE_KL
+from llamagym.training.update_metrics import count_update, warn_if_first_update_moved_far
 
 logger = logging.getLogger(__name__)
-
-
-def make_first_env(agent: Any) -> None:
-    """Make one of the agent's environments and close it again, before anything is
-    written: an env id that no installed package registers (or an env missing a
-    dependency) is one line naming the agent and the fix, and no run directory is left
-    behind. The training random streams do not move."""
-    import gymnasium
-
-    name = agent.config.agent.name or type(agent).__name__
-    env_id = getattr(agent, "env_id", None)
-    what = f"environment {env_id!r}" if env_id else "its environment"
-    try:
-        with isolated_rng():
-            agent.make_env().close()
-    except (gymnasium.error.UnregisteredEnv, gymnasium.error.DeprecatedEnv) as error:
-        raise LlamaGymError(
-            f"agent {name!r}: {what} is not registered with gymnasium "
-            f"({_one_line(error)}); install the package that registers it, or check "
-            "`llamagym list` for the agents installed"
-        ) from error
-    except gymnasium.error.DependencyNotInstalled as error:
-        raise LlamaGymError(
-            f"agent {name!r}: {what} needs a package that is not installed: {_one_line(error)}"
-        ) from error
-    except gymnasium.error.Error as error:
-        raise LlamaGymError(
-            f"agent {name!r} cannot make {what}: {_one_line(error)}; check the env id it "
-            f"uses with `llamagym check {name}`"
-        ) from error
-
-
-def _one_line(error: Exception) -> str:
-    return " ".join(str(error).split()) or type(error).__name__
 
 
 class Trainer:
@@ -241,23 +207,11 @@ class Trainer:
     ) -> list[dict[str, Any]]:
         """Load the checkpoint into the agent; return the metrics history up to it
         (``earlier``: the records of the run it belongs to)."""
-        saved = checkpoints.restore_training_checkpoint(checkpoint, self.agent.run)
-        self._resumed_plugins = checkpoints.read_meta(checkpoint).get("plugins")
-        for name, value in saved.items():
-            if hasattr(counters, name):
-                setattr(counters, name, value)
-        stats = self.agent.engine.stats
-        stats.env_steps, stats.env_failures = counters.env_steps, counters.env_failures
-        # The history continues the old run's metrics up to the checkpoint; lines a
-        # crashed run wrote after it would be written again, so they are dropped.
-        history = records_until(earlier, counters.updates)
-        history.append(
-            {"kind": "resume", "update": counters.updates, "checkpoint": str(checkpoint)}
+        metrics_file = self.output_dir / METRICS if distributed.is_main() else None
+        history, self._resumed_plugins = restore_run(
+            self.agent, checkpoint, counters, earlier, metrics_file
         )
-        if distributed.is_main():
-            rewrite_records(self.output_dir / METRICS, history)
         self._last_checkpoint, self._last_checkpoint_update = checkpoint, counters.updates
-        logger.info("resumed from %s at update %d", checkpoint, counters.updates)
         return history
 
     @contextlib.contextmanager
@@ -546,45 +500,7 @@ class Trainer:
         """Count the update over every process, and write it down: metrics.jsonl, the
         transcripts, the loggers' update_end hooks, the progress line."""
         agent, config, counters = self.agent, self.config, training.counters
-        engine = training.engine
-        # What every process did this update (one process: just this one).
-        shares = distributed.all_gather(
-            {
-                "returns": [e.env_return for e in batch],
-                "turns": sum(len(e.turns) for e in batch),
-                "invalid": sum(e.invalid_replies for e in batch),
-                "env_steps": engine.stats.env_steps - training.steps_before,
-                "env_failures": engine.stats.env_failures - training.failures_before,
-                "seconds": time.perf_counter() - training.started,
-                "update_seconds": time.perf_counter() - training.update_started,
-            }
-        )
-        returns = [value for share in shares for value in share["returns"]]
-        turns = sum(share["turns"] for share in shares)
-        steps = sum(share["env_steps"] for share in shares)
-        counters.updates += 1
-        counters.episodes += len(returns)
-        counters.env_steps += steps
-        counters.env_failures += sum(share["env_failures"] for share in shares)
-        counters.seconds = training.seconds_before + shares[0]["seconds"]  # rank 0's clock
-        recent = training.recent
-        recent.extend(returns)
-        counters.recent_returns = list(recent)
-        metrics = {
-            "update": counters.updates,
-            "total_episodes": counters.episodes,
-            "env_steps": counters.env_steps,
-            "seconds": counters.seconds,
-            "return_mean": sum(returns) / max(1, len(returns)),
-            "return_moving_average": float(np.mean(recent)) if recent else 0.0,
-            "invalid_rate": sum(s["invalid"] for s in shares) / max(1, turns),
-            "episode_length": turns / max(1, len(returns)),
-            "episodes": float(len(returns)),
-            "env_steps_per_second": steps / max(shares[0]["update_seconds"], 1e-9),
-            "env_failures": counters.env_failures,
-            "temperature": engine.temperature,
-        }
-        metrics.update({k: v for k, v in update_metrics.items() if k not in metrics})
+        metrics = count_update(training, batch, update_metrics)
         training.metrics = metrics
         training.history.append({"kind": "update", **metrics})
         if counters.updates == 1:
@@ -661,124 +577,7 @@ class Trainer:
             logger.warning("could not write the report: %s: %s", type(error).__name__, error)
 
     def _evaluate(self, counters: Counters) -> tuple[EvalResult, list[EvalResult], dict]:
-        config = self.config
-        started = time.perf_counter()
-        played: list[Any] = []
-        # A progress display that can show an evaluation (RunProgress) gets a bar for it.
-        display = getattr(self.progress, "evaluation", None)
-        with display() if display is not None else contextlib.nullcontext() as on_progress:
-            result, baselines = evaluate_with_baselines(
-                self.agent,
-                config.training.eval_episodes,
-                config.training.seed,
-                greedy=config.training.eval_greedy,
-                examples=played,
-                on_progress=on_progress,
-                # A run with a time budget gives its evaluation as long again, at most.
-                seconds=60 * config.training.minutes if config.training.minutes else None,
-            )
-        self._transcripts.add(
-            transcript(self.agent, episode, "evaluation", counters.updates)
-            for episode in played[:PER_UPDATE]
+        """The final evaluation beside the baselines, recorded in the run directory."""
+        return evaluate_run(
+            self.agent, self.config, self.progress, self._transcripts, self.output_dir, counters
         )
-        record = {
-            "kind": "evaluation",
-            "update": counters.updates,
-            "total_episodes": counters.episodes,
-            "seconds": time.perf_counter() - started,
-            "greedy": config.training.eval_greedy,
-            **result.as_dict(),
-            "baselines": [b.as_dict() for b in baselines],
-        }
-        append_record(self.output_dir / METRICS, record)
-        return result, baselines, record
-
-
-# An update whose policy moves further than this from the one that collected its batch
-# (PPO's approx-KL, in nats per action) has left the region where its surrogate is valid.
-SANE_UPDATE_KL = 0.1
-
-
-def warn_if_first_update_moved_far(metrics: dict[str, float], config: Any) -> None:
-    """One warning when the first update moved the policy far: with a pretrained model
-    it means the learning rate is too high for it, and the next updates only get worse."""
-    kl = metrics.get("approx_kl")
-    if kl is None or kl <= SANE_UPDATE_KL:
-        return
-    lr = getattr(config.algorithm, "lr", None)
-    target = getattr(config.algorithm, "target_kl", None)
-    fix = f"lower algorithm.lr (now {lr:g})" if lr is not None else "lower algorithm.lr"
-    if target is None:
-        fix += " or set algorithm.target_kl=0.02, which stops an update's epochs early"
-    logger.warning(
-        "update 1 moved the policy far from the one that collected its episodes "
-        "(approx-KL %.3g, above %.2g): %s",
-        kl,
-        SANE_UPDATE_KL,
-        fix,
-    )
-
-
-def _plugin_names(plugins: list[dict[str, Any]]) -> set[str]:
-    return {f"{p.get('name')} ({p.get('distribution')} {p.get('version')})" for p in plugins}
-
-
-def warn_if_plugins_changed(
-    saved: list[dict[str, Any]], current: list[dict[str, Any]]
-) -> None:
-    """A resumed run whose per-step plugins differ from the checkpoint's says so: its
-    prompts, parsing or rewards may no longer be the ones it was trained with."""
-    before, now = _plugin_names(saved), _plugin_names(current)
-    if before == now:
-        return
-    logger.warning(
-        "the plugins answering per-step hooks differ from the checkpoint's: %s%s",
-        f"new {', '.join(sorted(now - before))}" if now - before else "",
-        ("; " if now - before and before - now else "")
-        + (f"gone {', '.join(sorted(before - now))}" if before - now else ""),
-    )
-
-
-def evaluate_with_baselines(
-    agent: Any,
-    episodes: int,
-    seed: int,
-    greedy: bool = True,
-    examples: list | None = None,
-    on_progress: Callable[[str, int, int], None] | None = None,
-    seconds: float | None = None,
-) -> tuple[EvalResult, list[EvalResult]]:
-    """The agent and each of its baselines on the same ``episodes`` seeded episodes
-    (``examples`` receives the agent's episodes). ``on_progress`` is told ``(policy,
-    finished, episodes)`` as each one plays, ``policy`` being ``"agent"`` or the
-    baseline's name (e.g. :class:`llamagym.training.progress.EvaluationProgress`).
-    ``seconds`` bounds the agent's evaluation (:func:`evaluate_agent`)."""
-    check_episode_memory(episodes, "the evaluation's episodes")
-
-    def progress_of(name: str) -> Callable[[int, int], None] | None:
-        if on_progress is None:
-            return None
-        report = on_progress
-        return lambda finished, total: report(name, finished, total)
-
-    played: list = []
-    result = evaluate_agent(
-        agent,
-        episodes,
-        seed=seed,
-        greedy=greedy,
-        examples=played,
-        on_progress=progress_of("agent"),
-        seconds=seconds,
-    )
-    if examples is not None:
-        examples += played
-    # The baselines play the very episodes the agent finished (all of them, unless the
-    # time budget cut the evaluation short).
-    seeds = None if len(played) == episodes else sorted(e.seed for e in played)
-    baselines = [
-        evaluate_baseline(agent, name, episodes, seed=seed, on_progress=progress_of(name),
-                          seeds=seeds)
-        for name in agent.baselines
-    ]
-    return result, baselines

@@ -1,0 +1,220 @@
+"""What the model is shown each turn: a slot's chat (system prompt, the history the run
+keeps, the current observation) rendered through the tokenizer's chat template into
+prompt token ids that fit the context, the reply prefix a generated reply continues,
+and the tokens of each candidate action's name. :class:`PromptRendering` is the
+rollout engine's side that does this, with its caches."""
+
+from __future__ import annotations
+
+import logging
+import string
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from llamagym.config import RolloutSettings
+from llamagym.errors import LlamaGymError
+from llamagym.models.chat_template import render_chat
+from llamagym.models.policy import name_tokens
+from llamagym.plugin_manager import Plugins
+from llamagym.rollout.rollout_policy import RolloutPolicy
+from llamagym.rollout.slots import Slot
+
+if TYPE_CHECKING:
+    from llamagym.agent import Agent
+
+logger = logging.getLogger(__name__)
+
+PROMPT_CACHE_TOKENS = 1_000_000  # about 8 MB of cached prompt ids at most
+
+
+def reply_closing(prefix: str) -> str:
+    """What closes a reply started by ``prefix`` after its action's name: ``"}`` after an
+    open JSON string (``{"action": "``), ``}`` after another opener."""
+    return '"}' if prefix.rstrip().endswith('"') else "}"
+
+
+def fill_reply_prefix(template: str, agent: Agent, observation: Any) -> str:
+    """``template`` (a ``rollout.reply_prefix``) with its ``$name`` fields filled from
+    ``agent.reply_fields(observation)``; ``$$`` is a dollar sign."""
+    try:
+        fields = agent.reply_fields(observation)
+    except Exception as error:
+        raise LlamaGymError(
+            f"{type(agent).__name__}.reply_fields raised {type(error).__name__}: {error} for "
+            f"the observation {observation!r}; rollout.reply_prefix {template!r} needs it "
+            "for every observation"
+        ) from error
+    try:
+        return string.Template(template).substitute(fields)
+    except KeyError as missing:
+        raise LlamaGymError(
+            f"rollout.reply_prefix {template!r} names ${missing.args[0]}, which "
+            f"{type(agent).__name__}.reply_fields does not give (it gives "
+            f"{sorted(fields) or 'none'}): name one of those, or write $$ for a dollar sign"
+        ) from None
+    except ValueError as error:
+        raise LlamaGymError(
+            f"rollout.reply_prefix {template!r}: {error}; a $ starts a field name ($sum), "
+            "write $$ for a dollar sign"
+        ) from None
+
+
+class PromptRendering:
+    """Prompts for ``agent``'s slots under ``settings``, tokenized for ``policy``.
+
+    Rendering is deterministic, so what it computes is cached: prompt ids (bounded by
+    :data:`PROMPT_CACHE_TOKENS`), reply prefixes' tokens and candidates' tokens.
+    """
+
+    agent: Agent
+    plugins: Plugins
+    policy: RolloutPolicy
+    settings: RolloutSettings
+
+    def __init__(self) -> None:
+        self._candidate_cache: dict[str, list[int]] = {}
+        self._reply_prefix_tokens: dict[str, list[int]] = {}
+        self._prompt_cache: dict[tuple, list[int]] = {}
+        self._prompt_cache_tokens = 0
+        self._warned_long_prompt = False
+
+    def _messages(self, slot: Slot, user_text: str, history: list[dict]) -> list[dict]:
+        messages = [{"role": "system", "content": slot.system_prompt}] if slot.system_prompt else []
+        return messages + history + [{"role": "user", "content": user_text}]
+
+    def _history(self, slot: Slot) -> list[dict]:
+        keep = self.settings.history_turns
+        if keep is None:
+            return list(slot.history)
+        return list(slot.history[len(slot.history) - 2 * keep :]) if keep else []
+
+    def render_prompts(
+        self, slots: Sequence[Slot], prefixes: Sequence[str] | None = None
+    ) -> tuple[list[str], list[list[int]], list[list[dict[str, str]]]]:
+        """User texts and prompt token ids; the oldest history turns go first if too long.
+        In generate mode each prompt leaves room for its reply prefix (``prefixes``, the
+        slots' :meth:`reply_prefixes` when the caller has them already) and the reply."""
+        user_texts = [
+            self._within_prompt_cap(
+                self.plugins.format_observation(self.agent, slot.observation, slot.info)
+            )
+            for slot in slots
+        ]
+        histories = [self._history(slot) for slot in slots]
+        cap = self.settings.max_prompt_chars
+        for row, slot in enumerate(slots):
+            # Bounded before the template renders or anything is tokenized.
+            while histories[row] and _characters(slot, user_texts[row], histories[row]) > cap:
+                histories[row] = histories[row][2:]
+        conversations = [
+            self._messages(slot, text, history)
+            for slot, text, history in zip(slots, user_texts, histories, strict=True)
+        ]
+        ids = self.prompt_tokens(conversations)
+        if self.settings.mode == "generate":
+            if prefixes is None:
+                prefixes = self.reply_prefixes(slots)
+            rooms = [self.reply_room(prefix) for prefix in prefixes]
+        else:
+            rooms = [16] * len(slots)
+        for row, prompt in enumerate(ids):
+            # Never cut the system prompt or the current observation: drop old turns.
+            while len(prompt) > self.policy.max_context - rooms[row] and histories[row]:
+                histories[row] = histories[row][2:]
+                conversations[row] = self._messages(slots[row], user_texts[row], histories[row])
+                [prompt] = self.prompt_tokens([conversations[row]])
+            ids[row] = prompt
+        return user_texts, ids, conversations
+
+    def _within_prompt_cap(self, text: str) -> str:
+        """An observation's text, cut to ``rollout.max_prompt_chars`` (one warning per
+        engine the first time one is longer)."""
+        cap = self.settings.max_prompt_chars
+        if len(text) <= cap:
+            return text
+        if not self._warned_long_prompt:
+            self._warned_long_prompt = True
+            logger.warning(
+                "%s gave an observation of %s characters, more than rollout.max_prompt_chars"
+                " = %s; such observations are cut to their first %s characters (raise "
+                "rollout.max_prompt_chars if the model's context holds more)",
+                self._env_name(),
+                f"{len(text):,}",
+                f"{cap:,}",
+                f"{cap:,}",
+            )
+        return text[:cap]
+
+    def _env_name(self) -> str:
+        """The env as messages name it: agent and env id."""
+        env_id = getattr(self.agent, "env_id", None)
+        name = self.agent.name or type(self.agent).__name__
+        return f"env {env_id!r} of agent {name!r}" if env_id else f"the env of agent {name!r}"
+
+    def prompt_tokens(self, conversations: list[list[dict[str, str]]]) -> list[list[int]]:
+        """Token ids of each conversation through the chat template, with a generation
+        prompt. Rendering is deterministic, so prompts seen before (a small state space
+        repeats them constantly) come from a bounded cache."""
+        keys = [tuple((m["role"], m["content"]) for m in c) for c in conversations]
+        ids = [self._prompt_cache.get(key) for key in keys]
+        missing = [row for row, found in enumerate(ids) if found is None]
+        encoded_rows: dict[int, list[int]] = {}
+        if missing:
+            tokenizer = self.policy.tokenizer
+            texts = render_chat(tokenizer, [conversations[row] for row in missing])
+            encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
+            for row, prompt in zip(missing, encoded, strict=True):
+                encoded_rows[row] = prompt
+                if self._prompt_cache_tokens + len(prompt) <= PROMPT_CACHE_TOKENS:
+                    self._prompt_cache[keys[row]] = prompt
+                    self._prompt_cache_tokens += len(prompt)
+        return [
+            list(encoded_rows[row] if prompt is None else prompt)
+            for row, prompt in enumerate(ids)
+        ]
+
+    def reply_prefixes(self, slots: Sequence[Slot]) -> list[str]:
+        """Each slot's reply prefix: ``rollout.reply_prefix`` with the ``$name`` fields
+        of the agent's :meth:`~llamagym.agent.Agent.reply_fields` filled in."""
+        template = self.settings.reply_prefix
+        if "$" not in template:
+            return [template] * len(slots)
+        return [fill_reply_prefix(template, self.agent, slot.observation) for slot in slots]
+
+    def generation_prompts(self, slots: Sequence[Slot]) -> tuple[list[list[int]], list[str]]:
+        """Each slot's generate-mode context, its prompt followed by its reply prefix's
+        tokens, and the reply prefix (which the model's reply continues)."""
+        prefixes = self.reply_prefixes(slots)
+        prompts = [
+            prompt + self.reply_prefix_tokens(prefix)
+            for prompt, prefix in zip(
+                self.render_prompts(slots, prefixes)[1], prefixes, strict=True
+            )
+        ]
+        return prompts, prefixes
+
+    def reply_prefix_tokens(self, prefix: str) -> list[int]:
+        """The tokens of one reply prefix, which follow its generate-mode prompt."""
+        tokens = self._reply_prefix_tokens.get(prefix)
+        if tokens is None:
+            tokenizer = self.policy.tokenizer
+            tokens = tokenizer(prefix, add_special_tokens=False)["input_ids"] if prefix else []
+            if len(self._reply_prefix_tokens) < 100_000:
+                self._reply_prefix_tokens[prefix] = tokens
+        return tokens
+
+    def reply_room(self, prefix: str) -> int:
+        """Context positions a generate-mode reply needs after its prompt."""
+        return len(self.reply_prefix_tokens(prefix)) + self.settings.max_new_tokens
+
+    def candidate_tokens(self, name: str) -> list[int]:
+        tokens = self._candidate_cache.get(name)
+        if tokens is None:
+            tokens = name_tokens(self.policy.tokenizer, self.policy.eos_id, [name])[0]
+            if len(self._candidate_cache) < 100_000:
+                self._candidate_cache[name] = tokens
+        return tokens
+
+
+def _characters(slot: Slot, user_text: str, history: list[dict[str, str]]) -> int:
+    return len(slot.system_prompt) + len(user_text) + sum(len(m["content"]) for m in history)
