@@ -419,7 +419,7 @@ def episodepass(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
     from llamagym_textworld.agent import TextWorldAgent
 
-    from llamagym.models import policy as policy_module
+    from llamagym.models import passes
 
     agent = TextWorldAgent(config={
         "model": {"name": spec["model"]}, "output": {"dir": None},
@@ -453,7 +453,7 @@ def episodepass(spec: dict[str, Any]) -> dict[str, Any]:
         algorithm.load_state_dict(state)
         if policy.trunk is not None:
             policy.trunk.clear()  # each variant computes the trunk's states itself
-        patch = (mock.patch.object(policy_module, "prefix_rows", one_row_per_prompt)
+        patch = (mock.patch.object(passes, "prefix_rows", one_row_per_prompt)
                  if variant == "per_turn" else contextlib.nullcontext())
         positions = policy.positions_run
         started = time.perf_counter()

@@ -9,13 +9,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from llamagym.errors import ModelLoadError
+from llamagym.models.generation import sampling_processors
 from llamagym.models.loading import load_model_and_tokenizer
-from llamagym.models.policy import (
-    MIN_SHARED_TOKENS,
-    Policy,
-    sampling_processors,
-    shared_prefix_length,
-)
+from llamagym.models.passes import MIN_SHARED_TOKENS, shared_prefix_length
+from llamagym.models.policy import Policy
 from llamagym.models.tiny import build_tiny_model
 
 
@@ -382,3 +379,19 @@ def test_a_model_object_given_to_the_classic_api_follows_the_lora_rule() -> None
         assert not whole.policy.uses_adapter
     finally:
         models.LORA_AUTO_THRESHOLD = original
+
+
+def test_names_that_moved_out_of_the_policy_module_still_import_from_it() -> None:
+    """Plugins and other modules import these from llamagym.models.policy, where they
+    were before generation.py and passes.py took them: the same objects, from both."""
+    from llamagym.models import generation, passes, policy
+
+    moved = {
+        generation: ["JsonClosed", "closes_json", "json_closed_at", "reply_prefixes",
+                     "sampling_processors"],
+        passes: ["MIN_SHARED_TOKENS", "padded", "prefix_rows", "shared_prefix_length"],
+    }
+    for home, names in moved.items():
+        for name in names:
+            assert name in policy.__all__
+            assert getattr(policy, name) is getattr(home, name), name

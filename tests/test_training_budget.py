@@ -313,7 +313,7 @@ def test_a_long_generation_stops_between_tokens(stop, tmp_path, monkeypatch, cap
     cut batch dropped, the checkpoint the last completed update's)."""
     import threading
 
-    from llamagym.models import policy
+    from llamagym.models import generation
     from llamagym.testing import BanditAgent, tiny_agent
 
     budget = 0.02 if stop == "time budget" else 1000  # minutes
@@ -325,7 +325,7 @@ def test_a_long_generation_stops_between_tokens(stop, tmp_path, monkeypatch, cap
         output={"dir": str(tmp_path), "quiet": True},
     )
     # No reply closes its JSON object or says the end-of-turn token: each runs 4,096 tokens.
-    monkeypatch.setattr(policy, "closes_json", lambda text: False)
+    monkeypatch.setattr(generation, "closes_json", lambda text: False)
     agent.policy.eos_id = len(agent.policy.tokenizer) + 1000
     trainer = training.Trainer(agent)
     if stop == "SIGINT":
