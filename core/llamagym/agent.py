@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from llamagym.config import RunConfig
 from llamagym.config_layers import Layer, ResolvedConfig, resolve_agent_config
 from llamagym.errors import ConfigError, LlamaGymError
-from llamagym.plugin_manager import Plugins, RefusedAnswer, action_index_of, get_plugins
+from llamagym.plugin_answers import RefusedAnswer, action_index_of
+from llamagym.plugin_manager import Plugins, get_plugins
 
 if TYPE_CHECKING:
     # The machinery's types, as the session module names them (one way up, see session).

@@ -50,7 +50,8 @@ from llamagym.training.export import RUN_EXPORT, VALUE_HEAD, read_export_meta
 if TYPE_CHECKING:
     from llamagym.agent import Agent
     from llamagym.plugin_manager import Plugins
-    from llamagym.training.algorithm import Algorithm, AlgorithmConfig
+    from llamagym.training.algorithm import Algorithm
+    from llamagym.training.algorithm_config import AlgorithmConfig
 
 logger = logging.getLogger(__name__)
 

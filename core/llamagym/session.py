@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from llamagym.errors import LlamaGymError
-from llamagym.rollout.engine import RolloutEngine, Slot
+from llamagym.rollout.engine import RolloutEngine
+from llamagym.rollout.slots import Slot
 from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.run import Run, build_run, load_policy, make_engine
 from llamagym.schedule import Control, Schedule

@@ -125,8 +125,8 @@ def eval_command(
     status = Console(stderr=True)
     configure_logging(status, quiet=as_json or quiet, verbose=False)
 
+    from llamagym.training.final_evaluation import evaluate_with_baselines
     from llamagym.training.progress import EvaluationProgress
-    from llamagym.training.trainer import evaluate_with_baselines
 
     display = contextlib.nullcontext() if quiet else EvaluationProgress(status)
     with display as progress:

@@ -71,7 +71,8 @@ def check_command(
     Exit code 1 when a check fails."""
     from llamagym.config import check_seed, deep_merge
     from llamagym.config_files import parse_assignment
-    from llamagym.devtools.conformance import CHECK_NAMES, check_agent
+    from llamagym.devtools.agent_checks import CHECK_NAMES
+    from llamagym.devtools.conformance import check_agent
     from llamagym.errors import LlamaGymError
     from llamagym.plugin_manager import get_plugins
 

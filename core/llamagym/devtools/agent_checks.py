@@ -347,7 +347,7 @@ def check_prompts(ctx: CheckContext) -> str:
             )
         if "$" in rollout.reply_prefix:
             from llamagym.errors import LlamaGymError
-            from llamagym.rollout.engine import fill_reply_prefix
+            from llamagym.rollout.prompts import fill_reply_prefix
 
             try:
                 fill_reply_prefix(rollout.reply_prefix, agent, sample.observation)

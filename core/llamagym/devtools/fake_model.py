@@ -174,7 +174,8 @@ class FakePolicy:
         should_stop: Any = None,  # a scripted reply is one step
         keys: Sequence[Any] | None = None,  # no model, no cache to keep
     ) -> Replies:
-        from llamagym.models.policy import Replies, reply_prefixes
+        from llamagym.models.generation import reply_prefixes
+        from llamagym.models.policy import Replies
 
         self._count(len(prompts))
         replies = []

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from llamagym.errors import ModelLoadError
 from llamagym.models import sources as model_sources
+from llamagym.models.gguf_conversion import dtype_keyword
 from llamagym.models.registry import (
     GENERIC_CHAT_TEMPLATE,
     LLAMA_LIKE_TARGETS,
@@ -27,7 +28,6 @@ from llamagym.models.registry import (
     ModelEntry,
     get_model_entry,
 )
-from llamagym.models.sources import dtype_keyword
 
 if TYPE_CHECKING:
     import torch

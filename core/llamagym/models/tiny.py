@@ -196,7 +196,7 @@ def _build_into(directory: Path, seed: int) -> None:
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-    from llamagym.models.sources import save_model_files
+    from llamagym.models.gguf_conversion import save_model_files
 
     tokenizer = build_tokenizer()
     config = LlamaConfig(

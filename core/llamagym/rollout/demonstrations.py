@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 from llamagym.errors import ConfigError
 from llamagym.paths import write_atomically
-from llamagym.rollout.engine import fill_reply_prefix, reply_closing
 from llamagym.rollout.evaluation import play_baseline
+from llamagym.rollout.prompts import fill_reply_prefix, reply_closing
 
 if TYPE_CHECKING:
     from llamagym.agent import Agent
-    from llamagym.rollout.engine import Slot
+    from llamagym.rollout.slots import Slot
 
 RECORD_SEED_OFFSET = 2_000_003  # recorded episodes never reuse training or evaluation seeds
 

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from llamagym.errors import LlamaGymError
+from llamagym.rollout.env_checks import checked_reset, checked_step, max_turns
 from llamagym.rollout.trajectory import Episode, info_summary
 
 logger = logging.getLogger(__name__)
@@ -251,8 +252,6 @@ def play_baseline(
 ) -> Iterator[BaselineStep]:
     """Play one of the agent's baseline policies, one episode per seed, step by step
     (``rng_seed`` seeds the baseline's own randomness, e.g. the random policy's)."""
-    from llamagym.rollout.engine import checked_reset, checked_step, max_turns
-
     baseline = agent.baselines[name]
     rng = np.random.default_rng(rng_seed)
     env = agent.make_env()

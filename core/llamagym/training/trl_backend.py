@@ -59,6 +59,7 @@ from llamagym.training.report import (
 )
 from llamagym.training.run_directory import RUN_FILES, check_writable
 from llamagym.training.run_files import read_metrics
+from llamagym.training.run_start import make_first_env
 from llamagym.training.run_state import (
     MOVING_AVERAGE_EPISODES,
     Counters,
@@ -67,7 +68,7 @@ from llamagym.training.run_state import (
     seed_everything,
 )
 from llamagym.training.sharded import full_state_dict, whole_model
-from llamagym.training.trainer import Trainer, make_first_env
+from llamagym.training.trainer import Trainer
 from llamagym.training.transcripts import PER_UPDATE, TRANSCRIPTS, TranscriptLog, transcript
 from llamagym.training.trl_rollout import EpisodeRollouts
 from llamagym.training.trl_settings import (

@@ -14,8 +14,10 @@ import torch
 
 from llamagym.errors import LlamaGymError
 from llamagym.models.chat_template import render_chat
-from llamagym.models.policy import Replies, json_closed_at, reply_prefixes
-from llamagym.rollout.engine import RolloutEngine, Slot
+from llamagym.models.generation import json_closed_at, reply_prefixes
+from llamagym.models.policy import Replies
+from llamagym.rollout.engine import RolloutEngine
+from llamagym.rollout.slots import Slot
 from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.training.sharded import whole_model
 from llamagym.training.trl_settings import seed_of

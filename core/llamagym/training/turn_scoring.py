@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 import torch
 
-from llamagym.models.policy import Evaluation, Policy, name_tokens, padded
+from llamagym.models.passes import padded
+from llamagym.models.policy import Evaluation, Policy, name_tokens
 from llamagym.rollout.trajectory import Turn
 from llamagym.training.batching import prompt_pieces
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 
 from llamagym.plugins.sft import WarmStartConfig
-from llamagym.training.algorithm import (
+from llamagym.training.algorithm_config import (
     AlgorithmConfig,
     check_adaptive_kl,
     microbatch_size_field,

@@ -33,18 +33,16 @@ from llamagym.plugins.sft import WarmStart
 from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.schedule import Control, Schedule
 from llamagym.training import distributed
-from llamagym.training.algorithm import (
-    Algorithm,
-    KLController,
-    check_group_divides_batch,
-    seed_groups,
-)
+from llamagym.training.algorithm import Algorithm
+from llamagym.training.algorithm_config import check_group_divides_batch
+from llamagym.training.batching import seed_groups
 from llamagym.training.credit import (
     RULES_WITHOUT_VALUES,
     CreditRule,
     group_normalized,
     turn_returns,
 )
+from llamagym.training.kl_control import KLController
 
 logger = logging.getLogger(__name__)
 

@@ -18,12 +18,10 @@ from llamagym.plugins.sft import WarmStart
 from llamagym.rollout.trajectory import Episode
 from llamagym.schedule import Control, Schedule
 from llamagym.training import distributed
-from llamagym.training.algorithm import (
-    Algorithm,
-    KLController,
-    LossTerm,
-)
+from llamagym.training.algorithm import Algorithm
 from llamagym.training.credit import CREDIT_RULES, gae, turn_returns
+from llamagym.training.kl_control import KLController
+from llamagym.training.losses import LossTerm
 
 
 class PPOConfig(ClippedConfig):

@@ -19,7 +19,7 @@ from pydantic import Field, field_validator
 
 from llamagym.plugins.grpo import GRPO, STD_EPS, CriticFreeConfig
 from llamagym.rollout.trajectory import Episode
-from llamagym.training.algorithm import check_group_divides_batch
+from llamagym.training.algorithm_config import check_group_divides_batch
 from llamagym.training.credit import (
     group_normalized,
     leave_one_out,

@@ -50,9 +50,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llamagym.errors import ConfigError
 from llamagym.models.chat_template import render_chat
-from llamagym.rollout.engine import reply_closing
+from llamagym.rollout.prompts import reply_closing
 from llamagym.rollout.trajectory import Episode, Turn
-from llamagym.training.algorithm import masked_mean
+from llamagym.training.losses import masked_mean
 
 if TYPE_CHECKING:
     from llamagym.training.algorithm import Algorithm
