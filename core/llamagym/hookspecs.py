@@ -32,9 +32,7 @@ import pluggy
 if TYPE_CHECKING:
     import typer
 
-    from llamagym.agent import Agent
-    from llamagym.rollout.trajectory import Episode
-    from llamagym.specs import RunContext
+    from llamagym.specs import AgentView, EpisodeView, RunContext
 
 PROJECT_NAME = "llamagym"
 
@@ -105,7 +103,7 @@ def llamagym_register_commands(cli: typer.Typer) -> None:
 
 
 @hookspec(firstresult=True)
-def llamagym_system_prompt(agent: Agent) -> str | None:
+def llamagym_system_prompt(agent: AgentView) -> str | None:
     """Return the system prompt for ``agent``'s episodes. First non-None answer wins.
 
     The agent's own ``get_system_prompt`` answers at normal priority.
@@ -113,7 +111,7 @@ def llamagym_system_prompt(agent: Agent) -> str | None:
 
 
 @hookspec(firstresult=True)
-def llamagym_format_observation(agent: Agent, observation: Any, info: dict) -> str | None:
+def llamagym_format_observation(agent: AgentView, observation: Any, info: dict) -> str | None:
     """Return the user-turn text for one observation. First non-None answer wins.
 
     The agent's own ``format_observation`` answers at normal priority.
@@ -121,7 +119,9 @@ def llamagym_format_observation(agent: Agent, observation: Any, info: dict) -> s
 
 
 @hookspec(firstresult=True)
-def llamagym_extract_action(agent: Agent, reply: str, legal_actions: Sequence[str]) -> int | None:
+def llamagym_extract_action(
+    agent: AgentView, reply: str, legal_actions: Sequence[str]
+) -> int | None:
     """Map a model reply to an index into ``legal_actions``. First non-None answer wins.
 
     Return ``None`` when the reply holds no legal action, so the next parser may try.
@@ -133,7 +133,7 @@ def llamagym_extract_action(agent: Agent, reply: str, legal_actions: Sequence[st
 
 @hookspec
 def llamagym_shape_reward(
-    agent: Agent, observation: Any, action: str, reward: float, info: dict
+    agent: AgentView, observation: Any, action: str, reward: float, info: dict
 ) -> float | None:
     """Return a term added to the environment's reward for one step (or ``None``).
 
@@ -143,7 +143,7 @@ def llamagym_shape_reward(
 
 
 @hookspec
-def llamagym_episode_end(agent: Agent, episode: Episode, run: RunContext) -> None:
+def llamagym_episode_end(agent: AgentView, episode: EpisodeView, run: RunContext) -> None:
     """Observe a finished episode (loggers, replay buffers). Every plugin is called.
 
     ``run.run_dir`` is ``None`` outside a run and on ranks other than 0.
@@ -152,7 +152,7 @@ def llamagym_episode_end(agent: Agent, episode: Episode, run: RunContext) -> Non
 
 @hookspec
 def llamagym_update_end(
-    agent: Agent, update: int, metrics: dict[str, float], run: RunContext
+    agent: AgentView, update: int, metrics: dict[str, float], run: RunContext
 ) -> None:
     """Observe the metrics of one finished update (loggers). Every plugin is called.
 

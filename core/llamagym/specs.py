@@ -26,13 +26,9 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, overload
+from typing import Any, ClassVar, Literal, Protocol, TypeVar, overload
 
 from llamagym.errors import PluginError, UnknownNameError
-
-if TYPE_CHECKING:
-    from llamagym.agent import Agent
-    from llamagym.training.algorithm import Algorithm
 
 logger = logging.getLogger(__name__)
 
@@ -102,8 +98,10 @@ class AgentSpec:
         for name in ("description", "env_id", "plugin", "distribution"):
             _text("agent", name, getattr(self, name), required=False)
 
-    def load(self) -> type[Agent]:
-        """Import the agent class and :meth:`bind` it to this spec."""
+    def load(self) -> Any:
+        """Import the agent class and :meth:`bind` it to this spec. (Typed ``Any``: the
+        class is a plugin's :class:`~llamagym.Agent` subclass, which this module, below
+        the agent, does not import.)"""
         agent_class = _import(self.kind, self)
         if not isinstance(agent_class, type):
             raise PluginError(
@@ -152,9 +150,39 @@ class AlgorithmSpec:
         for name in ("description", "plugin", "distribution"):
             _text("algorithm", name, getattr(self, name), required=False)
 
-    def load(self) -> type[Algorithm]:
-        """Import the algorithm class."""
+    def load(self) -> Any:
+        """Import the algorithm class (a :class:`~llamagym.Algorithm` subclass)."""
         return _import(self.kind, self)
+
+
+class AgentView(Protocol):
+    """What a hook is handed as ``agent``: a :class:`llamagym.Agent`, named by the parts
+    hooks read, so that the hook contracts need nothing from the floors above them."""
+
+    name: ClassVar[str]
+    env_id: ClassVar[str | None]
+    #: The agent's own options (an instance of its ``Config``), if it declares one.
+    options: Any
+
+    def get_system_prompt(self) -> str: ...
+
+    def format_observation(self, observation: Any) -> str: ...
+
+    def extract_action(self, response: str) -> Any: ...
+
+
+class EpisodeView(Protocol):
+    """What ``episode_end`` is handed: a :class:`llamagym.rollout.trajectory.Episode`,
+    named by its fields."""
+
+    turns: list[Any]
+    env_return: float
+    seed: int | None
+    length: int
+    info: dict[str, Any]
+
+    @property
+    def total_reward(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -438,7 +466,9 @@ def disable_hint(plugin: str) -> str:
 __all__ = [
     "BUILTIN_DISTRIBUTION",
     "AgentSpec",
+    "AgentView",
     "AlgorithmSpec",
+    "EpisodeView",
     "GenerationDefaults",
     "ModelEntry",
     "PyPIFile",
