@@ -71,6 +71,33 @@ def test_failing_step_drops_the_episode_and_recreates_the_env(caplog) -> None:
     assert "physics exploded" in caplog.text
 
 
+def test_the_engine_owns_its_env_pool_sized_by_num_envs() -> None:
+    FlakyBandit.fail_every = 10**9  # no failure: every env the pool makes is counted
+    closed: list[object] = []
+    agent = tiny_agent(FlakyAgent, rollout={"num_envs": 3})
+    engine = agent.engine
+    assert FlakyBandit.made == 0  # made on first use
+    assert len(engine.play(7)) == 7
+    pool = list(engine.envs)
+    assert len(pool) == 3 == FlakyBandit.made == len({id(env) for env in pool})
+    engine.play(4)
+    assert engine.envs == pool and FlakyBandit.made == 3  # kept across collections
+    for env in pool:
+        env.close = lambda env=env: closed.append(env)
+    engine.close()
+    assert closed == pool
+    engine.play(1)
+    assert FlakyBandit.made == 6  # a closed pool is made again
+
+
+def test_a_failed_env_is_replaced_inside_the_pool() -> None:
+    agent = tiny_agent(FlakyAgent, rollout={"num_envs": 2})
+    episodes = agent.engine.play(12)
+    failures = agent.engine.stats.env_failures
+    assert failures > 0 and len(episodes) == 12 - failures
+    assert len(agent.engine.envs) == 2 and FlakyBandit.made == 2 + failures
+
+
 def test_too_many_failures_in_a_row_stop_with_a_checkpoint(tmp_path) -> None:
     FlakyBandit.fail_reset = True
     agent = tiny_agent(

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -46,6 +45,7 @@ from llamagym.schedule import Control, Schedule
 from llamagym.training import checkpoint as checkpoints
 from llamagym.training import distributed
 from llamagym.training.export import RUN_EXPORT, VALUE_HEAD, read_export_meta
+from llamagym.training.run_state import Run as Run  # its parts' types are the training's
 
 if TYPE_CHECKING:
     from llamagym.agent import Agent
@@ -115,25 +115,6 @@ def _choose_threads(policy: Policy, threads: int | None) -> None:
         sum(p.numel() for p in policy.model.parameters()) < LORA_AUTO_THRESHOLD
     ):
         torch.set_num_threads(1)
-
-
-@dataclass
-class Run:
-    """The parts of one run. Its state is the sum of its parts' ``state_dict()``s."""
-
-    agent: Agent
-    config: RunConfig
-    policy: Policy
-    engine: RolloutEngine
-    algorithm: Algorithm
-    schedule: Schedule
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"algorithm": self.algorithm.state_dict(), "engine": self.engine.state_dict()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.algorithm.load_state_dict(state["algorithm"])
-        self.engine.load_state_dict(state["engine"])
 
 
 def make_engine(

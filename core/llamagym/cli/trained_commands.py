@@ -116,16 +116,13 @@ def play_command(
     agent = load_agent(
         run, overrides={"rollout": {"num_envs": 1}}, trust_remote_code=trust_remote_code
     )
-    engine = agent.evaluation_engine()
-    env = agent.make_env()
+    engine = agent.evaluation_engine()  # one env: the run's num_envs is overridden above
     agent.policy.eval()
     try:
         with torch.no_grad():
-            played = engine.collect(
-                [env], episodes, greedy=greedy, seeds=evaluation_seeds(seed, episodes)
-            )
+            played = engine.play(episodes, greedy=greedy, seeds=evaluation_seeds(seed, episodes))
     finally:
-        env.close()
+        engine.close()
     update = (agent.checkpoint_meta or {}).get("update", 0)
     for episode in played:
         console.print(Text(render(transcript(agent, episode, "played", update))), soft_wrap=True)

@@ -106,14 +106,12 @@ class ScriptedLLM:
         rollout = agent.config.rollout
         settings = rollout.model_copy(update={"mode": mode, "num_envs": num_envs})
         engine = RolloutEngine(agent, self.policy(max_turns), settings, seed=seed)
-        envs = [agent.make_env() for _ in range(num_envs)]
         own_mode, rollout.mode = rollout.mode, mode
         try:
-            return engine.collect(envs, episodes)
+            return engine.play(episodes)
         finally:
             rollout.mode = own_mode
-            for env in envs:
-                env.close()
+            engine.close()
 
 
 class FakePolicy:

@@ -87,6 +87,7 @@ class RolloutEngine(PromptRendering):
         #: env failures in a row, across collections (a batch of dropped episodes is no
         #: success), reset by the first step an env completes
         self.failures_in_a_row = 0
+        self._envs: list[Any] | None = None
 
     # -- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -374,6 +375,25 @@ class RolloutEngine(PromptRendering):
         if policy.policy == "end_episode":
             turn.ends_episode = True
 
+    # -- the engine's own envs --------------------------------------------------------
+    @property
+    def envs(self) -> list[Any]:
+        """The engine's envs: ``settings.num_envs`` of the agent's (``make_env``), made on
+        first use and kept across collections; one that fails is replaced in place."""
+        if self._envs is None:
+            self._envs = [self.agent.make_env() for _ in range(self.settings.num_envs)]
+        return self._envs
+
+    def play(self, num_episodes: int, **options: Any) -> list[Episode]:
+        """:meth:`collect` over the engine's own :attr:`envs` (``options`` as there)."""
+        return self.collect(self.envs, num_episodes, **options)
+
+    def close(self) -> None:
+        """Close the engine's envs; a later :meth:`play` makes new ones."""
+        envs, self._envs = self._envs or [], None
+        for env in envs:
+            env.close()
+
     # -- episodes over N envs ---------------------------------------------------------
     def collect(
         self,
@@ -385,7 +405,8 @@ class RolloutEngine(PromptRendering):
         on_episode: Callable[[Episode], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
     ) -> list[Episode]:
-        """Run ``num_episodes`` fresh episodes over ``envs`` and return them finished.
+        """Run ``num_episodes`` fresh episodes over ``envs`` and return them finished
+        (:meth:`play` runs them over the engine's own).
 
         Episode ``k`` resets with seed ``seeds[k]`` (default: drawn from the engine's
         seeded generator), and episodes ``k`` with the same ``k // group_size`` share a

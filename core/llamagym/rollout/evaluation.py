@@ -180,7 +180,6 @@ def evaluate_agent(
     import torch
 
     engine = agent.evaluation_engine()
-    envs = [agent.make_env() for _ in range(agent.config.rollout.num_envs)]
     policy = agent.policy
     was_training = policy.training
     policy.eval()
@@ -197,8 +196,7 @@ def evaluate_agent(
 
         deadline = None if seconds is None else time.monotonic() + seconds
         with torch.no_grad(), engine.greedy_memo():
-            finished: list[Episode] = engine.collect(
-                envs,
+            finished: list[Episode] = engine.play(
                 episodes,
                 greedy=greedy,
                 seeds=evaluation_seeds(seed, episodes),
@@ -207,8 +205,7 @@ def evaluate_agent(
             )
     finally:
         policy.train(was_training)
-        for env in envs:
-            env.close()
+        engine.close()
     if len(finished) < episodes:
         logger.warning(
             "the evaluation's time budget (%.0f s, training.minutes) ran out after %d of %d "

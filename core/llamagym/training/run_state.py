@@ -1,5 +1,6 @@
-"""What a run carries: its counters (saved in every checkpoint), the loop's state
-between updates, the summary it ends with, and the random streams it draws from."""
+"""What a run carries: its parts (:class:`Run`, built by :func:`llamagym.run.build_run`),
+its counters (saved in every checkpoint), the loop's state between updates, the summary
+it ends with, and the random streams it draws from."""
 
 from __future__ import annotations
 
@@ -8,16 +9,24 @@ import copy
 import random
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from llamagym.config import RunConfig
+from llamagym.models.policy import Policy
+from llamagym.rollout.engine import RolloutEngine
 from llamagym.rollout.evaluation import EvalResult
+from llamagym.schedule import Schedule
 from llamagym.training import checkpoint as checkpoints
+from llamagym.training.algorithm import Algorithm
+
+if TYPE_CHECKING:
+    from llamagym.agent import Agent
 
 MOVING_AVERAGE_EPISODES = 500
 
@@ -62,13 +71,29 @@ class Counters:
 
 
 @dataclass
+class Run:
+    """The parts of one run. Its state is the sum of its parts' ``state_dict()``s."""
+
+    agent: Agent
+    config: RunConfig
+    policy: Policy
+    engine: RolloutEngine
+    algorithm: Algorithm
+    schedule: Schedule
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"algorithm": self.algorithm.state_dict(), "engine": self.engine.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.algorithm.load_state_dict(state["algorithm"])
+        self.engine.load_state_dict(state["engine"])
+
+
+@dataclass
 class Training:
     """What the training loop carries from one update to the next, in one process."""
 
-    algorithm: Any
-    engine: Any
-    schedule: Any
-    envs: list[Any]
+    run: Run
     counters: Counters
     #: Every record of the run so far (metrics.jsonl's lines), for the report.
     history: list[dict[str, Any]]
@@ -100,13 +125,13 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def reseed_process(agent: Any, seed: int) -> None:
+def reseed_process(run: Run, seed: int) -> None:
     """Seed this process's own random streams: the global generators, the engine's episode
     seeds and sampling, and the algorithm's minibatch order."""
     seed_everything(seed)
-    agent.engine.rng = np.random.default_rng(seed)
-    agent.engine.generator.manual_seed(seed)
-    agent.algorithm.rng.seed(seed)
+    run.engine.rng = np.random.default_rng(seed)
+    run.engine.generator.manual_seed(seed)
+    run.algorithm.rng.seed(seed)
 
 
 @contextlib.contextmanager

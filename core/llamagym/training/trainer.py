@@ -44,6 +44,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from llamagym.agent import Agent
 from llamagym.errors import EnvFailureError, LlamaGymError, TrainingDivergedError, WriteError
 from llamagym.paths import write_atomically
 from llamagym.rollout.evaluation import EvalResult
@@ -102,7 +103,7 @@ class Trainer:
     directory or a run directory (its newest checkpoint)."""
 
     def __init__(
-        self, agent: Any, progress: Any = None, resume_from: Path | str | None = None
+        self, agent: Agent, progress: Any = None, resume_from: Path | str | None = None
     ):
         self.agent = agent
         self.config = agent.config
@@ -331,8 +332,7 @@ class Trainer:
         finally:
             if self.progress is not None:
                 self.progress.stop()
-            for env in training.envs:
-                env.close()
+            training.run.engine.close()
         return self._finish(training)
 
     def _start(self) -> Training:
@@ -377,8 +377,7 @@ class Trainer:
             should_stop=(lambda: False) if several else self._stop_requested,
             on_epoch=self._show_epoch,
         )
-        run_parts = agent.start_run(control)  # with its warm start, if any
-        envs = [agent.make_env() for _ in range(config.rollout.num_envs)]
+        run = agent.start_run(control)  # with its warm start, if any
         counters = Counters()
         history: list[dict[str, Any]] = []
         if resume_checkpoint is not None:
@@ -387,11 +386,11 @@ class Trainer:
             # Its own episodes and samples. A checkpoint holds rank 0's random streams:
             # the other processes derive theirs from the seed, their rank and the update.
             seed = distributed.process_seed(config.training.seed, rank, counters.updates)
-            reseed_process(agent, seed)
+            reseed_process(run, seed)
 
         episode_budget, time_budget = run_budgets(config.training)
         training = Training(
-            run_parts.algorithm, run_parts.engine, run_parts.schedule, envs, counters,
+            run, counters,
             history, deque(counters.recent_returns, maxlen=MOVING_AVERAGE_EPISODES),
             episode_budget, time_budget, resume_checkpoint, several,
             started=time.perf_counter(), seconds_before=counters.seconds,
@@ -419,13 +418,13 @@ class Trainer:
         """One update's episodes, or None when the collection was cut short (a signal or
         the time budget): then none is trained on, and the random streams go back to the
         last update's, so its checkpoint resumes exactly."""
-        engine, algorithm, counters = training.engine, training.algorithm, training.counters
+        engine, algorithm, counters = training.run.engine, training.run.algorithm, training.counters
         training.update_started = time.perf_counter()
         training.steps_before = engine.stats.env_steps
         training.failures_before = engine.stats.env_failures
         # Schedules (e.g. learning-rate annealing) read the share of the budget used
         # before this update.
-        training.schedule.set_progress(
+        training.run.schedule.set_progress(
             budget_fraction(counters, training.episode_budget, training.time_budget)
         )
         wanted = algorithm.episodes_per_update
@@ -435,8 +434,7 @@ class Trainer:
         before = None if training.several else RandomState.capture(engine)
         watch.show()
         try:
-            batch = engine.collect(
-                training.envs,
+            batch = engine.play(
                 wanted,
                 group_size=algorithm.group_size,
                 on_episode=watch.on_episode,
@@ -472,7 +470,7 @@ class Trainer:
     def _update(self, training: Training, batch: list[Any]) -> dict[str, float]:
         """The algorithm's update on ``batch``; too many in a row that skipped their
         steps (a non-finite loss or gradient) end the run."""
-        algorithm = training.algorithm
+        algorithm = training.run.algorithm
         self._show_phase("updating")  # until the algorithm reports its epochs
         skipped_before = algorithm.skipped_updates
         update_metrics = algorithm.update(batch)

@@ -339,7 +339,8 @@ class _Clock(TrainerCallback):
         self.rollouts = rollouts
         self.history = history
         self.steps_per_update = steps_per_update
-        self.episodes_per_update = owner.agent.resolved.algorithm.episodes_per_update
+        algorithm: Any = owner.agent.resolved.algorithm  # GRPO's settings (checked)
+        self.episodes_per_update = algorithm.episodes_per_update
         minutes = owner.config.training.minutes
         self.time_budget = 60 * minutes if minutes else None
         self.started = time.perf_counter()

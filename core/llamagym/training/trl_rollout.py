@@ -177,7 +177,6 @@ class EpisodeRollouts:
         self.tokenizer = tokenizer
         self.seed = seed
         self.engine: SequenceEngine | None = None
-        self.envs: list[Any] = []
         self._model: Any = None
         #: key -> (episode, its completion tokens), until its reward is read
         self.pending: dict[int, tuple[Episode, list[int]]] = {}
@@ -196,6 +195,7 @@ class EpisodeRollouts:
             training = model.training
             policy = Policy(model, self.tokenizer)
             model.train(training)  # TRL reads train/eval mode from the model
+            self.close()  # the envs of an engine over an earlier model
             self.engine = SequenceEngine(
                 self.agent,
                 _Sampler(policy, vllm),
@@ -204,13 +204,11 @@ class EpisodeRollouts:
                 max_failures_in_a_row=self.agent.config.training.max_env_failures,
             )
             self._model = model
-            self.envs = [self.agent.make_env() for _ in range(self.agent.config.rollout.num_envs)]
         return self.engine
 
     def close(self) -> None:
-        for env in self.envs:
-            env.close()
-        self.envs = []
+        if self.engine is not None:
+            self.engine.close()
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
 
@@ -230,9 +228,7 @@ class EpisodeRollouts:
                     while len(episodes) < len(seeds):
                         # An episode an env failure dropped is played again with its seed.
                         wanted = [k for k in range(len(seeds)) if k not in episodes]
-                        for episode in engine.collect(
-                            self.envs, len(wanted), seeds=[seeds[k] for k in wanted]
-                        ):
+                        for episode in engine.play(len(wanted), seeds=[seeds[k] for k in wanted]):
                             episodes[wanted[int(episode.group or 0)]] = episode
             finally:
                 model.train(training)

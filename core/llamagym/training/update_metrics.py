@@ -26,7 +26,7 @@ def count_update(
     """Add the update every process just made to ``training.counters``, and return its
     metrics: the rollout's over every process, then ``update_metrics``, the
     algorithm's own (rank 0's, with several processes)."""
-    counters, engine = training.counters, training.engine
+    counters, engine = training.counters, training.run.engine
     # What every process did this update (one process: just this one).
     shares = distributed.all_gather(
         {
