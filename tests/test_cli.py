@@ -33,6 +33,18 @@ def test_help_and_list_do_not_import_torch() -> None:
     assert out.stdout.strip() == "[]"
 
 
+def test_the_pytest_plugin_imports_no_torch() -> None:
+    # llamagym.testing is a pytest11 plugin: every pytest session of anyone with llamagym
+    # installed imports it, so what it needs of torch loads on first use.
+    code = (
+        "import sys, llamagym.testing;"
+        "print(sorted(m for m in ('torch', 'transformers', 'textworld') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
 def test_version_is_the_installed_distributions() -> None:
     from importlib.metadata import version
 

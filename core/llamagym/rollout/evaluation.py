@@ -5,13 +5,15 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
-from llamagym.errors import LlamaGymError
+from llamagym.errors import EnvFailureError, LlamaGymError
 from llamagym.rollout.env_checks import checked_reset, checked_step, max_turns
 from llamagym.rollout.trajectory import Episode, info_summary
 
@@ -175,10 +177,6 @@ def evaluate_agent(
     Outcomes are the agent's own (:meth:`llamagym.Agent.outcome`). When every episode
     turns out the same, one warning says why and how to fix it, and the result's
     ``identical`` is true."""
-    import time
-
-    import torch
-
     engine = agent.evaluation_engine()
     policy = agent.policy
     was_training = policy.training
@@ -283,8 +281,6 @@ def play_baseline(
 
 
 def _baseline_failed(agent: Any, name: str, error: Exception) -> LlamaGymError:
-    from llamagym.errors import EnvFailureError
-
     text = " ".join(str(error).split())[:300]
     return EnvFailureError(
         f"baseline {name!r} of agent {agent.name!r}: the environment failed "

@@ -15,10 +15,11 @@ import torch
 from llamagym.errors import LlamaGymError
 from llamagym.models.chat_template import render_chat
 from llamagym.models.generation import json_closed_at, reply_prefixes
-from llamagym.models.policy import Replies
+from llamagym.models.policy import Policy, Replies
 from llamagym.rollout.engine import RolloutEngine
 from llamagym.rollout.slots import Slot
 from llamagym.rollout.trajectory import Episode, Turn
+from llamagym.training.algorithm import rollout_metrics
 from llamagym.training.sharded import whole_model
 from llamagym.training.trl_settings import seed_of
 
@@ -190,8 +191,6 @@ class EpisodeRollouts:
     def _engine_for(self, model: Any, vllm: Any = None) -> SequenceEngine:
         """The engine over ``model``, built once (the same object TRL trains)."""
         if self.engine is None or self._model is not model:
-            from llamagym.models.policy import Policy
-
             training = model.training
             policy = Policy(model, self.tokenizer)
             model.train(training)  # TRL reads train/eval mode from the model
@@ -285,8 +284,6 @@ class EpisodeRollouts:
 
     def take_metrics(self) -> dict[str, float]:
         """Rollout metrics over the episodes played since the last call."""
-        from llamagym.training.algorithm import rollout_metrics
-
         played, self.played = self.played, []
         metrics = rollout_metrics(played) if played else {}
         if self.rollout_seconds:
