@@ -7,7 +7,9 @@
     python -m benchmarks table --results-doc   # ... and into docs/results.md
     python -m benchmarks peer-venv        # create the original LlamaGym's venv only
 
-JSON and PNG files go to ``benchmarks/results/`` (``--output-dir`` to change it).
+JSON and PNG files go to ``benchmarks/results/`` (``--output-dir`` to change it). A full
+run (not ``--quick``) refuses to start on a working tree with uncommitted changes unless
+``--allow-dirty`` is given; ``all`` passes that flag on to the scripts it runs.
 """
 
 from __future__ import annotations
@@ -20,7 +22,14 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.common import BENCHMARKS_DIR, REPO_ROOT, BenchmarkError, add_common_arguments, log
+from benchmarks.common import (
+    BENCHMARKS_DIR,
+    REPO_ROOT,
+    BenchmarkError,
+    add_common_arguments,
+    log,
+    refuse_dirty_tree,
+)
 
 # Our parts, in the order `all` runs them.
 PARTS = {
@@ -65,7 +74,15 @@ def build_parser() -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=summary, description=_part(name).__doc__)
         sub.formatter_class = argparse.RawDescriptionHelpFormatter
         _part(name).add_arguments(sub)
-    everything = commands.add_parser("all", help="every part, then the table")
+    scripts = "\n".join(f"  python benchmarks/{' '.join(script)}" for script in SCRIPTS)
+    everything = commands.add_parser(
+        "all",
+        help="every part, then the other scripts (real_model.py's SmolLM2 runs included), "
+        "then the table",
+        description=f"The parts ({', '.join(PARTS)}), then each script below (with --quick\n"
+        f"and --allow-dirty when given; none with --only-ours), then the table:\n\n{scripts}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_common_arguments(everything)
     everything.add_argument(
         "--only-ours",
@@ -79,14 +96,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run_scripts(quick: bool) -> list[str]:
+def run_scripts(quick: bool, allow_dirty: bool = False) -> list[str]:
     """Run the other benchmark scripts that exist; return the names that failed."""
     failed = []
+    flags = (["--quick"] if quick else []) + (["--allow-dirty"] if allow_dirty else [])
     for name, *arguments in SCRIPTS:
         script = BENCHMARKS_DIR / name
         if not script.exists():
             continue
-        command = [sys.executable, str(script), *arguments] + (["--quick"] if quick else [])
+        command = [sys.executable, str(script), *arguments, *flags]
         name = " ".join([name, *arguments])
         log("all", f"running {' '.join(command[1:])}")
         started = time.perf_counter()
@@ -112,7 +130,7 @@ def run_all(args: argparse.Namespace) -> int:
             failed.append(name)
         timings[name] = time.perf_counter() - started
     if not args.only_ours:
-        failed += run_scripts(args.quick)
+        failed += run_scripts(args.quick, args.allow_dirty)
     table = _part("table")
     path = table.write_table(Path(args.output_dir), args.quick)
     log("all", f"wrote {path}")
@@ -125,6 +143,8 @@ def run_all(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.part in (*PARTS, "all"):
+        refuse_dirty_tree(f"benchmarks {args.part}", args.quick, args.allow_dirty)
     if args.part == "all":
         return run_all(args)
     if args.part == "table":

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 import statistics
 import subprocess
@@ -33,7 +32,14 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file: make the `benchmarks` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import machine_info, script_command, today  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    add_allow_dirty,
+    ci95_over_seeds,
+    refuse_dirty_tree,
+    result_header,
+    script_command,
+    write_record,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results" / "algorithms.json"
 QUICK_RESULTS = RESULTS.with_name("algorithms-quick.json")
@@ -184,16 +190,12 @@ def read_comparable(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     return earlier if same == (args.quick, args.minutes, args.eval_episodes, args.seeds) else {}
 
 
-# Two-sided 95% Student t quantiles by degrees of freedom (a CI over 2-5 seeds).
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776}
-
-
 def summarise(setup: Setup, runs: list[RunResult]) -> dict[str, Any]:
     means = [run.mean for run in runs]
     n = len(means)
     mean = statistics.fmean(means)
     # Over seeds when there are several; one seed: its own evaluation's CI.
-    spread = T95.get(n - 1, 1.96) * statistics.stdev(means) / math.sqrt(n) if n > 1 else None
+    spread = ci95_over_seeds(means)
     ci95 = spread if spread is not None else runs[0].ci95
     invalid = statistics.fmean(run.invalid_rate for run in runs)
     summary = {
@@ -247,7 +249,9 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="Keep the run directories here (default: a temporary directory).",
     )
+    add_allow_dirty(parser)
     args = parser.parse_args(argv)
+    refuse_dirty_tree("algorithms", args.quick, args.allow_dirty)
     if args.quick:
         args.minutes, args.seeds, args.eval_episodes = 8 / 60, [0], 500
     # A smoke run never overwrites the real results.
@@ -280,7 +284,9 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(runs_dir, ignore_errors=True)
 
     command = script_command("algorithms.py", argv if argv is not None else sys.argv[1:])
-    provenance = {"command": command, "date": today(), "machine": machine_info()}
+    header = result_header("algorithms", command, args.quick)
+    # Each row names what measured it: a rerun with --only keeps the other rows' own.
+    provenance = {k: header[k] for k in ("command", "date", "commit", "dirty", "machine")}
     summary = {s.name: {**summarise(s, results[s.name]), **provenance} for s in setups}
     runs = [vars(run) for runs in results.values() for run in runs]
     # Rerunning some rows (--only) keeps the other rows of a comparable earlier file.
@@ -289,19 +295,16 @@ def main(argv: list[str] | None = None) -> int:
                **summary}
     runs = [r for r in previous.get("runs", []) if r["setup"] not in results] + runs
     report = {
-        "benchmark": "blackjack, tiny model, greedy evaluation",
-        "quick": args.quick,
+        "task": "blackjack, tiny model, greedy evaluation",
         "minutes_per_run": args.minutes,
         "eval_episodes": args.eval_episodes,
         "seeds": args.seeds,
         "jobs": args.jobs,
         "total_wall_seconds": time.perf_counter() - started,
-        **provenance,
         "summary": {s.name: summary[s.name] for s in SETUPS if s.name in summary},
         "runs": runs,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    write_record(args.output, header, report)
     print(f"\n{'row':<17} {'mean':>7} {'ci95':>6} {'invalid':>8} {'episodes':>9}  target")
     for name, row in report["summary"].items():
         target = "" if row["target"] is None else f"{row['target']:+.3f}"

@@ -30,6 +30,7 @@ from benchmarks.common import (
     part_command,
     pyplot,
     run_worker,
+    save_figure,
     spread,
     threads_of,
     worker_main,
@@ -312,10 +313,7 @@ def plot(summary: list[dict[str, Any]], path: Path, threads: int) -> Path | None
     axis.set_xlabel(f"share of rollout wall time, {NUM_ENVS} envs, {threads} thread(s) "
                     f"(dashed: forward target {TARGET_FORWARD_SHARE:.0%})")
     axis.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

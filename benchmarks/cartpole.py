@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 import statistics
 import subprocess
@@ -35,10 +34,16 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file: make the `benchmarks` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import pyplot, write_script_result  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    add_allow_dirty,
+    ci95_over_seeds,
+    pyplot,
+    refuse_dirty_tree,
+    save_figure,
+    write_script_result,
+)
 
 TARGET = 475.0
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776}  # two-sided Student t, by degrees of freedom
 
 
 def train_command(seed: int, minutes: float, eval_episodes: int, output: Path,
@@ -139,7 +144,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     means = [run["greedy_mean_length"] for run in runs]
     n = len(means)
     mean = statistics.fmean(means)
-    ci95 = T95.get(n - 1, 1.96) * statistics.stdev(means) / math.sqrt(n) if n > 1 else None
+    ci95 = ci95_over_seeds(means)
     baselines = {
         name: statistics.fmean(run["baselines"][name] for run in runs)
         for name in runs[0]["baselines"]
@@ -178,10 +183,7 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
     axis.set_ylabel("episode length")
     axis.set_title(f"CartPole-v1, tiny model, {result['minutes_per_seed']:g} min per seed")
     axis.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, bbox_inches=None)
 
 
 def main() -> None:
@@ -195,8 +197,10 @@ def main() -> None:
                         help="Seeds at a time (each uses one core; at most the core count).")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="A setting passed to every run (repeatable).")
+    add_allow_dirty(parser)
     args = parser.parse_args()
     quick = args.quick
+    refuse_dirty_tree("cartpole", quick, args.allow_dirty)
     minutes = args.minutes or (1.0 if quick else 15.0)
     seeds = args.seeds or ([0] if quick else [0, 1, 2])
     eval_episodes = 10 if quick else 100

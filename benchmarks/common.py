@@ -12,6 +12,7 @@ import argparse
 import datetime
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import resource
@@ -131,6 +132,18 @@ def spread(values: Iterable[float | None]) -> dict[str, Any] | None:
     }
 
 
+#: Two-sided 95% Student t quantiles, by degrees of freedom (an interval over 2-5 seeds).
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776}
+
+
+def ci95_over_seeds(values: Sequence[float]) -> float | None:
+    """Half-width of the 95% interval of the mean over seeds (Student t); None for one."""
+    n = len(values)
+    if n < 2:
+        return None
+    return T95.get(n - 1, 1.96) * statistics.stdev(values) / math.sqrt(n)
+
+
 def median_of(summary: Mapping[str, Any] | None) -> float | None:
     return None if summary is None else summary.get("median")
 
@@ -227,21 +240,55 @@ def log(part: str, message: str) -> None:
 
 
 # -- options and result files -----------------------------------------------------------
-def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="a smoke run (seconds, not minutes)")
+def add_allow_dirty(parser: argparse.ArgumentParser) -> None:
+    """``--allow-dirty``: the one option every benchmark entry point takes to measure a
+    working tree with uncommitted changes (see :func:`refuse_dirty_tree`)."""
     parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch threads for every process, ours and the peer's (default: 1; on a "
-        "shared machine more threads than idle cores makes every side many times slower)",
+        "--allow-dirty",
+        action="store_true",
+        help="measure a working tree with uncommitted changes (the result file then says "
+        '"dirty": true); without it a full run refuses to start on such a tree',
     )
+
+
+def refuse_dirty_tree(name: str, quick: bool, allow_dirty: bool) -> None:
+    """Stop before a full measurement of code no commit holds: its result file could not
+    name the code it measured. A ``--quick`` smoke run, ``--allow-dirty``, or a tree
+    without git history (nothing to compare) go ahead."""
+    if quick or allow_dirty:
+        return
+    source = source_commit()
+    if source["dirty"]:
+        raise SystemExit(
+            f"{name}: the working tree has uncommitted changes on top of "
+            f"{str(source['commit'])[:12]}, so the result would name a commit it did not "
+            "measure: commit the changes first, or pass --allow-dirty to record numbers of "
+            'uncommitted code (the file then says "dirty": true)'
+        )
+
+
+def add_result_arguments(
+    parser: argparse.ArgumentParser,
+    quick_help: str = "a smoke run (seconds, not minutes)",
+    threads_help: str = "torch threads for every process, ours and the peer's (default: 1; on "
+    "a shared machine more threads than idle cores makes every side many times slower)",
+) -> None:
+    """The options of a benchmark that writes with :func:`write_result`: ``--quick``,
+    ``--threads``, ``--output-dir`` and ``--allow-dirty``."""
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--threads", type=int, default=None, help=threads_help)
     parser.add_argument(
         "--output-dir",
         type=Path,
         default=DEFAULT_RESULTS_DIR,
-        help="where the JSON and PNG files go (default: benchmarks/results)",
+        help="where the result files go (default: benchmarks/results)",
     )
+    add_allow_dirty(parser)
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every part of ``python -m benchmarks`` takes."""
+    add_result_arguments(parser)
     parser.add_argument(
         "--skip-peer", action="store_true", help="measure LlamaGym only (no original LlamaGym)"
     )
@@ -273,42 +320,83 @@ def part_command(part: str, args: argparse.Namespace, extra: Sequence[str] = ())
 
 #: Options that only say where files go: left out of a recorded command.
 LOCATION_OPTIONS = ("--output", "--output-dir", "--runs-dir", "--keep-runs", "--work-dir")
+#: Flags that change no number (the result file records ``dirty`` itself): left out too.
+UNRECORDED_FLAGS = ("--allow-dirty",)
 
 
-def script_command(script: str, argv: Sequence[str]) -> str:
-    """``python benchmarks/SCRIPT ARGS`` as run, without the options that only place files,
-    so the recorded command reproduces the numbers anywhere."""
-    words, skip = ["python", f"benchmarks/{script}"], False
+def recorded_arguments(argv: Sequence[str]) -> list[str]:
+    """``argv`` without the options that only place files and the flags that change no
+    number, so a recorded command reproduces the numbers anywhere."""
+    words, skip = [], False
     for word in argv:
         if skip:
             skip = False
         elif word in LOCATION_OPTIONS:
             skip = True
+        elif word in UNRECORDED_FLAGS:
+            continue
         elif not word.startswith(tuple(f"{option}=" for option in LOCATION_OPTIONS)):
             words.append(word)
-    return " ".join(words)
+    return words
+
+
+def script_command(script: str, argv: Sequence[str]) -> str:
+    """``python benchmarks/SCRIPT ARGS`` as run, with :func:`recorded_arguments` only."""
+    return " ".join(["python", f"benchmarks/{script}", *recorded_arguments(argv)])
+
+
+def running_script_command(argv: Sequence[str] | None = None) -> str:
+    """The command of this process's script, as it was started: ``python -m
+    benchmarks.NAME ARGS`` as a module, ``python benchmarks/NAME.py ARGS`` as a file
+    (``argv``: its arguments, default ``sys.argv[1:]``)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name.startswith("benchmarks."):
+        return " ".join(["python", "-m", spec.name, *recorded_arguments(argv)])
+    return script_command(Path(sys.argv[0]).name, argv)
+
+
+def result_header(
+    name: str, command: str, quick: bool, threads: int | None = None
+) -> dict[str, Any]:
+    """What every result file starts with: the result's name, the command that made it,
+    when, the commit measured (and whether the tree had changes on top), whether it was a
+    smoke run, the torch threads where the caller fixes them for the whole run, and the
+    machine."""
+    header: dict[str, Any] = {
+        "benchmark": name,
+        "command": command,
+        "date": today(),
+        **source_commit(),
+        "quick": bool(quick),
+    }
+    if threads is not None:
+        header["threads"] = threads
+    header["machine"] = machine_info()
+    return header
+
+
+def write_record(path: Path, header: Mapping[str, Any], data: Mapping[str, Any]) -> Path:
+    """The one writer of result files: ``header`` (:func:`result_header`), then ``data``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**header, **data}, indent=2) + "\n", encoding="utf-8")
+    return path
 
 
 def write_script_result(
-    script: str, quick: bool, output: Path | None, data: Mapping[str, Any]
+    script: str,
+    quick: bool,
+    output: Path | None,
+    data: Mapping[str, Any],
+    argv: Sequence[str] | None = None,
 ) -> Path:
-    """Write a standalone script's result file: the header every result file has (its
-    command, date and machine), then ``data``; to ``output`` if given, else to
-    ``results/<script>[-quick].json`` (``script`` names the result; the command names
-    the file that ran)."""
-    record = {
-        "benchmark": script,
-        "command": script_command(Path(sys.argv[0]).name, sys.argv[1:]),
-        "date": today(),
-        **source_commit(),
-        "machine": machine_info(),
-        "quick": quick,
-        **data,
-    }
-    path = output or result_path(DEFAULT_RESULTS_DIR, script, quick)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    return path
+    """Write a standalone script's result file: the header every result file has, then
+    ``data``; to ``output`` if given, else to ``results/<script>[-quick].json``
+    (``script`` names the result; the command names the file that ran, with ``argv``,
+    default ``sys.argv[1:]``)."""
+    header = result_header(script, running_script_command(argv), quick)
+    return write_record(output or result_path(DEFAULT_RESULTS_DIR, script, quick), header, data)
 
 
 def result_path(output_dir: Path, name: str, quick: bool) -> Path:
@@ -321,21 +409,8 @@ def write_result(
     name: str, data: Mapping[str, Any], args: argparse.Namespace, command: str
 ) -> Path:
     """Write ``<output-dir>/<name>[-quick].json`` with the header every result file has."""
-    output_dir = Path(args.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    record = {
-        "benchmark": name,
-        "command": command,
-        "date": today(),
-        **source_commit(),
-        "quick": bool(args.quick),
-        "threads": threads_of(args),
-        "machine": machine_info(),
-        **data,
-    }
-    path = result_path(output_dir, name, bool(args.quick))
-    path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    return path
+    header = result_header(name, command, bool(args.quick), threads_of(args))
+    return write_record(result_path(Path(args.output_dir), name, bool(args.quick)), header, data)
 
 
 def pyplot() -> Any | None:
@@ -349,3 +424,13 @@ def pyplot() -> Any | None:
         log("plot", "matplotlib is not installed; skipping the PNG (pip install matplotlib)")
         return None
     return plt
+
+
+def save_figure(fig: Any, path: Path, *, bbox_inches: str | None = "tight") -> Path:
+    """Lay out, write (120 dpi) and close a pyplot figure; return ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches=bbox_inches)
+    plt.close(fig)
+    return path

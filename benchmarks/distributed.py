@@ -31,9 +31,11 @@ if __package__ in (None, ""):  # run as a file: python benchmarks/distributed.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import (  # noqa: E402
-    DEFAULT_RESULTS_DIR,
     BenchmarkError,
+    add_result_arguments,
     log,
+    refuse_dirty_tree,
+    running_script_command,
     spread,
     worker_environment,
     write_result,
@@ -91,10 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="a smoke run (under a minute)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads per process")
-    parser.add_argument("--output-dir", type=Path, default=DEFAULT_RESULTS_DIR)
+    add_result_arguments(parser, "a smoke run (under a minute)", "torch threads per process")
     args = parser.parse_args(argv)
+    refuse_dirty_tree("distributed", args.quick, args.allow_dirty)
     settings = QUICK if args.quick else FULL
     threads = args.threads or 1
     runs = []
@@ -124,8 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
         "speedup_env_steps_per_second": two / one,
     }
-    command = "python benchmarks/distributed.py" + (" --quick" if args.quick else "")
-    path = write_result("distributed", data, args, command)
+    path = write_result("distributed", data, args, running_script_command(argv))
     print(json.dumps(json.loads(path.read_text()), indent=2))
     log("distributed", f"wrote {path}")
     return 0

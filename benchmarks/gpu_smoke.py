@@ -56,7 +56,13 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file: python benchmarks/gpu_smoke.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import REPO_ROOT, log, write_script_result  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    REPO_ROOT,
+    add_allow_dirty,
+    log,
+    refuse_dirty_tree,
+    write_script_result,
+)
 
 NAME = "gpu-smoke"
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -552,6 +558,7 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="print every path's command and whether it would run, as JSON; run nothing",
     )
+    add_allow_dirty(parser)
     return parser.parse_args(argv)
 
 
@@ -608,6 +615,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 0
 
+    refuse_dirty_tree(NAME, args.quick, args.allow_dirty)
     if args.work_dir is not None:
         if args.work_dir.exists() and any(args.work_dir.iterdir()):
             print(f"gpu_smoke: --work-dir {args.work_dir} is not empty", file=sys.stderr)
@@ -641,7 +649,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             log(NAME, f"{entry['name']}: {record['status']} ({shown})")
             data["paths"] = records
-            write_script_result(NAME, args.quick, args.output, data)  # kept after a crash
+            write_script_result(NAME, args.quick, args.output, data, argv)  # kept after a crash
         data["complete"] = True
         data["summary"] = {
             status: [r["name"] for r in records if r["status"] == status]
@@ -650,7 +658,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         data["model_does_not_load"] = [
             r["name"] for r in records if r["status"] == "passed" and not r.get("model_loads")
         ]
-        path = write_script_result(NAME, args.quick, args.output, data)
+        path = write_script_result(NAME, args.quick, args.output, data, argv)
     finally:
         if args.work_dir is None:
             shutil.rmtree(work_dir, ignore_errors=True)

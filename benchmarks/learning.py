@@ -44,6 +44,7 @@ from benchmarks.common import (
     part_command,
     pyplot,
     run_worker,
+    save_figure,
     spread,
     threads_of,
     worker_environment,
@@ -414,10 +415,7 @@ def plot(data: dict[str, Any], path: Path, quick: bool) -> Path | None:
     train_axis.set_title("training episodes (moving average of 500)")
     fig.suptitle(f"Blackjack, {data['budget_minutes']:g}-minute budget"
                  + (" (quick)" if quick else ""))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import json
 import math
 import statistics
 import sys
@@ -47,16 +46,13 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file: make the `benchmarks` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import script_command, write_script_result  # noqa: E402
+from benchmarks import rows  # noqa: E402
 from benchmarks.rows import (  # noqa: E402
+    RowBenchmark,
     Setup,
-    add_row_arguments,
-    keep_earlier_rows,
-    run_rows,
-    summarise,
     update_records,
     with_demonstrations,
-    without_only,
+    worker_output,
 )
 
 RESULT_NAME = "many-actions"
@@ -239,14 +235,7 @@ def train(spec: Mapping[str, Any]) -> dict[str, Any]:
             "eval_episodes": 0,
             "threads": threads,
         },
-        "output": {
-            "dir": str(run_dir),
-            "quiet": True,
-            "overwrite": True,
-            "report": False,
-            "tensorboard": False,
-            "checkpoint_every": 0,
-        },
+        "output": worker_output(run_dir),
     }
     started = time.perf_counter()
     with game() as module:
@@ -298,110 +287,67 @@ def train(spec: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def worker(argv: Sequence[str]) -> int:
-    from benchmarks.common import emit_result
-
-    spec = json.loads(argv[argv.index("--worker") + 1])
-    emit_result(train(spec))
-    return 0
-
-
 # -- the whole benchmark ------------------------------------------------------------------
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "--worker" in argv:
-        return worker(argv)
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help=f"a smoke run: row {QUICK_SETUP!r}, seed 0, 64 episodes, 20 eval",
-    )
+def add_budget(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--episodes", type=int, default=None, help="training episodes per run (default 2000)"
     )
-    add_row_arguments(parser, SETUPS, RESULT_NAME, eval_default=200)
-    args = parser.parse_args(argv)
-    quick = args.quick
-    episodes = args.episodes or (64 if quick else 2000)
-    eval_episodes = args.eval_episodes or (20 if quick else 200)
-    seeds = args.seeds or ([0] if quick else [0, 1])
-    names = args.only or ([QUICK_SETUP] if quick else [s.name for s in SETUPS])
-    setups = [s for s in SETUPS if s.name in names]
 
-    runs_dir = args.keep_runs or Path(tempfile.mkdtemp(prefix="llamagym-many-actions-"))
-    started = time.perf_counter()
 
-    def spec(setup: Setup, seed: int) -> dict[str, Any]:
-        return {
-            "setup": setup.name,
-            "seed": seed,
-            "episodes": episodes,
-            "eval_episodes": eval_episodes,
-            "demonstration_episodes": 20 if quick else 200,
-            "threads": args.threads,
-            "run_dir": str(runs_dir / f"{setup.name}-seed{seed}"),
-        }
+def budget(args: argparse.Namespace) -> dict[str, Any]:
+    return {"episodes": args.episodes or (64 if args.quick else 2000)}
 
-    def line(run: Mapping[str, Any]) -> str:
-        entropy = run["entropy_end"]
-        return (
-            f"found {run['found']:.3f}  guesses {run['guesses']:.2f}  "
-            f"entropy {'-' if entropy is None else f'{entropy:.2f}'}  "
-            f"{run['episodes']} episodes  {run['wall_seconds']:.0f}s"
-        )
 
-    runs = run_rows(Path(__file__).resolve(), setups, seeds, spec, args.threads, line)
-    if args.keep_runs is None:
-        import shutil
-
-        shutil.rmtree(runs_dir, ignore_errors=True)
-
-    command = script_command("many_actions.py", without_only(argv))
-    summary = {
-        s.name: summarise(
-            s,
-            [r for r in runs if r["setup"] == s.name],
-            command,
-            measure="mean_return",
-            also_per_seed=("found", "guesses", "entropy_start", "entropy_end"),
-        )
-        for s in setups
-    }
-    output = args.output or Path(__file__).resolve().parent / "results" / (
-        f"{RESULT_NAME}{'-quick' if quick else ''}.json"
+def line(run: Mapping[str, Any]) -> str:
+    entropy = run["entropy_end"]
+    return (
+        f"found {run['found']:.3f}  guesses {run['guesses']:.2f}  "
+        f"entropy {'-' if entropy is None else f'{entropy:.2f}'}  "
+        f"{run['episodes']} episodes  {run['wall_seconds']:.0f}s"
     )
-    if args.only:  # keep the other rows of a comparable earlier file
-        budget = {"episodes_per_run": episodes, "eval_episodes": eval_episodes, "seeds": seeds}
-        summary, runs = keep_earlier_rows(output, budget, summary, runs)
-    order = [s.name for s in SETUPS]
-    baselines = {
-        name: {
-            key: statistics.fmean(run["baselines"][name][key] for run in runs)
-            for key in ("found", "guesses")
-        }
-        for name in BASELINES
+
+
+def findings(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The most entropy sixteen names can have, the baselines' exact values and their
+    values as played on the runs' evaluation seeds."""
+    return {
+        "max_entropy": math.log(ACTIONS),
+        "exact": exact_baselines(),
+        "baselines": {
+            name: {
+                key: statistics.fmean(run["baselines"][name][key] for run in runs)
+                for key in ("found", "guesses")
+            }
+            for name in BASELINES
+        },
     }
-    result = {
+
+
+BENCHMARK = RowBenchmark(
+    script=Path(__file__).resolve(),
+    result_name=RESULT_NAME,
+    setups=SETUPS,
+    quick_setup=QUICK_SETUP,
+    description=__doc__.splitlines()[0],
+    eval_episodes=200,
+    add_budget=add_budget,
+    budget=budget,
+    train=train,
+    line=line,
+    head={
         "env": f"the --env-class scaffold's game: a secret number 1..{ACTIONS}, "
         f"Discrete({ACTIONS}) guesses, higher/lower hints, reward 1 for the correct guess, "
         f"truncated after {MAX_GUESSES} guesses",
         "model": "tiny",
-        "episodes_per_run": episodes,
-        "eval_episodes": eval_episodes,
-        "seeds": seeds,
-        "threads": args.threads,
-        "max_entropy": math.log(ACTIONS),
-        "exact": exact_baselines(),
-        "baselines": baselines,
-        "summary": {name: summary[name] for name in order if name in summary},
-        "runs": sorted(runs, key=lambda r: (order.index(r["setup"]), r["seed"])),
-        "total_wall_seconds": time.perf_counter() - started,
-    }
-    path = write_script_result("many_actions", quick, output, result)
-    print(json.dumps({k: result[k] for k in ("exact", "baselines", "summary")}, indent=2))
-    print(f"written to {path}", file=sys.stderr)
-    return 0
+    },
+    findings=findings,
+    measure="mean_return",
+    also_per_seed=("found", "guesses", "entropy_start", "entropy_end"),
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return rows.main(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,13 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file: python benchmarks/parsers.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import DEFAULT_RESULTS_DIR, log, write_result  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    add_result_arguments,
+    log,
+    refuse_dirty_tree,
+    running_script_command,
+    write_result,
+)
 
 TARGET_SECONDS = 0.050
 SIZES = (1_024, 8_192, 65_536, 1_048_576)
@@ -170,13 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="a smoke run (seconds)")
-    parser.add_argument("--threads", type=int, default=None, help="recorded; parsing uses one")
-    parser.add_argument("--output-dir", type=Path, default=DEFAULT_RESULTS_DIR)
+    add_result_arguments(parser, "a smoke run (seconds)", "recorded; parsing uses one")
     args = parser.parse_args(argv)
+    refuse_dirty_tree("parsers", args.quick, args.allow_dirty)
     data = run(args.quick)
-    command = "python benchmarks/parsers.py" + (" --quick" if args.quick else "")
-    path = write_result("parsers", data, args, command)
+    path = write_result("parsers", data, args, running_script_command(argv))
     print(json.dumps(json.loads(path.read_text()), indent=2))
     log(
         "parsers",

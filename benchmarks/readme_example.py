@@ -22,7 +22,11 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file: make the `benchmarks` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import write_script_result  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    add_allow_dirty,
+    refuse_dirty_tree,
+    write_script_result,
+)
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 LOOP = "range(20000)"
@@ -40,7 +44,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="500 episodes: a smoke run.")
     parser.add_argument("--output", type=Path, help="Where the JSON goes (default: results/).")
+    add_allow_dirty(parser)
     args = parser.parse_args()
+    refuse_dirty_tree("readme_example", args.quick, args.allow_dirty)
     code = readme_example()
     episodes = 500 if args.quick else 20_000
     code = code.replace(LOOP, f"range({episodes})")

@@ -96,9 +96,11 @@ if __package__ in (None, ""):  # run as a file: make the `benchmarks` package im
 
 from benchmarks.common import (  # noqa: E402
     REPO_ROOT,
+    add_allow_dirty,
     emit_result,
     parse_result,
     peak_rss_mb,
+    refuse_dirty_tree,
     worker_environment,
     write_script_result,
 )
@@ -817,7 +819,9 @@ def main() -> None:
                         help="fit: LoRA on the last N layers at several rates (score format).")
     parser.add_argument("--quick", action="store_true", help="1 seed, 1 minute, short eval.")
     parser.add_argument("--output", type=Path, help="Where the JSON goes (default: results/).")
+    add_allow_dirty(parser)
     args = parser.parse_args()
+    refuse_dirty_tree(f"real_model.py {args.part}", args.quick, args.allow_dirty)
     if args.eval_episodes is None:
         args.eval_episodes = 100 if args.part == "cartpole" else 20_000
     if args.quick:

@@ -3,7 +3,9 @@
 Builds a ~5M-parameter Llama locally, puts a LoRA adapter on it and, in two fresh
 processes, computes reference log-probabilities for the same batch either with the
 adapter switched off (LlamaGym's way) or with a separate frozen copy of the model.
-Prints and writes JSON: parameter counts and peak RSS of each process.
+Prints and writes JSON: parameter counts and peak RSS of each process, to
+``benchmarks/results/reference_memory.json`` (``reference_memory-quick.json`` with
+``--quick``).
 
     python -m benchmarks.reference_memory [--quick]
 """
@@ -17,7 +19,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+if __package__ in (None, ""):  # run as a file: make the `benchmarks` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import (  # noqa: E402
+    REPO_ROOT,
+    add_allow_dirty,
+    refuse_dirty_tree,
+    write_script_result,
+)
 
 
 def measure(mode: str, hidden: int, layers: int) -> dict:
@@ -74,27 +84,29 @@ def main() -> None:
     parser.add_argument("--child", choices=["adapter-off", "copy"])
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=6)
+    add_allow_dirty(parser)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(measure(args.child, args.hidden, args.layers)))
         return
+    refuse_dirty_tree("reference_memory", args.quick, args.allow_dirty)
     hidden, layers = (128, 2) if args.quick else (args.hidden, args.layers)
     rows = []
     for mode in ("adapter-off", "copy"):
         command = [sys.executable, "-m", "benchmarks.reference_memory", "--child", mode]
         command += ["--hidden", str(hidden), "--layers", str(layers)]
-        out = subprocess.run(command, capture_output=True, text=True, check=True)
+        out = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, check=True)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     result = {
-        "command": "python -m benchmarks.reference_memory" + (" --quick" if args.quick else ""),
+        "hidden_size": hidden,
+        "layers": layers,
         "rows": rows,
         "extra_parameters_for_a_copy": rows[1]["reference_copy_parameters"],
         "peak_rss_ratio_copy_over_adapter_off": rows[1]["peak_rss_mb"] / rows[0]["peak_rss_mb"],
     }
-    RESULTS.mkdir(exist_ok=True)
-    name = "reference_memory-quick.json" if args.quick else "reference_memory.json"
-    (RESULTS / name).write_text(json.dumps(result, indent=2))
+    path = write_script_result("reference_memory", args.quick, None, result)
     print(json.dumps(result, indent=2))
+    print(f"written to {path}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -4,25 +4,37 @@ each run in a fresh worker process that prints its result (``common.run_command`
 
 Here: the :class:`Setup` of a row, the run loop, the per-row summary over seeds with a
 Student t interval, the options every such script takes, a row's command, keeping the
-other rows of an earlier result file, the warm-start demonstrations a row may record
-and a run's update records.
+other rows of an earlier result file, a script's whole ``main`` (:class:`RowBenchmark`
+says what differs), the warm-start demonstrations a row may record and a run's update
+records.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
+import shutil
 import statistics
 import sys
+import tempfile
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import run_command
+from benchmarks.common import (
+    DEFAULT_RESULTS_DIR,
+    add_allow_dirty,
+    ci95_over_seeds,
+    emit_result,
+    refuse_dirty_tree,
+    result_path,
+    run_command,
+    script_command,
+    write_script_result,
+)
 
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776}  # two-sided Student t, by degrees of freedom
 #: What a row's summary averages over its runs, besides its measures.
 AVERAGED = ("invalid_rate", "episodes", "train_seconds", "wall_seconds")
 
@@ -124,14 +136,6 @@ def run_rows(
     return runs
 
 
-def ci95_over_seeds(values: Sequence[float]) -> float | None:
-    """Half-width of the 95% interval of the mean over seeds (Student t); None for one."""
-    n = len(values)
-    if n < 2:
-        return None
-    return T95.get(n - 1, 1.96) * statistics.stdev(values) / math.sqrt(n)
-
-
 def summarise(
     setup: Setup,
     runs: Sequence[Mapping[str, Any]],
@@ -180,6 +184,127 @@ def keep_earlier_rows(
     return summary, [r for r in earlier["runs"] if r["setup"] not in again] + runs
 
 
+# -- a row benchmark's main ---------------------------------------------------------------
+#: Quick and full: evaluation episodes and demonstration episodes per run, and seeds.
+QUICK_EVAL_EPISODES = 20
+DEMONSTRATION_EPISODES = {True: 20, False: 200}
+SEEDS = {True: [0], False: [0, 1]}
+
+
+@dataclass(frozen=True)
+class RowBenchmark:
+    """What one row benchmark script brings to :func:`main`; the rest is shared."""
+
+    script: Path  # the file a worker runs
+    result_name: str  # results/<result_name>[-quick].json
+    setups: Sequence[Setup]
+    quick_setup: str  # the one row of a --quick run
+    description: str
+    eval_episodes: int  # greedy evaluation episodes per run of a full run
+    add_budget: Callable[[argparse.ArgumentParser], None]  # the training budget's options
+    # The budget from the options and --quick, as worker spec keys (``episodes``,
+    # ``minutes``); the result file records each as ``<key>_per_run``.
+    budget: Callable[[argparse.Namespace], dict[str, Any]]
+    train: Callable[[Mapping[str, Any]], dict[str, Any]]  # one run, in the worker
+    line: Callable[[Mapping[str, Any]], str]  # stderr's line about a finished run
+    # The result's fields before the budget (the env, the model) and after the threads
+    # (exact values, the baselines over the runs kept), from every run kept.
+    head: Mapping[str, Any]
+    findings: Callable[[Sequence[Mapping[str, Any]]], dict[str, Any]]
+    measure: str = "success"
+    also_per_seed: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        """The result's name in its header: the script's file name without ``.py``."""
+        return self.script.stem
+
+
+def main(benchmark: RowBenchmark, argv: Sequence[str] | None = None) -> int:
+    """A row benchmark script's ``main``: ``--worker SPEC`` trains one run in this
+    process; otherwise every chosen row with every seed, each in a fresh worker, the
+    summary per row, the result file (keeping the other rows of a comparable earlier
+    one with ``--only``) and the summary as JSON on stdout."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--worker" in argv:
+        emit_result(benchmark.train(json.loads(argv[argv.index("--worker") + 1])))
+        return 0
+    setups = benchmark.setups
+    parser = argparse.ArgumentParser(description=benchmark.description)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a smoke run: row {benchmark.quick_setup!r}, seed 0, 64 episodes, "
+        f"{QUICK_EVAL_EPISODES} eval",
+    )
+    benchmark.add_budget(parser)
+    add_row_arguments(parser, setups, benchmark.result_name, benchmark.eval_episodes)
+    add_allow_dirty(parser)
+    args = parser.parse_args(argv)
+    quick = args.quick
+    refuse_dirty_tree(benchmark.name, quick, args.allow_dirty)
+    budget = benchmark.budget(args)
+    eval_episodes = args.eval_episodes or (
+        QUICK_EVAL_EPISODES if quick else benchmark.eval_episodes
+    )
+    seeds = args.seeds or SEEDS[quick]
+    names = args.only or ([benchmark.quick_setup] if quick else [s.name for s in setups])
+    chosen = [s for s in setups if s.name in names]
+
+    runs_dir = args.keep_runs or Path(
+        tempfile.mkdtemp(prefix=f"llamagym-{benchmark.result_name}-")
+    )
+    started = time.perf_counter()
+
+    def spec(setup: Setup, seed: int) -> dict[str, Any]:
+        return {
+            "setup": setup.name,
+            "seed": seed,
+            **budget,
+            "eval_episodes": eval_episodes,
+            "demonstration_episodes": DEMONSTRATION_EPISODES[quick],
+            "threads": args.threads,
+            "run_dir": str(runs_dir / f"{setup.name}-seed{seed}"),
+        }
+
+    runs = run_rows(benchmark.script, chosen, seeds, spec, args.threads, benchmark.line)
+    if args.keep_runs is None:
+        shutil.rmtree(runs_dir, ignore_errors=True)
+
+    command = script_command(benchmark.script.name, without_only(argv))
+    summary = {
+        s.name: summarise(
+            s,
+            [r for r in runs if r["setup"] == s.name],
+            command,
+            measure=benchmark.measure,
+            also_per_seed=benchmark.also_per_seed,
+        )
+        for s in chosen
+    }
+    recorded = {f"{key}_per_run": value for key, value in budget.items()}
+    output = args.output or result_path(DEFAULT_RESULTS_DIR, benchmark.result_name, quick)
+    if args.only:  # keep the other rows of a comparable earlier file
+        comparable = {**recorded, "eval_episodes": eval_episodes, "seeds": seeds}
+        summary, runs = keep_earlier_rows(output, comparable, summary, runs)
+    order = [s.name for s in setups]
+    result = {
+        **benchmark.head,
+        **recorded,
+        "eval_episodes": eval_episodes,
+        "seeds": seeds,
+        "threads": args.threads,
+        **benchmark.findings(runs),
+        "summary": {name: summary[name] for name in order if name in summary},
+        "runs": sorted(runs, key=lambda r: (order.index(r["setup"]), r["seed"])),
+        "total_wall_seconds": time.perf_counter() - started,
+    }
+    path = write_script_result(benchmark.name, quick, output, result, argv)
+    print(json.dumps({k: result[k] for k in ("exact", "baselines", "summary")}, indent=2))
+    print(f"written to {path}", file=sys.stderr)
+    return 0
+
+
 # -- inside a worker ----------------------------------------------------------------------
 def with_demonstrations(
     agent_class: type,
@@ -208,6 +333,19 @@ def with_demonstrations(
     )
     moved = {"algorithm": {"warm_start": {"demonstrations": str(recording.path)}}}
     return deep_merge(dict(layers), moved), recording
+
+
+def worker_output(run_dir: Path) -> dict[str, Any]:
+    """A worker run's ``output`` config section: its files in ``run_dir`` (replaced if
+    there), nothing printed, and no report, TensorBoard log or checkpoint to slow it."""
+    return {
+        "dir": str(run_dir),
+        "quiet": True,
+        "overwrite": True,
+        "report": False,
+        "tensorboard": False,
+        "checkpoint_every": 0,
+    }
 
 
 def update_records(run_dir: Path) -> list[dict[str, Any]]:

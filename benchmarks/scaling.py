@@ -28,6 +28,7 @@ from benchmarks.common import (
     part_command,
     pyplot,
     run_worker,
+    save_figure,
     spread,
     threads_of,
     worker_main,
@@ -278,10 +279,7 @@ def plot(data: dict[str, Any], path: Path, threads: int) -> Path | None:
         if axis.get_legend_handles_labels()[0]:
             axis.legend(fontsize=8)
     fig.suptitle(f"Blackjack, {threads} thread(s)" + (" (quick)" if data.get("quick") else ""))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

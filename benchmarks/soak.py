@@ -2,7 +2,8 @@
 
 Memory must stay flat after warm-up: no growth from caches, histories or logs. Runs
 ``llamagym run blackjack`` in a child process for MINUTES and samples the child's
-resident set size (from /proc) every SAMPLE seconds; prints and writes JSON.
+resident set size (from /proc) every SAMPLE seconds; prints and writes JSON to
+``benchmarks/results/soak.json`` (``soak-quick.json`` with ``--quick``).
 
     python -m benchmarks.soak [--minutes 30] [--sample 60] [--quick]
 """
@@ -17,7 +18,14 @@ import tempfile
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+if __package__ in (None, ""):  # run as a file: make the `benchmarks` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import (  # noqa: E402
+    add_allow_dirty,
+    refuse_dirty_tree,
+    write_script_result,
+)
 
 
 def rss_mb(pid: int) -> float | None:
@@ -35,7 +43,9 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--sample", type=float, default=60.0, help="seconds between samples")
     parser.add_argument("--quick", action="store_true", help="1 minute, a sample every 10 s")
+    add_allow_dirty(parser)
     args = parser.parse_args()
+    refuse_dirty_tree("soak", args.quick, args.allow_dirty)
     minutes, sample = (1.0, 10.0) if args.quick else (args.minutes, args.sample)
     with tempfile.TemporaryDirectory(prefix="llamagym-soak-") as run_dir:
         command = [
@@ -67,9 +77,8 @@ def main() -> None:
             episodes = max((r.get("total_episodes", 0) for r in lines), default=0)
     after_warmup = [s["rss_mb"] for s in samples[len(samples) // 4 :]] or [0.0]
     result = {
-        "command": "python -m benchmarks.soak"
-        + (" --quick" if args.quick else f" --minutes {minutes:g}"),
         "minutes": minutes,
+        "sample_seconds": sample,
         "exit_code": child.returncode,
         "episodes": episodes,
         "samples": samples,
@@ -78,10 +87,9 @@ def main() -> None:
         "growth_after_warmup_mb": after_warmup[-1] - after_warmup[0],
         "stderr_tail": stderr[-500:],
     }
-    RESULTS.mkdir(exist_ok=True)
-    name = "soak-quick.json" if args.quick else "soak.json"
-    (RESULTS / name).write_text(json.dumps(result, indent=2))
+    path = write_script_result("soak", args.quick, None, result)
     print(json.dumps(result, indent=2))
+    print(f"written to {path}", file=sys.stderr)
 
 
 if __name__ == "__main__":

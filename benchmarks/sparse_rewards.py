@@ -30,10 +30,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -45,16 +43,13 @@ if __package__ in (None, ""):  # run as a file: make the `benchmarks` package im
 
 import gymnasium  # noqa: E402
 
-from benchmarks.common import script_command, write_script_result  # noqa: E402
+from benchmarks import rows  # noqa: E402
 from benchmarks.rows import (  # noqa: E402
+    RowBenchmark,
     Setup,
-    add_row_arguments,
-    keep_earlier_rows,
-    run_rows,
-    summarise,
     update_records,
     with_demonstrations,
-    without_only,
+    worker_output,
 )
 from llamagym import hookimpl  # noqa: E402
 from llamagym.agent import Agent  # noqa: E402
@@ -279,14 +274,7 @@ def train(spec: Mapping[str, Any]) -> dict[str, Any]:
             "eval_episodes": spec["eval_episodes"],
             "threads": threads,
         },
-        "output": {
-            "dir": str(run_dir),
-            "quiet": True,
-            "overwrite": True,
-            "report": False,
-            "tensorboard": False,
-            "checkpoint_every": 0,
-        },
+        "output": worker_output(run_dir),
     }
     layers = deep_merge(dict(setup.settings), budget)
     started = time.perf_counter()
@@ -330,28 +318,16 @@ def train(spec: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def worker(argv: Sequence[str]) -> int:
-    from benchmarks.common import emit_result
-
-    spec = json.loads(argv[argv.index("--worker") + 1])
-    # The class the registration names must be this module's, whatever ran the file.
+def train_in_package(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`train` of the importable module: the class the registration names must be
+    that module's, whatever ran the file."""
     from benchmarks import sparse_rewards
 
-    emit_result(sparse_rewards.train(spec))
-    return 0
+    return sparse_rewards.train(spec)
 
 
 # -- the whole benchmark ------------------------------------------------------------------
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "--worker" in argv:
-        return worker(argv)
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help=f"a smoke run: row {QUICK_SETUP!r}, seed 0, 64 episodes, 20 eval",
-    )
+def add_budget(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--minutes", type=float, default=None, help="training wall time per run (default 1.5)"
     )
@@ -361,87 +337,56 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="train for this many episodes per run instead of --minutes",
     )
-    add_row_arguments(parser, SETUPS, RESULT_NAME, eval_default=300)
-    args = parser.parse_args(argv)
-    quick = args.quick
-    episodes = args.episodes or (64 if quick else None)
-    minutes = None if episodes else (args.minutes or 1.5)
-    eval_episodes = args.eval_episodes or (20 if quick else 300)
-    seeds = args.seeds or ([0] if quick else [0, 1])
-    names = args.only or ([QUICK_SETUP] if quick else [s.name for s in SETUPS])
-    setups = [s for s in SETUPS if s.name in names]
 
-    runs_dir = args.keep_runs or Path(tempfile.mkdtemp(prefix="llamagym-sparse-"))
-    started = time.perf_counter()
 
-    def spec(setup: Setup, seed: int) -> dict[str, Any]:
-        return {
-            "setup": setup.name,
-            "seed": seed,
-            "episodes": episodes,
-            "minutes": minutes,
-            "eval_episodes": eval_episodes,
-            "demonstration_episodes": 20 if quick else 200,
-            "threads": args.threads,
-            "run_dir": str(runs_dir / f"{setup.name}-seed{seed}"),
-        }
+def budget(args: argparse.Namespace) -> dict[str, Any]:
+    episodes = args.episodes or (64 if args.quick else None)
+    return {"minutes": None if episodes else (args.minutes or 1.5), "episodes": episodes}
 
-    def line(run: Mapping[str, Any]) -> str:
-        return (
-            f"success {run['success']:.3f} ± {run['ci95']:.3f}  "
-            f"invalid {run['invalid_rate']:.1%}  {run['episodes']} episodes  "
-            f"{run['wall_seconds']:.0f}s"
-        )
 
-    runs = run_rows(Path(__file__).resolve(), setups, seeds, spec, args.threads, line)
-    if args.keep_runs is None:
-        import shutil
-
-        shutil.rmtree(runs_dir, ignore_errors=True)
-
-    command = script_command("sparse_rewards.py", without_only(argv))
-    summary = {
-        s.name: summarise(s, [r for r in runs if r["setup"] == s.name], command) for s in setups
-    }
-    output = args.output or Path(__file__).resolve().parent / "results" / (
-        f"{RESULT_NAME}{'-quick' if quick else ''}.json"
+def line(run: Mapping[str, Any]) -> str:
+    return (
+        f"success {run['success']:.3f} ± {run['ci95']:.3f}  "
+        f"invalid {run['invalid_rate']:.1%}  {run['episodes']} episodes  "
+        f"{run['wall_seconds']:.0f}s"
     )
-    if args.only:  # keep the other rows of a comparable earlier file
-        budget = {
-            "minutes_per_run": minutes,
-            "episodes_per_run": episodes,
-            "eval_episodes": eval_episodes,
-            "seeds": seeds,
-        }
-        summary, runs = keep_earlier_rows(output, budget, summary, runs)
-    order = [s.name for s in SETUPS]
-    baselines = {
-        name: statistics.fmean(run["baselines"][name]["success"] for run in runs)
-        for name in ("random", "optimal")
-    }
-    result = {
-        "env": "FrozenLake-v1, 4x4, is_slippery=True, 100-step limit",
-        "model": "tiny",
-        "minutes_per_run": minutes,
-        "episodes_per_run": episodes,
-        "eval_episodes": eval_episodes,
-        "seeds": seeds,
-        "threads": args.threads,
+
+
+def findings(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The exact success rates of random and optimal play, and the baselines' rates as
+    played on the runs' evaluation seeds."""
+    return {
         "exact": {
             "random": success_probability(TABLE, {s: [0.25] * 4 for s in TABLE}),
             "optimal": success_probability(
                 TABLE, {s: [float(a == OPTIMAL[s]) for a in range(4)] for s in TABLE}
             ),
         },
-        "baselines": baselines,
-        "summary": {name: summary[name] for name in order if name in summary},
-        "runs": sorted(runs, key=lambda r: (order.index(r["setup"]), r["seed"])),
-        "total_wall_seconds": time.perf_counter() - started,
+        "baselines": {
+            name: statistics.fmean(run["baselines"][name]["success"] for run in runs)
+            for name in ("random", "optimal")
+        },
     }
-    path = write_script_result("sparse_rewards", quick, output, result)
-    print(json.dumps({k: result[k] for k in ("exact", "baselines", "summary")}, indent=2))
-    print(f"written to {path}", file=sys.stderr)
-    return 0
+
+
+BENCHMARK = RowBenchmark(
+    script=Path(__file__).resolve(),
+    result_name=RESULT_NAME,
+    setups=SETUPS,
+    quick_setup=QUICK_SETUP,
+    description=__doc__.splitlines()[0],
+    eval_episodes=300,
+    add_budget=add_budget,
+    budget=budget,
+    train=train_in_package,
+    line=line,
+    head={"env": "FrozenLake-v1, 4x4, is_slippery=True, 100-step limit", "model": "tiny"},
+    findings=findings,
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return rows.main(BENCHMARK, argv)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,11 @@ if __package__ in (None, ""):  # run as a file: make the `benchmarks` package im
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
     sys.path.insert(0, str(_here.parent))
 
-from benchmarks.common import write_script_result  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    add_allow_dirty,
+    refuse_dirty_tree,
+    write_script_result,
+)
 
 TARGET = 0.9
 UNSEEN_FIRST_SEED = 1000
@@ -157,8 +161,10 @@ def main() -> None:
                         help="Measure the training games only (for a slow model).")
     parser.add_argument("--model", default="tiny",
                         help="Model to train; any but tiny is also measured zero-shot.")
+    add_allow_dirty(parser)
     args = parser.parse_args()
     quick = args.quick
+    refuse_dirty_tree("textworld", quick, args.allow_dirty)
     minutes = args.minutes or (1.0 if quick else 15.0)
     games = args.games or (4 if quick else 20)
     seeds = args.seeds or [0]

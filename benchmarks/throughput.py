@@ -34,6 +34,7 @@ from benchmarks.common import (
     part_command,
     pyplot,
     run_worker,
+    save_figure,
     spread,
     threads_of,
     worker_main,
@@ -350,10 +351,7 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
             axis.legend(fontsize=8)
     fig.suptitle(f"Blackjack, tiny model, {result['threads']} thread(s)"
                  + (" (quick)" if result["quick"] else ""))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

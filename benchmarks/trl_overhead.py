@@ -58,8 +58,10 @@ from benchmarks.common import (  # noqa: E402
     DEFAULT_RESULTS_DIR,
     REPO_ROOT,
     BenchmarkError,
+    add_allow_dirty,
     emit_result,
     log,
+    refuse_dirty_tree,
     run_command,
     write_script_result,
 )
@@ -577,6 +579,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
     parser.add_argument("--output", type=Path, default=None,
                         help="where the JSON goes (default: results/trl-overhead.json)")
+    add_allow_dirty(parser)
     args = parser.parse_args(argv)
     if args.worker:
         spec = json.loads(args.worker)
@@ -585,6 +588,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(int(spec["threads"]))
         emit_result(measure(spec))
         return 0
+    refuse_dirty_tree(NAME, args.quick, args.allow_dirty)
 
     models = args.models or (["tiny"] if args.quick else list(MODELS))
     output = args.output or DEFAULT_RESULTS_DIR / f"{NAME}{'-quick' if args.quick else ''}.json"
@@ -664,7 +668,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "profile_tiny_trl": profile,
         "earlier_commands": kept_commands,
     }
-    path = write_script_result(NAME, args.quick, args.output, data)
+    path = write_script_result(NAME, args.quick, args.output, data, argv)
     print(json.dumps(data["summary"], indent=2))
     log(NAME, f"wrote {path}")
     return 0

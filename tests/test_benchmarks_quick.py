@@ -173,7 +173,8 @@ def test_trl_overhead_quick_measures_both_backends(tmp_path):
 
 def test_every_script_all_runs_exists_and_takes_quick(benchmarks):
     """`python -m benchmarks all` skips a script that is not there: each one it names is,
-    and its --help (with the script's own arguments) lists --quick."""
+    and its --help (with the script's own arguments) lists --quick and --allow-dirty,
+    which `all` passes on."""
     import benchmarks.__main__ as harness
 
     assert any(script[0] == "real_model.py" for script in harness.SCRIPTS)
@@ -185,3 +186,4 @@ def test_every_script_all_runs_exists_and_takes_quick(benchmarks):
             timeout=120, check=False,
         )
         assert shown.returncode == 0 and "--quick" in shown.stdout, (name, shown.stderr[-500:])
+        assert "--allow-dirty" in shown.stdout, name

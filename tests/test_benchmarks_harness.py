@@ -1,0 +1,128 @@
+"""The benchmark harness refuses to measure uncommitted code unless told to, and every
+result file starts with the same header, whichever writer made it. In-process and
+fast: the tree's state is faked, nothing is measured."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks import common
+
+DIRTY = {"commit": "0123456789abcdef0123456789abcdef01234567", "dirty": True}
+CLEAN = {"commit": "0123456789abcdef0123456789abcdef01234567", "dirty": False}
+HEADER = ["benchmark", "command", "date", "commit", "dirty", "quick"]
+
+
+@pytest.fixture
+def dirty_tree(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(common, "source_commit", lambda: dict(DIRTY))
+
+
+def test_a_full_run_on_a_dirty_tree_stops_with_one_line_naming_the_fix(dirty_tree) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        common.refuse_dirty_tree("parsers", quick=False, allow_dirty=False)
+    message = str(stopped.value.code)
+    assert "\n" not in message
+    assert message.startswith("parsers: ") and "uncommitted changes" in message
+    assert "0123456789ab" in message  # the commit the numbers would wrongly name
+    assert "commit the changes" in message and "--allow-dirty" in message
+
+
+@pytest.mark.parametrize(
+    ("source", "quick", "allow_dirty"),
+    [
+        (DIRTY, False, True),  # told to: the file then records "dirty": true
+        (DIRTY, True, False),  # a smoke run measures nothing worth keeping
+        (CLEAN, False, False),
+        ({"commit": None, "dirty": None}, False, False),  # no git history: nothing to compare
+    ],
+)
+def test_the_check_lets_through(monkeypatch, source, quick, allow_dirty) -> None:
+    monkeypatch.setattr(common, "source_commit", lambda: dict(source))
+    common.refuse_dirty_tree("parsers", quick=quick, allow_dirty=allow_dirty)
+
+
+def fake_parsers_run(calls: list[bool]) -> Any:
+    def run(quick: bool) -> dict[str, Any]:
+        calls.append(quick)
+        reply = {"reply": "x", "characters": 1}
+        return {"worst_seconds": 0.0, "worst_reply": reply, "median_seconds": 0.0,
+                "target_met": True}
+
+    return run
+
+
+def test_a_script_stops_before_measuring_and_runs_with_allow_dirty(
+    dirty_tree, monkeypatch, tmp_path: Path
+) -> None:
+    from benchmarks import parsers
+
+    calls: list[bool] = []
+    monkeypatch.setattr(parsers, "run", fake_parsers_run(calls))
+    with pytest.raises(SystemExit):
+        parsers.main(["--output-dir", str(tmp_path)])
+    assert calls == [] and list(tmp_path.iterdir()) == []
+
+    assert parsers.main(["--allow-dirty", "--output-dir", str(tmp_path)]) == 0
+    assert calls == [False]
+    result = json.loads((tmp_path / "parsers.json").read_text(encoding="utf-8"))
+    assert result["dirty"] is True and result["commit"] == DIRTY["commit"]
+    assert "--allow-dirty" not in result["command"]  # it changes no number
+
+
+def test_a_row_benchmark_stops_before_its_first_run(dirty_tree, monkeypatch) -> None:
+    from benchmarks import many_actions, rows
+
+    def no_runs(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        raise AssertionError("a run started on a dirty tree")
+
+    monkeypatch.setattr(rows, "run_rows", no_runs)
+    with pytest.raises(SystemExit) as stopped:
+        many_actions.main(["--only", "ppo"])
+    assert "--allow-dirty" in str(stopped.value.code)
+
+
+def test_the_harness_checks_its_parts_and_passes_allow_dirty_on(dirty_tree, monkeypatch) -> None:
+    import benchmarks.__main__ as harness
+
+    for name in harness.PARTS:
+        monkeypatch.setattr(harness._part(name), "run", lambda args: pytest.fail("a part ran"))
+    for part in ("throughput", "all"):
+        with pytest.raises(SystemExit) as stopped:
+            harness.main([part])
+        assert "--allow-dirty" in str(stopped.value.code), part
+
+    commands: list[list[str]] = []
+
+    class Done:
+        returncode = 0
+
+    def record(command: list[str], **kwargs: Any) -> Done:
+        commands.append(command)
+        return Done()
+
+    monkeypatch.setattr(harness.subprocess, "run", record)
+    assert harness.run_scripts(quick=False, allow_dirty=True) == []
+    assert len(commands) == len(harness.SCRIPTS)
+    assert all(command[-1] == "--allow-dirty" for command in commands)
+    assert any("real_model.py" in command[1] for command in commands)
+
+
+def test_every_writer_starts_with_the_same_header(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(common, "source_commit", lambda: dict(CLEAN))
+    args = common.argparse.Namespace(quick=True, threads=2, output_dir=tmp_path)
+    part = common.write_result("part", {"rows": []}, args, "python -m benchmarks part --quick")
+    script = common.write_script_result(
+        "script", True, tmp_path / "script.json", {"rows": []}, ["--quick", "--allow-dirty"]
+    )
+    for path, extra in ((part, ["threads"]), (script, [])):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        assert list(record)[: len(HEADER) + len(extra) + 1] == [*HEADER, *extra, "machine"]
+        assert record["commit"] == CLEAN["commit"] and record["dirty"] is False
+        assert record["machine"]["cores"] >= 1 and record["rows"] == []
+    assert part.name == "part-quick.json"
+    assert json.loads(script.read_text(encoding="utf-8"))["command"].endswith(" --quick")
