@@ -33,11 +33,13 @@ def test_help_and_list_do_not_import_torch() -> None:
     assert out.stdout.strip() == "[]"
 
 
-def test_the_pytest_plugin_imports_no_torch() -> None:
+@pytest.mark.parametrize("module", ["llamagym.testing", "llamagym.agent"])
+def test_the_pytest_plugin_and_the_agent_import_no_torch(module: str) -> None:
     # llamagym.testing is a pytest11 plugin: every pytest session of anyone with llamagym
-    # installed imports it, so what it needs of torch loads on first use.
+    # installed imports it. The Agent is the task: a plugin's agent module and its config
+    # layers load without the model side.
     code = (
-        "import sys, llamagym.testing;"
+        f"import sys, {module};"
         "print(sorted(m for m in ('torch', 'transformers', 'textworld') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -356,7 +356,7 @@ def test_a_model_object_given_to_the_classic_api_follows_the_lora_rule() -> None
     defaults), as one loaded by name would; model.lora=false trains it whole."""
     from llamagym_blackjack.agent import BlackjackAgent
 
-    from llamagym.models import loading as models
+    from llamagym.models import lora_choice as models
 
     model, tokenizer = load_model_and_tokenizer("tiny")
     agent = BlackjackAgent(model, tokenizer)

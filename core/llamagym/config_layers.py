@@ -38,7 +38,7 @@ from llamagym.config import (
     defaults_for_algorithm,
 )
 from llamagym.errors import ConfigError, UnknownNameError
-from llamagym.models.loading import trains_through_lora
+from llamagym.models.lora_choice import trains_through_lora
 from llamagym.plugin_manager import get_plugins
 
 if TYPE_CHECKING:

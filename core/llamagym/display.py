@@ -19,6 +19,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rich.markup import escape
+
 #: Kept as they are where text is laid out on several lines.
 LAYOUT = "\n\t"
 
@@ -48,8 +50,6 @@ class PrintableFormatter(logging.Formatter):
 def shown(text: object) -> str:
     """``text`` on one line for a rich print whose markup is its own: control characters
     escaped, and brackets taken as text, not as markup."""
-    from rich.markup import escape
-
     return escape(printable(text, keep=""))
 
 

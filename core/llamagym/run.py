@@ -32,12 +32,8 @@ from llamagym.config_layers import (  # defined here before config_layers.py: th
 from llamagym.config_layers import resolve_agent_config
 from llamagym.config_layers import run_layers as run_layers
 from llamagym.errors import ConfigError, LlamaGymError
-from llamagym.models.loading import (
-    LORA_AUTO_THRESHOLD,
-    add_lora_adapter,
-    load_model_and_tokenizer,
-    trains_through_lora,
-)
+from llamagym.models.loading import add_lora_adapter, load_model_and_tokenizer
+from llamagym.models.lora_choice import LORA_AUTO_THRESHOLD, trains_through_lora
 from llamagym.models.policy import Policy
 from llamagym.plugin_manager import get_plugins
 from llamagym.rollout.engine import RolloutEngine

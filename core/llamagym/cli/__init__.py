@@ -23,6 +23,7 @@ from llamagym.cli import (  # noqa: F401  (importing a module attaches its comma
 from llamagym.cli.app import app
 from llamagym.display import PrintableFormatter, printable
 from llamagym.errors import LlamaGymError
+from llamagym.plugin_manager import get_plugins
 
 __all__ = ["app", "main"]
 
@@ -33,8 +34,6 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, handlers=[plain])
     logging.getLogger("llamagym.plugin_manager").setLevel(logging.ERROR)  # shown once, below
     try:
-        from llamagym.plugin_manager import get_plugins
-
         get_plugins().register_commands(app)
         app()
     except LlamaGymError as error:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import sys
+from importlib.metadata import version
 
 import typer
+from rich.console import Console
 
-if TYPE_CHECKING:
-    from rich.console import Console
+from llamagym.plugin_manager import get_plugins
 
 #: Columns of a rich console whose output is not a terminal (piped or redirected):
 #: wide enough that no table cell is wrapped or cut.
@@ -24,8 +25,6 @@ app = typer.Typer(
 
 def _print_version(value: bool) -> None:
     if value:
-        from importlib.metadata import version
-
         typer.echo(f"llamagym {version('llamagym')}")
         raise typer.Exit()
 
@@ -41,8 +40,6 @@ def _options(
 
 def report_plugin_problems() -> None:
     """Print each plugin problem once, as a warning line on stderr."""
-    from llamagym.plugin_manager import get_plugins
-
     for problem in get_plugins().problems:
         typer.secho(f"warning: {problem}", fg="yellow", err=True)
 
@@ -51,10 +48,6 @@ def output_console() -> Console:
     """A rich console on stdout: as wide as the terminal, or, when stdout is not a
     terminal (``llamagym list | grep ...``, a file), wide enough that tables keep every
     name and description whole instead of fitting them into 80 columns."""
-    import sys
-
-    from rich.console import Console
-
     stdout = sys.stdout
     if stdout is not None and stdout.isatty():
         return Console()

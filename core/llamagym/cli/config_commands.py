@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from llamagym.cli.app import app
+from llamagym.cli.run_commands import resolve_run_config
 
 config_app = typer.Typer(help="Inspect run configurations.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
@@ -25,8 +26,6 @@ def show_command(
     """Print the config `llamagym run AGENT` would use, as YAML with every field's
     description, and where each non-default value came from. Save it, edit it and pass
     it back with `llamagym run AGENT --config FILE`."""
-    from llamagym.cli.run_commands import resolve_run_config
-
     flags = {
         "algorithm.name": algorithm, "model.name": model, "rollout.mode": mode,
         "training.backend": backend,

@@ -3,14 +3,18 @@ agent's baselines."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
 
 import typer
+from rich.console import Console
 
 from llamagym.cli.app import app, report_plugin_problems
 from llamagym.cli.run_commands import configure_logging, resolve_run_config
+from llamagym.config import check_episode_memory, deep_merge
+from llamagym.config_files import parse_assignment
 from llamagym.display import shown
 from llamagym.errors import LlamaGymError
 
@@ -29,7 +33,6 @@ def _agent_to_evaluate(
     """The agent ``llamagym eval`` plays: a checkpoint's, or ``model`` untrained as a run
     would start it; with the heading line and the JSON key that say which. ``given`` is
     ``assignments`` (the ``--set`` lines) parsed."""
-    from llamagym.config import deep_merge
     from llamagym.run import load_agent
 
     if model is not None:
@@ -103,13 +106,6 @@ def eval_command(
     ),
 ) -> None:
     """Evaluate a checkpoint or an untrained model (the help text is above)."""
-    import contextlib
-
-    from rich.console import Console
-
-    from llamagym.config import check_episode_memory, deep_merge
-    from llamagym.config_files import parse_assignment
-
     _check_one_subject(checkpoint, model)
     check_episode_memory(episodes, "--episodes")  # before the model loads
     report_plugin_problems()
@@ -161,8 +157,6 @@ def _print_results(
     greedy: bool, untrained: bool,
 ) -> None:
     """The evaluation as a table beside the baselines, and the agent's line below it."""
-    from rich.console import Console
-
     from llamagym.training.progress import evaluation_table
 
     console = Console()

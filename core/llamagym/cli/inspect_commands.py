@@ -6,20 +6,19 @@ import contextlib
 import json
 import sys
 from collections.abc import Mapping
+from dataclasses import asdict
 
 import typer
+from rich.table import Table
 
 from llamagym.cli.app import app, output_console, report_plugin_problems
+from llamagym.plugin_manager import get_plugins
+from llamagym.specs import AgentSpec, AlgorithmSpec
 
 
 @app.command("list")
 def list_command() -> None:
     """List the agents and algorithms every installed plugin registered."""
-    from rich.table import Table
-
-    from llamagym.plugin_manager import get_plugins
-    from llamagym.specs import AgentSpec, AlgorithmSpec
-
     plugins = get_plugins()
     console = output_console()
     registries: tuple[tuple[str, Mapping[str, AgentSpec | AlgorithmSpec]], ...] = (
@@ -43,10 +42,6 @@ def list_command() -> None:
 @app.command("plugins")
 def plugins_command() -> None:
     """Print every loaded plugin as JSON: name, distribution, version, hooks."""
-    from dataclasses import asdict
-
-    from llamagym.plugin_manager import get_plugins
-
     # The JSON is the only thing on stdout: what plugin code prints meanwhile (even a
     # registration hook still running after its time limit) goes to stderr.
     stdout = sys.stdout

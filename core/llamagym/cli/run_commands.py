@@ -10,10 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.console import Console
+from rich.logging import RichHandler
 
 from llamagym.cli.app import app, report_plugin_problems
-from llamagym.display import shown
+from llamagym.config_files import parse_assignment, read_config_file, refuse_code_settings
+from llamagym.display import PrintableFormatter, shown
 from llamagym.errors import LlamaGymError
+from llamagym.plugin_manager import get_plugins
 
 #: The config key each of ``run``'s flags sets; ``SWITCHES`` are its on/off flags.
 FLAG_KEYS = {
@@ -47,8 +51,6 @@ def command_line_layers(
 ) -> list[tuple[str, dict[str, Any]]]:
     """The layers a command line gives, lowest precedence first: the ``--config`` file,
     each ``--set``, then the typed flags (those not given are left out)."""
-    from llamagym.config_files import parse_assignment, read_config_file, refuse_code_settings
-
     layers: list[tuple[str, dict[str, Any]]] = []
     if config_file is not None:
         data = read_config_file(config_file)
@@ -79,7 +81,6 @@ def resolve_run_config(
     anywhere is a ``ConfigError`` naming each problem on its own line.
     """
     from llamagym.config_layers import resolve_agent_config
-    from llamagym.plugin_manager import get_plugins
 
     plugins = get_plugins()
     report_plugin_problems()
@@ -94,10 +95,6 @@ def configure_logging(console: Any, quiet: bool, verbose: bool) -> None:
     """Log lines through rich on ``console``, so they print above the live progress bar
     instead of tearing through it; ``--quiet`` keeps warnings only, ``--verbose`` adds a
     line per update."""
-    from rich.logging import RichHandler
-
-    from llamagym.display import PrintableFormatter
-
     root = logging.getLogger()
     for handler in list(root.handlers):
         # Replace the plain stderr handler of logging.basicConfig (and ours from an
@@ -342,7 +339,6 @@ def _resumed(
     the run continues in the directory the checkpoint belongs to (set in ``flags``)."""
     if resume is None:
         return None, None, None
-    from llamagym.config_files import read_config_file
     from llamagym.training import checkpoint as checkpoints
     from llamagym.training.trl_backend import trl_checkpoint, trl_run_dir
 
@@ -396,8 +392,6 @@ def _train(
     verbose: bool,
     budget: str,
 ) -> None:
-    from rich.console import Console
-
     from llamagym.training import distributed
     from llamagym.training.progress import RunProgress, summary_table
     from llamagym.training.trainer import Trainer

@@ -6,10 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.console import Console
+from rich.text import Text
 
 from llamagym.cli.app import app, report_plugin_problems
+from llamagym.config import check_episode_memory
 from llamagym.display import printable
 from llamagym.errors import LlamaGymError
+from llamagym.training.run_files import read_metrics, read_transcripts
+from llamagym.training.transcripts import TRANSCRIPTS, render, transcript
 
 
 @app.command("export")
@@ -36,7 +41,6 @@ def export_command(
     from llamagym.training import checkpoint as checkpoints
     from llamagym.training.export import check_export_target, export_agent
     from llamagym.training.report import METRICS
-    from llamagym.training.run_files import read_metrics
 
     report_plugin_problems()
     check_export_target(to, overwrite)  # before the model loads
@@ -91,14 +95,9 @@ def play_command(
     its control characters escaped; with --kept a damaged transcript is skipped with
     one warning."""
     import torch
-    from rich.console import Console
-    from rich.text import Text
 
-    from llamagym.config import check_episode_memory
     from llamagym.rollout.evaluation import evaluation_seeds
     from llamagym.run import load_agent
-    from llamagym.training.run_files import read_transcripts
-    from llamagym.training.transcripts import TRANSCRIPTS, render, transcript
 
     console = Console()
     if kept:

@@ -31,6 +31,7 @@ from llamagym.devtools.fake_model import (
     TurnBudgetExceededError,
     tokenizer_context,
 )
+from llamagym.errors import LlamaGymError
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -346,7 +347,6 @@ def check_prompts(ctx: CheckContext) -> str:
                 "return a description of the observation the model can read",
             )
         if "$" in rollout.reply_prefix:
-            from llamagym.errors import LlamaGymError
             from llamagym.rollout.prompts import fill_reply_prefix
 
             try:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+import llamagym
 from llamagym.devtools.agent_checks import CHECK_NAMES, CHECKS, options_contract
 from llamagym.devtools.check_context import CheckContext, CheckFailure, CheckSkipped
 
@@ -67,8 +68,6 @@ def format_results(results: Sequence[CheckResult]) -> str:
 
 def _unexpected(error: Exception) -> CheckResult:
     """A check that crashed: the error and where in the plugin's code it came from."""
-    import llamagym
-
     ours = Path(llamagym.__file__).resolve().parent
     frames = traceback.extract_tb(error.__traceback__)
     outside = [f for f in frames if ours not in Path(f.filename).resolve().parents]

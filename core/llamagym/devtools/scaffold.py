@@ -30,12 +30,18 @@ package's own settings (``templates/ruff.toml``).
 
 from __future__ import annotations
 
+import inspect
 import keyword
 import re
+import textwrap
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import gymnasium
+
+from llamagym import __version__
 from llamagym.errors import LlamaGymError
 
 KINDS = ("env", "algorithm")
@@ -81,8 +87,6 @@ def llamagym_requirement(version: str | None = None) -> str:
     """The ``llamagym`` range a new plugin depends on: this release series only, because
     before 1.0 a minor release may change the hooks (after it, only a major one)."""
     if version is None:
-        from llamagym import __version__
-
         version = __version__
     major, minor = (int(part) for part in version.split(".")[:2])
     upper = f"{major}.{minor + 1}" if major == 0 else f"{major + 1}"
@@ -189,8 +193,6 @@ def _placeholder_names(env: EnvFacts) -> str:
 
 def _observation_notes(env: EnvFacts, env_id: str, limit: int = 30) -> str:
     """Comment lines quoting the env's own description of its observations."""
-    import textwrap
-
     if not env.observation_notes:
         return f"# help(gymnasium.make({env_id!r}).unwrapped) may say what it holds."
     quoted: list[str] = []
@@ -234,11 +236,6 @@ def inspect_env(env_id: str, name: str = "NAME") -> EnvFacts:
     """The size of ``env_id``'s ``Discrete`` action space, and what its documentation
     says about the actions and the observations. ``name`` is the plugin's, for the
     command an error suggests."""
-    import inspect
-    import warnings
-
-    import gymnasium
-
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the error below says what matters
@@ -275,8 +272,6 @@ def inspect_env(env_id: str, name: str = "NAME") -> EnvFacts:
 
 def _similar_ids(env_id: str) -> str:
     """``; registered ids like it: ...`` for the ids of ``env_id``'s family, if any."""
-    import gymnasium
-
     family = env_id.split("-")[0]
     known = [key for key in gymnasium.registry if key.startswith(family) and key != env_id]
     return f"; registered ids like it: {', '.join(known[:5])}" if known else ""
@@ -285,8 +280,6 @@ def _similar_ids(env_id: str) -> str:
 def _check_own_env_id(env_id: str) -> None:
     """Refuse an id whose name Gymnasium already uses: registering it beside (or instead
     of) Gymnasium's env would make ``gymnasium.make`` give the wrong game."""
-    import gymnasium
-
     taken = gymnasium.envs.registration.parse_env_id(env_id)[:2]
     same = [key for key, spec in gymnasium.registry.items()
             if (spec.namespace, spec.name) == taken]

@@ -2,8 +2,8 @@
 the offline `tiny` model), the model registry, and the policy (LM + value
 head) that scores and generates."""
 
+from llamagym import moved_name as _moved_name
+
 
 def __getattr__(name: str) -> object:
-    from llamagym import moved_name
-
-    return moved_name(__name__, name)
+    return _moved_name(__name__, name)

@@ -36,6 +36,7 @@ from typing import Any
 
 from jinja2.compiler import CodeGenerator
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from transformers.utils import chat_template_utils
 
 from llamagym.errors import LlamaGymError
 
@@ -134,8 +135,6 @@ def _compile_in_bounded_sandbox() -> None:
     """transformers compiles chat templates in its module's ``ImmutableSandboxedEnvironment``
     (``chat_template_utils``): it compiles them in :class:`BoundedSandbox` instead, and
     forgets the templates it compiled before."""
-    from transformers.utils import chat_template_utils
-
     if not hasattr(chat_template_utils, "ImmutableSandboxedEnvironment"):
         raise LlamaGymError(
             "this transformers version compiles chat templates where LlamaGym cannot bound "

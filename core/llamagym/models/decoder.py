@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from transformers import DynamicCache
 
 from llamagym.errors import ModelLoadError
 
@@ -66,9 +67,8 @@ def cache_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 @functools.cache
 def prefix_cache_class() -> type:
-    """The cache class of a pass that runs after a read-only prefix (transformers is
-    imported, and the class made, on first use)."""
-    from transformers import DynamicCache
+    """The cache class of a pass that runs after a read-only prefix (made on first
+    use)."""
 
     class PrefixCache(DynamicCache):
         """The shared prefix's keys and values, read by every row of a pass and never

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 
 def closes_json(text: str) -> bool:
@@ -68,8 +69,6 @@ def sampling_processors(
     temperature: float, top_p: float, top_k: int, generator: torch.Generator | None
 ) -> list:
     """Temperature, top-k and top-p (transformers' own warpers), then a draw."""
-    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
-
     processors: list = []
     if temperature != 1.0:
         processors.append(TemperatureLogitsWarper(temperature))

@@ -14,12 +14,23 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import torch
+import transformers
+from huggingface_hub.utils import HFValidationError, validate_repo_id
+from torch import nn
+from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
+from transformers.integrations import is_deepspeed_zero3_enabled
 
 from llamagym.errors import ModelLoadError
 from llamagym.models import sources as model_sources
 from llamagym.models.gguf_conversion import dtype_keyword
+from llamagym.models.lora_choice import LORA_AUTO_THRESHOLD as LORA_AUTO_THRESHOLD
+from llamagym.models.lora_choice import count_parameters, uses_lora_by_default
+from llamagym.models.lora_choice import trains_through_lora as trains_through_lora
 from llamagym.models.registry import (
     GENERIC_CHAT_TEMPLATE,
     LLAMA_LIKE_TARGETS,
@@ -28,9 +39,9 @@ from llamagym.models.registry import (
     ModelEntry,
     get_model_entry,
 )
+from llamagym.paths import CACHE_ENV_VAR
 
 if TYPE_CHECKING:
-    import torch
     from peft import LoraConfig, PeftModel
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -39,9 +50,6 @@ logger = logging.getLogger(__name__)
 TINY_MODEL_NAME = "tiny"
 QUANTIZE_CHOICES: tuple[str, ...] = ("4bit", "8bit")
 DTYPE_CHOICES: tuple[str, ...] = ("float32", "bfloat16", "float16")
-# Above this many parameters full fine-tuning stops being practical on the
-# machines LlamaGym targets, so lora=None switches LoRA on.
-LORA_AUTO_THRESHOLD = 50_000_000
 DEFAULT_LORA_RANK = 16
 
 # Linear layer names that LoRA commonly adapts, across the architectures on the
@@ -84,8 +92,6 @@ _DTYPE_ALIASES = {
 
 def resolve_device(device: str = "auto") -> str:
     """``"auto"`` becomes cuda, else mps, else cpu; explicit devices are checked."""
-    import torch
-
     if device == "auto":
         if torch.cuda.is_available():
             return "cuda"
@@ -117,8 +123,6 @@ def resolve_dtype(dtype: str | None, device: str, preferred: str | None = None) 
     CUDA uses the registry's preferred dtype if any, else bfloat16 where the
     GPU supports it, else float16.
     """
-    import torch
-
     if dtype is not None and dtype.strip().lower() != "auto":
         canonical = _DTYPE_ALIASES.get(dtype.strip().lower())
         if canonical is None:
@@ -147,7 +151,6 @@ def _resolve_source(name_or_path: str, seed: int) -> tuple[str, ModelEntry | Non
     """Map the user's model argument to ``(from_pretrained source, entry, is_local)``."""
     if name_or_path.strip().lower() == TINY_MODEL_NAME:
         from llamagym.models.tiny import build_tiny_model
-        from llamagym.paths import CACHE_ENV_VAR
 
         try:
             path = build_tiny_model(seed=seed)
@@ -180,8 +183,6 @@ def _resolve_source(name_or_path: str, seed: int) -> tuple[str, ModelEntry | Non
         logger.info("%s: using %s (%s)", entry.name, fetched.path, fetched.detail)
         return str(fetched.path), entry, True
     hub_id = entry.hub_id if entry is not None and entry.hub_id else name_or_path
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
     try:
         validate_repo_id(hub_id)
     except HFValidationError as exc:
@@ -290,8 +291,6 @@ def _sync_special_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
 
 def linear_module_names(model: Any) -> set[str]:
     """Leaf names of all ``nn.Linear`` modules (bitsandbytes layers included)."""
-    from torch import nn
-
     return {
         name.rsplit(".", 1)[-1]
         for name, module in model.named_modules()
@@ -349,34 +348,11 @@ def _prepare_4bit_on_cpu(model: Any) -> None:
             module.support_avx512bf16_for_cpu = False
 
 
-def _count_parameters(model: Any) -> int:
-    try:
-        return int(model.num_parameters())
-    except Exception:  # noqa: BLE001 - a count is only advisory; fall back to numel
-        return sum(p.numel() for p in model.parameters())
-
-
-def uses_lora_by_default(model: Any, quantized: bool = False) -> bool:
-    """LoRA for quantized models (their base weights cannot train) and for models above
-    ``LORA_AUTO_THRESHOLD`` parameters; full fine-tuning for smaller ones."""
-    return quantized or _count_parameters(model) > LORA_AUTO_THRESHOLD
-
-
 def _last_layers(model: Any, count: int) -> list[int]:
     total = getattr(model.config, "num_hidden_layers", None) or getattr(model.config, "n_layer", 0)
     if not total:
         raise ModelLoadError("model.lora_layers needs a model whose config names its layer count")
     return list(range(max(total - count, 0), total))
-
-
-def trains_through_lora(model: Any, lora: bool | None = None) -> bool:
-    """Whether a model object trains through a LoRA adapter: it carries one, or it gets
-    one (``lora``, else :func:`uses_lora_by_default`). A value-head wrapper (the original
-    LlamaGym's) is judged by the LM inside it."""
-    model = getattr(model, "pretrained_model", model)
-    if hasattr(model, "peft_config"):
-        return True
-    return lora if lora is not None else uses_lora_by_default(model)
 
 
 def lora_config(
@@ -417,9 +393,6 @@ def add_lora_adapter(
 ) -> Any:
     """``model`` wrapped with its LoRA adapter (:func:`lora_config`), initialised from
     ``seed``."""
-    import warnings
-
-    import torch
     from peft import get_peft_model
 
     settings = lora_config(model, name, rank, layers, entry)
@@ -462,9 +435,6 @@ def load_model_and_tokenizer(
     the checkpoint has it.
     """
     _check_load_options(quantize, lora, lora_rank)
-    import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     # LlamaGym draws its own progress; the per-shard loading bars are noise here.
     transformers.utils.logging.disable_progress_bar()
     resolved_device = resolve_device(device)
@@ -486,7 +456,7 @@ def load_model_and_tokenizer(
         model.resize_token_embeddings(len(tokenizer))
     _sync_special_ids(model, tokenizer)
 
-    n_params = _count_parameters(model)
+    n_params = count_parameters(model)
     use_lora = lora if lora is not None else uses_lora_by_default(model, quantize is not None)
 
     if quantize == "4bit" and resolved_device == "cpu":
@@ -535,9 +505,6 @@ def _model_keywords(
     torch_dtype: Any, quantize: str | None, device: str, trust_remote_code: bool
 ) -> dict[str, Any]:
     """``from_pretrained``'s keywords: the dtype, 4/8-bit quantization and device map."""
-    from transformers import BitsAndBytesConfig
-    from transformers.integrations import is_deepspeed_zero3_enabled
-
     model_kwargs: dict[str, Any] = {
         dtype_keyword(): torch_dtype,
         "trust_remote_code": trust_remote_code,

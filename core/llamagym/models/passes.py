@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from llamagym.models.decoder import cache_keyword, cache_layers, new_cache, prefix_cache_class
 from llamagym.models.trunk import PassLayout, TrunkStates, top_layers
@@ -384,8 +385,6 @@ class BatchedPasses:
             chosen = dist.gather(-1, wanted[:, None]).squeeze(-1)
             spread = -(dist.exp() * dist).sum(-1) if entropy else chosen.new_zeros(())
             return chosen, spread
-
-        from torch.utils.checkpoint import checkpoint
 
         pieces = []
         for start in range(0, len(targets), HEAD_CHUNK):

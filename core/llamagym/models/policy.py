@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers import LogitsProcessorList, StoppingCriteriaList
 
 from llamagym.models.decoder import (
     cache_keyword,
@@ -469,8 +470,6 @@ class Policy(TurnCachePasses, nn.Module):
         row starts from its env's turn cache instead (:meth:`_turn_inputs`), and what
         the row ran, its prompt and reply, is kept there for the next turn.
         """
-        from transformers import LogitsProcessorList, StoppingCriteriaList
-
         prefixes = reply_prefixes(reply_prefix, len(prompts))
         input_ids, attention_mask, cache, turns, rows = self._generation_inputs(prompts, keys)
         width = input_ids.shape[1]

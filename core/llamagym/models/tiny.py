@@ -39,9 +39,16 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers.utils import logging as hf_logging
+
+from llamagym.models.gguf_conversion import save_model_files
 from llamagym.paths import (
     discard_directory,
     models_cache_dir,
@@ -105,8 +112,6 @@ def training_corpus() -> list[str]:
     """The fixed samples the tiny tokenizer is trained on (same list every call), read
     from ``tiny_corpus.txt``: every line but blank ones and ``#`` comments, with
     ``\\n`` standing for a line break."""
-    from importlib.resources import files
-
     text = (files("llamagym.models") / "tiny_corpus.txt").read_text(encoding="utf-8")
     return [
         line.replace("\\n", "\n")
@@ -127,9 +132,6 @@ def default_tiny_model_dir(seed: int = 0) -> Path:
 
 def build_tokenizer() -> Any:
     """Train the tiny byte-level BPE tokenizer; returns a ``PreTrainedTokenizerFast``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -172,8 +174,6 @@ def _no_transformers_progress_bars() -> Iterator[None]:
     "Writing model shards" even for a one-file model that takes milliseconds to write).
     Where transformers has ``set_tqdm_hook``, only its own bars are replaced, and the
     previous hook comes back afterwards; elsewhere its switch is turned off and back."""
-    from transformers.utils import logging as hf_logging
-
     set_hook = getattr(hf_logging, "set_tqdm_hook", None)
     empty = getattr(hf_logging, "EmptyTqdm", None)
     if set_hook is not None and empty is not None:
@@ -193,11 +193,6 @@ def _no_transformers_progress_bars() -> Iterator[None]:
 
 
 def _build_into(directory: Path, seed: int) -> None:
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-
-    from llamagym.models.gguf_conversion import save_model_files
-
     tokenizer = build_tokenizer()
     config = LlamaConfig(
         vocab_size=len(tokenizer),

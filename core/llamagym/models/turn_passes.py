@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers import DynamicCache
 
 from llamagym.models.decoder import (
     cache_keyword,
@@ -202,8 +203,6 @@ class TurnCachePasses(BatchedPasses):
         own tokens after its padding; the attention mask covers both, so generate's
         positions (counted from the mask) continue each row's cache. Returns the ids,
         the mask, the cache and each row's (kept states, tokens they hold)."""
-        from transformers import DynamicCache
-
         decoder = decoder_and_head(self.model)[0]
         rows = self._cached_rows(decoder, prompts, keys, turns, None)
         past, longest = stacked_starts(decoder, rows)

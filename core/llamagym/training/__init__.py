@@ -2,8 +2,8 @@
 loop, credit rules, the schedule, checkpoints, several processes, progress
 display and the report."""
 
+from llamagym import moved_name as _moved_name
+
 
 def __getattr__(name: str) -> object:
-    from llamagym import moved_name
-
-    return moved_name(__name__, name)
+    return _moved_name(__name__, name)

@@ -39,8 +39,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import safetensors.torch
+import torch
+from safetensors import SafetensorError, safe_open
+
+from llamagym import __version__
 from llamagym.errors import LlamaGymError
 from llamagym.paths import write_failure, write_failure_text
+from llamagym.training.algorithm_config import nest_warm_start_keys
 from llamagym.training.checkpoint_errors import (
     CheckpointError,
     CheckpointMismatchError,
@@ -69,6 +75,7 @@ from llamagym.training.checkpoint_trust import (
     dotted,
     untrusted_config,
 )
+from llamagym.training.run_files import CheckpointMeta, check, read_json_file
 
 __all__ = [
     "CHECKPOINTS",
@@ -192,9 +199,10 @@ def save_checkpoint(
 
     ``state`` may nest tensors, tuples and numpy arrays (see :func:`encode_state`).
     """
-    from safetensors.torch import save_file
 
     def write(staging: Path) -> None:
+        # Looked up here, so a replaced ``safetensors.torch.save_file`` is the one used.
+        save_file = safetensors.torch.save_file
         save_file(trainable_state(policy), str(staging / WEIGHTS))
         value_head = {k: v.detach().cpu() for k, v in policy.value_head.state_dict().items()}
         save_file(value_head, str(staging / VALUE_HEAD))
@@ -243,8 +251,6 @@ def save_training_checkpoint(
 
     A write that fails (a full disk) leaves every earlier checkpoint as it was and raises
     :class:`CheckpointWriteError` naming the run directory and the one to resume from."""
-    from llamagym import __version__
-
     meta = {
         "format": FORMAT_VERSION,
         "llamagym_version": __version__,
@@ -381,8 +387,6 @@ def read_meta(directory: Path) -> dict[str, Any]:
     (:class:`~llamagym.training.run_files.CheckpointMeta`: counters are counts, the config
     sections mappings...), or :class:`DamagedCheckpointError` naming the checkpoint and
     the field."""
-    from llamagym.training.run_files import read_json_file
-
     path = Path(directory) / META
     if not path.is_file():
         raise LlamaGymError(
@@ -399,8 +403,6 @@ def read_meta(directory: Path) -> dict[str, Any]:
         raise damaged(directory, f"{META} {problem}")
     algorithm = meta["config"].get("algorithm")
     if isinstance(algorithm, dict):
-        from llamagym.training.algorithm_config import nest_warm_start_keys
-
         # Written before the warm-start settings had their own section.
         meta["config"]["algorithm"] = nest_warm_start_keys(algorithm)
     return meta
@@ -408,8 +410,6 @@ def read_meta(directory: Path) -> dict[str, Any]:
 
 def _meta_problem(meta: Any) -> str | None:
     """What makes ``meta`` unusable as a checkpoint's record, if anything."""
-    from llamagym.training.run_files import CheckpointMeta, check
-
     problem = check(CheckpointMeta, meta)
     if problem is not None:
         return problem
@@ -431,8 +431,6 @@ def _damage(directory: Path) -> str | None:
         return f"checkpoint {str(directory)!r} is damaged: it has no {META}"
     if meta.get("format", 0) > FORMAT_VERSION:
         return None
-    from safetensors import SafetensorError, safe_open
-
     needed = [WEIGHTS, VALUE_HEAD] + ([STATE_TENSORS] if "state" in meta else [])
     for name in needed:
         path = Path(directory) / name
@@ -472,8 +470,6 @@ def is_newer_format(meta: dict[str, Any]) -> bool:
 def check_format(meta: dict[str, Any], directory: Path) -> None:
     """Refuse to resume a checkpoint of a newer format, naming both versions."""
     if is_newer_format(meta):
-        from llamagym import __version__
-
         raise CheckpointError(
             f"cannot resume from {str(directory)!r}: it was written in checkpoint format "
             f"{meta['format']} (llamagym {meta.get('llamagym_version', '?')}), this llamagym "
@@ -515,8 +511,6 @@ def _read_weights(
 
 
 def _copy_weights(policy: Any, weights: dict[str, Any], value_head: dict[str, Any]) -> None:
-    import torch
-
     parameters = dict(policy.model.named_parameters())
     with torch.no_grad():
         for name, tensor in weights.items():

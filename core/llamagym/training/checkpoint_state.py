@@ -8,6 +8,7 @@ import random
 from typing import Any
 
 import numpy as np
+import torch
 
 # The warnings of checkpoints come from one logger, whichever module gives them.
 logger = logging.getLogger("llamagym.training.checkpoint")
@@ -20,8 +21,6 @@ def encode_state(value: Any, tensors: dict[str, Any]) -> Any:
     Tuples, numpy arrays and dicts with non-string keys (an optimizer's ``state`` is
     keyed by parameter index) are tagged so :func:`decode_state` restores them exactly.
     """
-    import torch
-
     if isinstance(value, torch.Tensor):
         name = f"t{len(tensors)}"
         tensors[name] = value.detach().cpu().contiguous().clone()
@@ -82,8 +81,6 @@ def tensor_names(value: Any) -> set[str]:
 # -- random states ---------------------------------------------------------------------
 def capture_global_rng() -> dict[str, Any]:
     """The process-wide generators: python ``random``, numpy's legacy one, torch's."""
-    import torch
-
     state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
@@ -95,8 +92,6 @@ def capture_global_rng() -> dict[str, Any]:
 
 
 def restore_global_rng(state: dict[str, Any]) -> None:
-    import torch
-
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])

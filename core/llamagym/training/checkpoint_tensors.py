@@ -6,6 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
 from llamagym.training.checkpoint_errors import (
     CheckpointMismatchError,
     damaged,
@@ -17,9 +21,6 @@ PARAMETER_SHAPED_MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum
 
 
 def load_tensors(directory: Path, name: str) -> dict[str, Any]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     path = Path(directory) / name
     if not path.is_file():
         raise damaged(directory, f"{name} is missing")
@@ -45,8 +46,6 @@ def check_tensors(
 ) -> None:
     """Every saved tensor must have a place in ``expected`` with the same shape and
     dtype, and finite values; every name in ``required`` must be saved."""
-    import torch
-
     unknown = sorted(set(saved) - set(expected))
     missing = sorted(required - set(saved))
     if unknown or missing:
@@ -83,8 +82,6 @@ def check_tensors(
 def check_optimizer_state(saved: Any, optimizer: Any, policy: Any, directory: Path) -> None:
     """A saved optimizer state must fit ``optimizer``: as many groups and parameters,
     and each per-parameter moment shaped like its parameter, with finite values."""
-    import torch
-
     if saved is None or not isinstance(optimizer, torch.optim.Optimizer):
         return
     groups, state = (saved.get("param_groups"), saved.get("state")) if isinstance(

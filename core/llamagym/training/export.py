@@ -35,9 +35,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import safetensors.torch
+from transformers import GenerationConfig
+
 from llamagym.display import markdown_line, outcome_names, outcome_shares
 from llamagym.errors import LlamaGymError, WriteError
+from llamagym.models.registry import get_model_entry
 from llamagym.paths import write_failure, write_failure_text
+from llamagym.training.run_files import ExportMeta, check, read_json_file
 
 if TYPE_CHECKING:
     from llamagym.agent import Agent
@@ -196,9 +201,6 @@ def _write_export(
 ) -> str:
     """Write every file of the export into the empty ``directory``; returns its kind
     (``adapter``, ``merged`` or ``full``)."""
-    from safetensors.torch import save_file
-    from transformers import GenerationConfig
-
     policy = agent.policy
     model = policy.model
     adapter = hasattr(model, "peft_config")
@@ -235,7 +237,7 @@ def _write_export(
     )
     generation.save_pretrained(directory)
     head = {k: v.detach().cpu().contiguous() for k, v in policy.value_head.state_dict().items()}
-    save_file(head, str(directory / VALUE_HEAD))
+    safetensors.torch.save_file(head, str(directory / VALUE_HEAD))
     weights = "merged" if adapter and merge else "adapter" if adapter else "full"
     meta = {
         "format": EXPORT_FORMAT,
@@ -252,8 +254,6 @@ def _write_export(
 def _base_model_id(agent: Agent) -> str:
     """What an adapter's config names as its base: the registry's Hub id for a
     registry name, else the directory the base model was loaded from."""
-    from llamagym.models.registry import get_model_entry
-
     name = agent.config.model.name
     entry = get_model_entry(name)
     if entry is not None and entry.hub_id:
@@ -265,8 +265,6 @@ def _base_model_id(agent: Agent) -> str:
 def read_export_meta(directory: Path) -> dict[str, Any] | None:
     """The ``llamagym.json`` of an exported directory, checked against its schema
     (:class:`~llamagym.training.run_files.ExportMeta`), or None when it is not one."""
-    from llamagym.training.run_files import ExportMeta, check, read_json_file
-
     path = Path(directory) / EXPORT_META
     if not path.is_file():
         return None
@@ -398,8 +396,6 @@ def _loading(weights: str, model_name: str) -> list[str]:
 
 
 def _registry_name(name: str) -> bool:
-    from llamagym.models.registry import get_model_entry
-
     return get_model_entry(name) is not None
 
 

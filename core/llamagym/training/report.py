@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llamagym.config import RunConfig
+from llamagym.config_layers import leaf_keys
 from llamagym.display import (
     code_block,
     markdown_line,
@@ -35,6 +37,14 @@ from llamagym.display import (
 )
 from llamagym.errors import RunFileError, WriteError
 from llamagym.paths import append_line, write_atomically
+from llamagym.plugin_manager import get_plugins
+from llamagym.training.run_files import (
+    read_metrics,
+    read_plugins_record,
+    read_run_config,
+    read_transcripts,
+)
+from llamagym.training.transcripts import TRANSCRIPTS, render
 
 logger = logging.getLogger(__name__)
 
@@ -263,13 +273,8 @@ _NOT_SETTINGS = ("output.dir", "output.quiet", "output.overwrite")
 def _default_settings(config: Mapping[str, Any]) -> dict[str, Any] | None:
     """Dotted key -> built-in default, the algorithm's own defaults included (None when
     the algorithm is not installed here, so every setting gets listed)."""
-    from llamagym.config import RunConfig
-    from llamagym.config_layers import leaf_keys
-
     defaults = leaf_keys(RunConfig().model_dump(mode="json"))
     try:
-        from llamagym.plugin_manager import get_plugins
-
         name = config.get("algorithm", {}).get("name", "ppo")
         algorithm_config = get_plugins().get("algorithm", name).load().Config()
     except Exception:
@@ -280,8 +285,6 @@ def _default_settings(config: Mapping[str, Any]) -> dict[str, Any] | None:
 
 def settings_digest(config: Mapping[str, Any]) -> list[tuple[str, Any]]:
     """The headline settings, then every other setting whose value is not the default."""
-    from llamagym.config_layers import leaf_keys
-
     values = leaf_keys(config)
     defaults = _default_settings(config)
     rows = [(key, values[key]) for key in HEADLINE_SETTINGS if key in values]
@@ -351,9 +354,6 @@ def render_markdown(
 def _transcripts_section(run_dir: Path) -> list[str]:
     """Two whole episodes from transcripts.jsonl: the earliest kept and the last (the
     final evaluation's, when there is one)."""
-    from llamagym.training.run_files import read_transcripts
-    from llamagym.training.transcripts import TRANSCRIPTS, render
-
     try:
         records = read_transcripts(run_dir / TRANSCRIPTS, on_damage="skip")
     except RunFileError as error:
@@ -372,8 +372,6 @@ def _transcripts_section(run_dir: Path) -> list[str]:
 def _plugins_section(run_dir: Path) -> list[str]:
     """Who answered the per-step hooks (prompt, observation text, parsing, reward
     shaping): the parser chain and any installed plugin that changed the run."""
-    from llamagym.training.run_files import read_plugins_record
-
     path = run_dir / "plugins.json"
     if not path.is_file():
         return []
@@ -459,8 +457,6 @@ def plot_learning_curve(
 def load_config(run_dir: Path) -> dict[str, Any]:
     """The run's ``config.yaml``; {} without one, or (with a warning) when it is damaged:
     the report goes on without the settings."""
-    from llamagym.training.run_files import read_run_config
-
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         return {}
@@ -485,8 +481,6 @@ def write_report(
     """
     run_dir = Path(run_dir)
     if records is None:
-        from llamagym.training.run_files import read_metrics
-
         records = read_metrics(run_dir / METRICS, on_damage="skip")
     config = load_config(run_dir) if config is None else config
     picture = run_dir / CURVE

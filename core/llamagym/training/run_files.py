@@ -32,6 +32,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, ValidationError
 
+from llamagym.config_files import read_config_file
 from llamagym.errors import ConfigError, RunFileError
 
 logger = logging.getLogger(__name__)
@@ -410,8 +411,6 @@ def read_run_config(path: Path) -> dict[str, Any]:
 
 
 def _read_config(path: Path) -> dict[str, Any]:
-    from llamagym.config_files import read_config_file
-
     try:
         return read_config_file(Path(path))
     except ConfigError as error:

@@ -39,11 +39,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 
 def _fsdp2_modules(model: nn.Module) -> list[Any]:
-    from torch.distributed.fsdp import FSDPModule
-
     return [module for module in model.modules() if isinstance(module, FSDPModule)]
 
 

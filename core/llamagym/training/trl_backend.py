@@ -49,8 +49,11 @@ import torch
 from transformers import PrinterCallback, TrainerCallback
 
 from llamagym.errors import LlamaGymError
+from llamagym.models import loading
+from llamagym.models.lora_choice import trains_through_lora
+from llamagym.models.policy import Policy
 from llamagym.training import distributed
-from llamagym.training.export import RUN_EXPORT
+from llamagym.training.export import RUN_EXPORT, export_agent
 from llamagym.training.report import (
     METRICS,
     append_record,
@@ -136,8 +139,6 @@ class TRLTrainer(Trainer):
         check_supported(self.agent.resolved, distributed.world_size())
         from trl import GRPOTrainer
 
-        from llamagym.models.loading import resolve_device
-
         config, agent, resolved = self.config, self.agent, self.agent.resolved
         rank, world = distributed.rank(), distributed.world_size()
         seed_everything(distributed.process_seed(config.training.seed, rank))
@@ -149,7 +150,7 @@ class TRLTrainer(Trainer):
         if resume is not None:
             self._read_resumed_files(resume)
         settings = config.model
-        device = resolve_device(
+        device = loading.resolve_device(
             str(agent.device) if agent.device is not None else settings.device
         )
         algorithm: Any = resolved.algorithm
@@ -227,15 +228,9 @@ class TRLTrainer(Trainer):
 
         TRL wraps the model in its LoRA adapter (peft_config); a quantized model gets
         the loader's, which prepares the quantized weights for it first."""
-        from llamagym.models.loading import (
-            load_model_and_tokenizer,
-            lora_config,
-            trains_through_lora,
-        )
-
         settings = self.config.model
         quantized = settings.quantize is not None
-        model, tokenizer = load_model_and_tokenizer(
+        model, tokenizer = loading.load_model_and_tokenizer(
             settings.name,
             device=device,
             dtype=None if settings.dtype == "auto" else settings.dtype,
@@ -248,7 +243,7 @@ class TRLTrainer(Trainer):
         )
         peft_config = None
         if not quantized and trains_through_lora(model, settings.lora):
-            peft_config = lora_config(
+            peft_config = loading.lora_config(
                 model, settings.name, settings.lora_rank, settings.lora_layers
             )
         return model, tokenizer, peft_config
@@ -284,9 +279,6 @@ class TRLTrainer(Trainer):
     ) -> None:
         """The main process's end of a run: the greedy evaluation, the export to
         ``RUN/model`` (from ``weights`` when the model was sharded) and the report."""
-        from llamagym.models.policy import Policy
-        from llamagym.training.export import export_agent
-
         agent, config = self.agent, self.config
         agent.use_policy(Policy(trained, tokenizer))
         record = None

@@ -5,6 +5,9 @@ TRL has them) and the dataset of environment seeds TRL hands the rollout functio
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import importlib.util
 import math
 import os
 from pathlib import Path
@@ -30,8 +33,6 @@ UNBOUNDED_EPISODES = 10_000_000
 
 def require_trl() -> None:
     """One line, not a traceback, when trl is missing."""
-    import importlib.util
-
     if importlib.util.find_spec("trl") is None:
         raise LlamaGymError(INSTALL_HINT)
 
@@ -144,9 +145,6 @@ SET_FROM_THE_RUN = {
 def _grpo_config_problems(config: RunConfig) -> list[str]:
     """Each ``trl.*`` key that is not a field of the installed TRL's ``GRPOConfig``, or
     is one the run sets from another section, as a line naming what to use instead."""
-    import dataclasses
-    import difflib
-
     from trl import GRPOConfig
 
     fields = {field.name for field in dataclasses.fields(GRPOConfig)}

@@ -23,6 +23,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from llamagym.display import code_block
 from llamagym.hookspecs import hookimpl
 from llamagym.specs import RunContext
 
@@ -84,7 +85,6 @@ class TensorBoardLogger:
         returns = returns[np.isfinite(returns)]  # a NaN reward must not break the logger
         if returns.size:
             writer.add_histogram("train/episode_return", returns, step)
-        from llamagym.display import code_block
         from llamagym.training.transcripts import render
 
         texts = [render(record) for record in update_transcripts(run_dir, update)]
