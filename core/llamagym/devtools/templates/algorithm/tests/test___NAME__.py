@@ -34,8 +34,7 @@ def test_one_update_changes_every_weight(mode: str) -> None:
     agent = tiny_agent(BanditAgent, rollout={"mode": mode, "max_new_tokens": 4,
                        "invalid_action": {"policy": "random"}}, algorithm={"name": "__NAME__"})
     before = {n: p.detach().clone() for n, p in agent.policy.model.named_parameters()}
-    envs = [agent.make_env() for _ in range(8)]
-    metrics = agent.algorithm.update(agent.engine.collect(envs, 32))
+    metrics = agent.algorithm.update(agent.engine.play(32))  # over the run's 8 envs
     assert metrics["policy_steps"] > 0 and math.isfinite(metrics["policy_loss"])
     after = dict(agent.policy.model.named_parameters())
     assert [n for n, p in before.items() if p.equal(after[n].detach())] == []
@@ -44,10 +43,9 @@ def test_one_update_changes_every_weight(mode: str) -> None:
 def test_learns_the_better_lever() -> None:
     agent = tiny_agent(BanditAgent, rollout={"num_envs": 32},
                        algorithm={"name": "__NAME__", "episodes_per_update": 64, "lr": 3e-3})
-    envs = [agent.make_env() for _ in range(32)]
     assert action_probabilities(agent, 0)[1] < 0.9
     for _ in range(15):
-        agent.algorithm.update(agent.engine.collect(envs, 64))
+        agent.algorithm.update(agent.engine.play(64))
         if action_probabilities(agent, 0)[1] > 0.9:
             break
     assert action_probabilities(agent, 0)[1] > 0.9
