@@ -25,9 +25,10 @@ from llamagym.errors import EnvFailureError, LlamaGymError
 from llamagym.models.policy import Policy
 from llamagym.rollout.env_checks import checked_reset as checked_reset
 from llamagym.rollout.env_checks import checked_step as checked_step
+from llamagym.rollout.env_checks import error_text
 from llamagym.rollout.env_checks import max_turns as max_turns
 from llamagym.rollout.prompts import PROMPT_CACHE_TOKENS as PROMPT_CACHE_TOKENS
-from llamagym.rollout.prompts import PromptRendering
+from llamagym.rollout.prompts import PromptRendering, feedback_message
 from llamagym.rollout.prompts import fill_reply_prefix as fill_reply_prefix
 from llamagym.rollout.prompts import reply_closing as reply_closing
 from llamagym.rollout.rollout_policy import RolloutPolicy as RolloutPolicy
@@ -576,26 +577,14 @@ class RolloutEngine(PromptRendering):
             self._env_name(),
             position,
             type(error).__name__,
-            _short(error),
+            error_text(error),
         )
         if count > self.max_failures_in_a_row:
             raise EnvFailureError(
                 f"{self._env_name()} failed {count} times in a row (last: "
-                f"{type(error).__name__}: {_short(error)}); stopping the run "
+                f"{type(error).__name__}: {error_text(error)}); stopping the run "
                 f"(training.max_env_failures = {self.max_failures_in_a_row})"
             ) from error
         with contextlib.suppress(Exception):  # a broken env may fail to close; it is replaced
             envs[position].close()
         envs[position] = self.agent.make_env()
-
-
-def _short(error: Exception, limit: int = 300) -> str:
-    """An env's error message on one bounded line (an env is untrusted)."""
-    text = " ".join(str(error).split())
-    return repr(text[:limit] + ("..." if len(text) > limit else ""))
-
-
-def feedback_message(legal_actions: Sequence[str], shown: int = 20) -> str:
-    """What a re-prompt tells the model (a bounded list of the legal actions)."""
-    names = ", ".join(legal_actions[:shown]) + (", ..." if len(legal_actions) > shown else "")
-    return f"That reply named no legal action. Reply with one of: {names}."

@@ -62,3 +62,9 @@ def _shape(result: Any) -> str:
     if isinstance(result, tuple):
         return f"a tuple of {len(result)}"
     return f"a {type(result).__name__}"
+
+
+def error_text(error: Exception, limit: int = 300) -> str:
+    """An env's error message on one bounded line (an env is untrusted)."""
+    text = " ".join(str(error).split())
+    return repr(text[:limit] + ("..." if len(text) > limit else ""))

@@ -216,5 +216,11 @@ class PromptRendering:
         return tokens
 
 
+def feedback_message(legal_actions: Sequence[str], shown: int = 20) -> str:
+    """What a re-prompt tells the model (a bounded list of the legal actions)."""
+    names = ", ".join(legal_actions[:shown]) + (", ..." if len(legal_actions) > shown else "")
+    return f"That reply named no legal action. Reply with one of: {names}."
+
+
 def _characters(slot: Slot, user_text: str, history: list[dict[str, str]]) -> int:
     return len(slot.system_prompt) + len(user_text) + sum(len(m["content"]) for m in history)
