@@ -17,9 +17,10 @@ from llamagym.errors import LlamaGymError
 from llamagym.rollout.engine import RolloutEngine
 from llamagym.rollout.slots import Slot
 from llamagym.rollout.trajectory import Episode, Turn
-from llamagym.run import Run, build_run, load_policy, make_engine
+from llamagym.run import build_run, load_policy, make_engine
 from llamagym.schedule import Control, Schedule
 from llamagym.training.algorithm import Algorithm
+from llamagym.training.run_state import Run
 
 if TYPE_CHECKING:
     from llamagym.agent import Agent

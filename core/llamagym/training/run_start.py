@@ -14,7 +14,7 @@ import gymnasium
 from llamagym.errors import LlamaGymError
 from llamagym.training import checkpoint as checkpoints
 from llamagym.training.report import records_until, rewrite_records
-from llamagym.training.run_state import Counters, isolated_rng
+from llamagym.training.run_state import Counters, Run, isolated_rng
 
 logger = logging.getLogger(__name__)
 
@@ -52,22 +52,22 @@ def _one_line(error: Exception) -> str:
 
 
 def restore_run(
-    agent: Any,
+    run: Run,
     checkpoint: Path,
     counters: Counters,
     earlier: list[dict[str, Any]],
     metrics_file: Path | None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
-    """Load ``checkpoint`` into ``agent``'s run and ``counters``. Returns the metrics
+    """Load ``checkpoint`` into ``run`` and ``counters``. Returns the metrics
     history up to it (``earlier``: the records of the run it belongs to), which
     replaces ``metrics_file`` when one is given, and the plugins the checkpoint
     recorded."""
-    saved = checkpoints.restore_training_checkpoint(checkpoint, agent.run)
+    saved = checkpoints.restore_training_checkpoint(checkpoint, run)
     plugins = checkpoints.read_meta(checkpoint).get("plugins")
     for name, value in saved.items():
         if hasattr(counters, name):
             setattr(counters, name, value)
-    stats = agent.engine.stats
+    stats = run.engine.stats
     stats.env_steps, stats.env_failures = counters.env_steps, counters.env_failures
     # The history continues the old run's metrics up to the checkpoint; lines a
     # crashed run wrote after it would be written again, so they are dropped.

@@ -80,6 +80,7 @@ from llamagym.training.run_state import (
     MOVING_AVERAGE_EPISODES,
     Counters,
     RandomState,
+    Run,
     RunSummary,
     Training,
     isolated_rng,
@@ -204,13 +205,13 @@ class Trainer:
         return read_metrics(self.run_dir_of(checkpoint) / METRICS)
 
     def _restore(
-        self, checkpoint: Path, counters: Counters, earlier: list[dict[str, Any]]
+        self, run: Run, checkpoint: Path, counters: Counters, earlier: list[dict[str, Any]]
     ) -> list[dict[str, Any]]:
-        """Load the checkpoint into the agent; return the metrics history up to it
+        """Load the checkpoint into ``run``; return the metrics history up to it
         (``earlier``: the records of the run it belongs to)."""
         metrics_file = self.output_dir / METRICS if distributed.is_main() else None
         history, self._resumed_plugins = restore_run(
-            self.agent, checkpoint, counters, earlier, metrics_file
+            run, checkpoint, counters, earlier, metrics_file
         )
         self._last_checkpoint, self._last_checkpoint_update = checkpoint, counters.updates
         return history
@@ -264,15 +265,17 @@ class Trainer:
         """What the algorithm checks between minibatches."""
         return self._stop_reason() is not None
 
-    def _checkpoint(self, counters: Counters) -> Path:
-        """Rank 0 writes the checkpoint; every process returns its path."""
+    def _checkpoint(self, training: Training) -> Path:
+        """Rank 0 writes the checkpoint of ``training``'s run; every process returns its
+        path."""
+        counters = training.counters
         name = checkpoints.checkpoint_name(counters.updates)
         path = self.output_dir / checkpoints.CHECKPOINTS / name
         if distributed.is_main():
             plugins = self.agent.plugins.participants()
             path = checkpoints.save_training_checkpoint(
                 self.output_dir,
-                self.agent.run,
+                training.run,
                 counters.as_dict(),
                 self._config_dict,
                 self._config_yaml,
@@ -285,12 +288,10 @@ class Trainer:
         self._last_checkpoint, self._last_checkpoint_update = path, counters.updates
         return path
 
-    def _record_rank(self, update: int, batch: list[Any], parameters: Any = None) -> None:
-        """``output.rank_records``: this process's episodes and weights after an update
-        (``parameters``: the trained ones, by default the policy's trainable ones)."""
+    def _record_rank(self, update: int, batch: list[Any], parameters: Any) -> None:
+        """``output.rank_records``: this process's episodes and the digest of the weights
+        it trained (``parameters``) after an update."""
         rank = distributed.rank()
-        if parameters is None:
-            parameters = self.agent.policy.trainable_parameters()
         record = {
             "update": update,
             "rank": rank,
@@ -328,7 +329,7 @@ class Trainer:
                     self._record(training, batch, update_metrics)
                     every = self.config.output.checkpoint_every
                     if every and training.counters.updates % every == 0:
-                        self._checkpoint(training.counters)
+                        self._checkpoint(training)
         finally:
             if self.progress is not None:
                 self.progress.stop()
@@ -381,7 +382,7 @@ class Trainer:
         counters = Counters()
         history: list[dict[str, Any]] = []
         if resume_checkpoint is not None:
-            history = self._restore(resume_checkpoint, counters, earlier)  # last: sets RNGs
+            history = self._restore(run, resume_checkpoint, counters, earlier)  # last: sets RNGs
         if rank > 0:
             # Its own episodes and samples. A checkpoint holds rank 0's random streams:
             # the other processes derive theirs from the seed, their rank and the update.
@@ -447,7 +448,7 @@ class Trainer:
                     f"{error}; every process stops: fix the environment, then "
                     f"continue with --resume {self.output_dir}"
                 ) from error
-            path = self._checkpoint(counters)
+            path = self._checkpoint(training)
             raise EnvFailureError(
                 f"{error}; checkpoint written to {path}: fix the environment, "
                 f"then continue with --resume {self.output_dir}"
@@ -514,7 +515,9 @@ class Trainer:
                 stop_cause(self._stop_reason()),
             )
         if config.output.rank_records:
-            self._record_rank(counters.updates, batch)
+            self._record_rank(
+                counters.updates, batch, training.run.policy.trainable_parameters()
+            )
         if distributed.is_main():
             append_record(self.output_dir / METRICS, {"kind": "update", **metrics})
             self._transcripts.add(
@@ -541,7 +544,7 @@ class Trainer:
         # A signal after the last update still skips the evaluation (no collective follows).
         self.stop_signal = self.stop_signal or self._signal_received
         if self._last_checkpoint_update != counters.updates:
-            self._checkpoint(counters)
+            self._checkpoint(training)
         distributed.barrier()  # every process has finished training; rank 0 goes on alone
         summary = RunSummary(
             self.output_dir,
