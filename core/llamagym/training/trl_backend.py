@@ -173,7 +173,7 @@ class TRLTrainer(Trainer):
             agent, tokenizer, distributed.process_seed(config.training.seed, rank)
         )
         history: list[dict[str, Any]] = []
-        clock = _Clock(self, rollouts, history, steps, resume)
+        clock = _Clock(self, rollouts, history, steps, algorithm.episodes_per_update, resume)
         with _quiet_trl():
             trainer = GRPOTrainer(
                 model=model,
@@ -325,14 +325,14 @@ class _Clock(TrainerCallback):
         rollouts: EpisodeRollouts,
         history: list[dict[str, Any]],
         steps_per_update: int,
+        episodes_per_update: int,
         resume: Path | None,
     ):
         self.owner = owner
         self.rollouts = rollouts
         self.history = history
         self.steps_per_update = steps_per_update
-        algorithm: Any = owner.agent.resolved.algorithm  # GRPO's settings (checked)
-        self.episodes_per_update = algorithm.episodes_per_update
+        self.episodes_per_update = episodes_per_update
         minutes = owner.config.training.minutes
         self.time_budget = 60 * minutes if minutes else None
         self.started = time.perf_counter()
