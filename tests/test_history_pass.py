@@ -110,7 +110,8 @@ def model_section(name: str, request: pytest.FixtureRequest) -> dict[str, Any]:
         return MODELS[name]
     path = str(request.getfixturevalue("smollm2_dir"))
     # Named by its directory, the registry's lora_layers does not apply: say it here.
-    return {"name": path, "lora_layers": 4 if name == "smollm2-top4" else None}
+    return {"name": path, "lora_layers": 4 if name == "smollm2-top4" else None,
+            "trunk_dtype": "float32"}
 
 
 # Every combination on the tiny model; SmolLM2 (LoRA on its last 4 layers as shipped,

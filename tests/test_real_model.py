@@ -18,7 +18,7 @@ def smollm2_agent(smollm2_dir: Path, mode: str):
 
     return BlackjackAgent(
         config={
-            "model": {"name": str(smollm2_dir)},
+            "model": {"name": str(smollm2_dir), "trunk_dtype": "float32"},
             "rollout": {"mode": mode, "num_envs": 4},
             "algorithm": {
                 "name": "ppo", "episodes_per_update": 4, "minibatch_size": 8, "epochs": 1,
@@ -81,7 +81,7 @@ def test_smollm2_on_its_last_4_layers_updates_from_the_kept_trunk_as_from_whole_
     from llamagym_blackjack.agent import BlackjackAgent
 
     agent = BlackjackAgent(config={
-        "model": {"name": str(smollm2_dir), "lora_layers": 4},
+        "model": {"name": str(smollm2_dir), "lora_layers": 4, "trunk_dtype": "float32"},
         "rollout": {"mode": mode, "num_envs": 8},
         "training": {"threads": 2},
     })

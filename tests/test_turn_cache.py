@@ -64,7 +64,8 @@ def model(request: pytest.FixtureRequest) -> dict[str, Any]:
     if request.param == "tiny":
         return {}
     # Named by its directory, the registry's lora_layers does not apply: say it here.
-    return {"name": str(request.getfixturevalue("smollm2_dir")), "lora_layers": 4}
+    return {"name": str(request.getfixturevalue("smollm2_dir")), "lora_layers": 4,
+            "trunk_dtype": "float32"}
 
 
 def cartpole(mode: str, history: int | None, **model: Any) -> Any:
@@ -227,7 +228,8 @@ def test_the_update_finds_the_trunk_states_of_the_prompts_a_cached_rollout_ran(
     tiny model with LoRA on its top layer, SmolLM2 on its last 4."""
     model = {"lora": True, "lora_layers": 1}
     if real:
-        model = {"name": str(request.getfixturevalue("smollm2_dir")), "lora_layers": 4}
+        model = {"name": str(request.getfixturevalue("smollm2_dir")), "lora_layers": 4,
+                 "trunk_dtype": "float32"}
     if env == "blackjack":
         from llamagym_blackjack.agent import BlackjackAgent
 
@@ -277,7 +279,7 @@ def test_smollm2_textworld_from_turn_caches_equals_reencoding(
 
     agent = TextWorldAgent(
         config={
-            "model": {"name": str(smollm2_dir), "lora_layers": 4},
+            "model": {"name": str(smollm2_dir), "lora_layers": 4, "trunk_dtype": "float32"},
             "rollout": {"mode": mode, "num_envs": 2, "history_turns": history,
                         "max_new_tokens": 8},
             "agent": TINY_GAMES,

@@ -128,6 +128,13 @@ class Agent:
         """Return the action in ``response`` (an action index, or an action name), or None."""
         return None
 
+    def episode_context(self, observation: Any, info: Mapping[str, Any]) -> str | None:
+        """What holds for a whole episode, read from its first observation and info (a
+        game's objective), or None. The engine adds it to that episode's system prompt,
+        so it is said once, not in every turn, and a model that keeps each episode's
+        key/value cache computes it once per episode. Default: None."""
+        return None
+
     def reply_fields(self, observation: Any) -> Mapping[str, Any]:
         """Values a generate-mode ``rollout.reply_prefix`` can name as ``$name``: with
         ``{"sum": $sum, "action": "`` and ``{"sum": 15}`` here, the reply starts with

@@ -117,6 +117,11 @@ class ModelSettings(Settings):
         "once per prompt, not in every update pass (a faster update); null = every "
         "layer. A model's registry entry may choose N (pretrained-model defaults).",
     )
+    trunk_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="Dtype of the frozen layers below model.lora_layers (the trained ones "
+        "stay as loaded); auto = bfloat16 where the CPU or GPU computes it natively.",
+    )
     trust_remote_code: bool = Field(False, description="Run model code from the Hub repo.")
     gradient_checkpointing: bool | None = Field(
         None,

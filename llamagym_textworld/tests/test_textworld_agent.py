@@ -153,16 +153,26 @@ def test_options_are_validated() -> None:
 
 
 # -- prompts -------------------------------------------------------------------------
-def test_first_prompt_has_the_goal_not_the_banner(env) -> None:
+def test_the_goal_is_said_once_in_the_system_prompt_and_the_banner_dropped(env) -> None:
     agent = tiny_agent(TextWorldAgent, agent=TINY_GAMES, rollout={"mode": "generate"})
     observation, info = env.reset(seed=0)
     assert info["objective"] in observation and "$$$$" in observation  # the raw text
     text = agent.format_observation(observation, info)
-    assert text.startswith(f"Goal: {info['objective']}\n\n")
-    assert "$$$$" not in text and text.count(info["objective"]) == 1
+    assert "$$$$" not in text and info["objective"] not in text
     assert "-= " in text  # the room's description is kept
     commands = text.rsplit("\n\n", 1)[1]
     assert commands == "Valid commands: " + ", ".join(info["admissible_commands"])
+    slot = agent.engine.new_slot(observation, info, None, None)
+    assert slot.system_prompt == f"{agent.get_system_prompt()}\n\nGoal: {info['objective']}"
+    # Every turn of the episode starts with the same tokens: system prompt and goal.
+    _, [first], _ = agent.engine.render_prompts([slot])
+    slot.history += [{"role": "user", "content": text}, {"role": "assistant", "content": "look"}]
+    slot.observation, slot.info = env.step("look")[0], info
+    _, [second], _ = agent.engine.render_prompts([slot])
+    goal = agent.policy.tokenizer(info["objective"], add_special_tokens=False)["input_ids"]
+    shared = next((i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b),
+                  len(first))
+    assert shared > len(goal)
 
 
 def test_system_prompt_asks_for_json_only_when_the_reply_is_parsed() -> None:
@@ -175,13 +185,13 @@ def test_system_prompt_asks_for_json_only_when_the_reply_is_parsed() -> None:
 @pytest.mark.parametrize(
     ("options", "observation", "expected"),
     [
-        ({"list_commands": True}, "You open the chest.", "Goal: Open it.\n\nYou open the "
+        ({"list_commands": True}, "You open the chest.", "You open the "
          "chest.\n\nValid commands: look, open chest"),
-        ({}, "You open the chest.", "Goal: Open it.\n\nYou open the chest."),  # score mode
-        ({"list_commands": False}, "You open the chest.", "Goal: Open it.\n\nYou open the chest."),
+        ({}, "You open the chest.", "You open the chest."),  # score mode
+        ({"list_commands": False}, "You open the chest.", "You open the chest."),
         ({"list_commands": False, "max_observation_chars": 50}, "word " * 40,
-         "Goal: Open it.\n\n" + ("word " * 10).rstrip() + " ..."),
-        ({"list_commands": False}, "", "Goal: Open it."),
+         ("word " * 10).rstrip() + " ..."),
+        ({"list_commands": False}, "", ""),
     ],
 )
 def test_observation_text(options: dict, observation: str, expected: str) -> None:
@@ -219,9 +229,9 @@ def test_prompts_never_exceed_the_context(agent: TextWorldAgent, env) -> None:
     assert len(uncut) > policy.max_context  # the whole history would not fit
     assert len(prompts[0]) <= budget
     text = policy.tokenizer.decode(prompts[0])
-    assert text.endswith(user_texts[0] + "<|end|>\n<|assistant|>\n")  # goal included
-    assert user_texts[0].startswith(f"Goal: {info['objective']}")
-    assert long_memory.get_system_prompt() in text
+    assert text.endswith(user_texts[0] + "<|end|>\n<|assistant|>\n")
+    assert slot.system_prompt.endswith(f"Goal: {info['objective']}")
+    assert slot.system_prompt in text  # the goal with it
 
 
 # -- parsing ----------------------------------------------------------------------------
@@ -313,7 +323,7 @@ def test_every_action_taken_is_admissible(mode: str) -> None:
     assert 1 <= episode.length <= 3
     for turn in episode.turns:
         assert turn.legal_actions and turn.action_index is not None
-        assert turn.user_text.startswith("Goal: ")
+        assert turn.user_text and "Goal: " not in turn.user_text
         if mode == "score":
             assert turn.reply == turn.legal_actions[turn.action_index]
             assert len(turn.candidates) == len(turn.legal_actions)

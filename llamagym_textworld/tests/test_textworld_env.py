@@ -187,6 +187,35 @@ def test_win_bonus_and_step_penalty(game_file: Path) -> None:
     env.close()
 
 
+def test_progress_reward_follows_the_games_own_plan(game_file: Path) -> None:
+    """Seed 0's quest: take the cloak from the display, drop it. A walkthrough move earns
+    the progress reward, a detour earns nothing, undoing a move loses what it earned, and
+    the win pays the last plan step on top of the score."""
+    env = TextWorldEnv(game_file, progress_reward=0.5)
+    _, info = env.reset(seed=0)
+    assert info["walkthrough"] == ["take cloak from display", "drop cloak"]
+    assert info["progress"] == 0 and len(info["policy_commands"]) == 2
+    steps = []
+    for command in ["look", "take cloak from display", "insert cloak into display",
+                    "take cloak from display", "drop cloak"]:
+        _, reward, terminated, _, info = env.step(command)
+        steps.append((reward, info["progress"]))
+    assert steps == [
+        (0.0, 0),   # a detour: the plan is as long as before
+        (0.5, 1),   # a walkthrough move
+        (-0.5, -1),  # undone: the cloak is back, the plan one command longer
+        (0.5, 1),
+        (1.5, 1),   # the win: the score's 1 and the last step of the plan
+    ]
+    assert terminated and info["won"]
+    env.close()
+    # Off by default: the rewards are the score's alone.
+    plain = TextWorldEnv(game_file)
+    result = play_episode(plain, WalkthroughPolicy(), seed=0)
+    assert result.total_reward == result.max_score
+    plain.close()
+
+
 def test_truncation_at_max_episode_steps(game_file: Path) -> None:
     env = TextWorldEnv(game_file, max_episode_steps=3)
     env.reset(seed=0)

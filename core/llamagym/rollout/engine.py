@@ -118,11 +118,15 @@ class RolloutEngine(PromptRendering):
 
     # -- slots -----------------------------------------------------------------------
     def new_slot(self, observation: Any, info: dict, seed: int | None, group: int | None) -> Slot:
+        system_prompt = self.plugins.system_prompt(self.agent)
+        context = self.agent.episode_context(observation, info)
+        if context:
+            system_prompt = f"{system_prompt}\n\n{context}" if system_prompt else context
         return Slot(
             observation=observation,
             info=info,
             episode=Episode(seed=seed, group=group),
-            system_prompt=self.plugins.system_prompt(self.agent),
+            system_prompt=system_prompt,
         )
 
     def end_slot(self, slot: Slot) -> None:

@@ -1,8 +1,10 @@
 """The TextWorld agent: prompts, admissible commands as actions, reply parsing, baselines.
 
-Every user turn carries the game's objective, so the objective survives however many
-old turns the engine drops to fit the model's context (``rollout.history_turns`` keeps a
-window of recent turns and always keeps the system prompt and the current turn).
+The game's objective is said once, in the episode's system prompt (``episode_context``):
+it survives however many old turns the engine drops to fit the model's context
+(``rollout.history_turns`` keeps a window of recent turns and always keeps the system
+prompt and the current turn), and a model that keeps each env's key/value cache runs it
+once per episode, not in every turn.
 
 Score mode ranks ``info["admissible_commands"]``. Generate mode reads a reply through
 the extraction chain: the JSON parser (``{"command": "open door"}``), then this agent
@@ -48,6 +50,13 @@ class TextWorldOptions(BaseModel):
     max_episode_steps: int = Field(30, ge=1, description="Steps before an episode is cut.")
     win_bonus: float = Field(0.0, description="Reward added on the step that wins.")
     step_penalty: float = Field(0.0, ge=0, description="Reward taken off every step.")
+    progress_reward: float = Field(
+        0.0,
+        ge=0,
+        le=100,
+        description="Reward per command a step takes off the game's plan to win (taken off "
+        "per command it adds): TextWorld's own progress signal, a dense reward.",
+    )
     max_observation_chars: int = Field(
         1200, ge=50, description="Game text longer than this is cut (keeps prompts bounded)."
     )
@@ -200,6 +209,7 @@ class TextWorldAgent(Agent):
             max_episode_steps=options.max_episode_steps,
             win_bonus=options.win_bonus,
             step_penalty=options.step_penalty,
+            progress_reward=options.progress_reward,
         )
 
     # -- prompts --------------------------------------------------------------------
@@ -210,18 +220,25 @@ class TextWorldAgent(Agent):
         # Score mode puts each command, as plain text, right after the prompt.
         return prompt + " Reply with one valid command."
 
+    def episode_context(self, observation: Any, info: Mapping[str, Any]) -> str | None:
+        """The game's objective, once per episode in the system prompt (the turn cache
+        then keeps it across the episode's turns instead of running it every turn)."""
+        objective = str(info.get("objective") or "").strip()
+        return f"Goal: {objective[: self.options.max_observation_chars]}" if objective else None
+
     def format_observation(self, observation: Any, info: dict) -> str:
         objective = str(info.get("objective") or "").strip()
         text = str(observation)
         # The first observation repeats the objective under an ASCII-art banner: both
-        # are noise next to the "Goal:" line, and the banner costs hundreds of tokens.
+        # are noise beside the goal the system prompt states, and the banner costs
+        # hundreds of tokens.
         if objective and objective in text:
             text = text.split(objective, 1)[1]
         text = text.strip()
         limit = self.options.max_observation_chars
         if len(text) > limit:
             text = text[:limit].rstrip() + " ..."
-        lines = [f"Goal: {objective}" if objective else "", text]
+        lines = [text]
         if self.lists_commands:
             lines.append("Valid commands: " + ", ".join(self.legal_actions(observation, info)))
         return "\n\n".join(line for line in lines if line)

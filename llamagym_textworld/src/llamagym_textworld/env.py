@@ -78,6 +78,12 @@ class TextWorldEnv(gym.Env[str, str]):
         win_bonus: added to the reward of the step that wins.
         step_penalty: subtracted from every step's reward (a cost for dawdling; pass a
             positive number).
+        progress_reward: added for each command a step takes off the game's own plan to
+            win (TextWorld's ``policy_commands`` from the current state), and taken off
+            for each command a step adds to it. A shaping term of the potential-based
+            kind (minus the plan's length is the potential): over an episode it sums to
+            ``progress_reward`` times the plan's start length less its end length, so a
+            detour undone costs nothing and the best policy stays the best.
         max_observation_length: observations are cut to this many characters.
         clean_observations: tidy the game's text (see :func:`clean_feedback`); ``False``
             gives the interpreter's raw output (still cut and ASCII-only).
@@ -85,14 +91,16 @@ class TextWorldEnv(gym.Env[str, str]):
             or ``"human"`` (prints them).
 
     The reward of a step is the increase of the game's score, plus ``win_bonus`` when the
-    step wins, minus ``step_penalty``; over a winning episode without penalty the rewards
-    add up to ``max_score``.
+    step wins, plus ``progress_reward`` per command the plan to win lost (minus per command
+    it gained), minus ``step_penalty``; over a winning episode with neither bonus,
+    progress nor penalty the rewards add up to ``max_score``. ``info["progress"]`` is the
+    step's change of the plan's length (positive: closer to winning).
 
     ``info`` holds, on reset and on every step: ``objective``, ``admissible_commands``
     (sorted), ``score``, ``max_score``, ``won``, ``lost``, ``walkthrough`` (the game's
     winning command list from generation time), plus ``policy_commands`` (TextWorld's
-    current shortest plan from *this* state), ``episode_step``, ``game_file`` and
-    ``game_index``. Lists are fresh copies on every call.
+    current shortest plan from *this* state), ``progress`` (see above; 0 on reset),
+    ``episode_step``, ``game_file`` and ``game_index``. Lists are fresh copies on every call.
     """
 
     # render_fps means nothing for text; it is declared only because Gymnasium's checker
@@ -106,6 +114,7 @@ class TextWorldEnv(gym.Env[str, str]):
         max_episode_steps: int = 50,
         win_bonus: float = 0.0,
         step_penalty: float = 0.0,
+        progress_reward: float = 0.0,
         max_observation_length: int = 16_384,
         max_command_length: int = 200,
         clean_observations: bool = True,
@@ -125,6 +134,7 @@ class TextWorldEnv(gym.Env[str, str]):
         self.max_episode_steps = int(max_episode_steps)
         self.win_bonus = float(win_bonus)
         self.step_penalty = float(step_penalty)
+        self.progress_reward = float(progress_reward)
         self.max_observation_length = int(max_observation_length)
         self.clean_observations = bool(clean_observations)
         self.render_mode = render_mode
@@ -159,6 +169,8 @@ class TextWorldEnv(gym.Env[str, str]):
         self._game_index = 0
         self._walkthrough: list[str] = []
         self._score = 0
+        self._plan_length = 0
+        self._progress = 0
         self._steps = 0
         self._done = True
         self._last_obs = ""
@@ -201,6 +213,8 @@ class TextWorldEnv(gym.Env[str, str]):
             # the initial state is an equally valid walkthrough.
             self._walkthrough = list(state.get("policy_commands") or [])
         self._score = int(state.get("score") or 0)
+        self._plan_length = len(state.get("policy_commands") or [])
+        self._progress = 0
         self._steps = 0
         self._done = False
         self._last_command = None
@@ -223,6 +237,11 @@ class TextWorldEnv(gym.Env[str, str]):
         self._score = score
         if won:
             reward += self.win_bonus
+        # A won game has no plan left; a lost one is scored by its end, not its plan.
+        plan_length = 0 if won else len(state.get("policy_commands") or [])
+        self._progress = 0 if lost else self._plan_length - plan_length
+        self._plan_length = plan_length
+        reward += self.progress_reward * self._progress
         reward -= self.step_penalty
 
         terminated = bool(done or won or lost)
@@ -280,6 +299,7 @@ class TextWorldEnv(gym.Env[str, str]):
             "lost": bool(state.get("lost")),
             "walkthrough": list(self._walkthrough),
             "policy_commands": list(state.get("policy_commands") or []),
+            "progress": self._progress,
             "episode_step": self._steps,
             "game_file": str(self.current_game),
             "game_index": self._game_index,
