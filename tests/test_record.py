@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 import torch
 from llamagym_blackjack.agent import BlackjackAgent, basic_strategy
 from llamagym_blackjack.exact import reachable_states
@@ -86,3 +87,46 @@ def test_random_play_teaches_the_reply_format_and_no_preference(tmp_path, cli) -
     assert invalid[1] < 0.15
     hits = sum(turn.valid and turn.legal_actions[turn.action_index] == "hit" for turn in warm)
     assert 0.25 < hits / len(states) < 0.75  # both actions, neither preferred
+
+
+def test_recording_filtered_to_an_outcome_keeps_only_those_episodes(tmp_path, cli) -> None:
+    """Random TextWorld play filtered to its wins: every recorded episode ends in a won
+    game, replayed command by command on a fresh env; an unknown outcome is refused."""
+    pytest.importorskip("textworld")
+    from llamagym_textworld.agent import TextWorldAgent
+
+    games = ["--set", "agent.games=2", "--set", "agent.world_size=2",
+             "--set", "agent.nb_objects=3", "--set", "agent.quest_max_length=2",
+             "--set", "agent.max_episode_steps=10", "--set", "rollout.history_turns=null"]
+    path = tmp_path / "wins.jsonl"
+    code, out, _ = cli("record", "textworld", "-b", "random", "-n", "40", "--outcome", "won",
+                       "-o", path, *games)
+    assert code == 0, out
+    kept = int(re.search(r"from (\d+) of 40 episodes", out).group(1))
+    assert 0 < kept < 40  # random play wins some of these games, not all
+    conversations = load_demonstrations(path)
+    # With the whole history, an episode's first decision is the one without any, and
+    # its last decision holds all of it.
+    starts = [k for k, messages in enumerate(conversations) if len(messages) == 3]
+    assert len(starts) == kept and starts[0] == 0
+    episodes = [conversations[end - 1] for end in [*starts[1:], len(conversations)]]
+    agent = TextWorldAgent(config={"agent": {"games": 2, "world_size": 2, "nb_objects": 3,
+                                             "quest_max_length": 2, "max_episode_steps": 10}})
+    env = agent.make_env()
+    for messages in episodes:
+        commands = [json.loads(m["content"])["command"] for m in messages
+                    if m["role"] == "assistant"]
+        goal = messages[0]["content"].split("Goal: ", 1)[1]
+        won = False
+        for game in range(2):
+            _, info = env.reset(options={"game_index": game})
+            if info["objective"] != goal:
+                continue
+            for command in commands:
+                _, _, terminated, truncated, info = env.step(command)
+            won = info["won"]
+        assert won, commands
+    env.close()
+    code, _, err = cli("record", "textworld", "-b", "random", "--outcome", "victory",
+                       "-o", tmp_path / "none.jsonl", *games)
+    assert code == 2 and "no outcome 'victory'" in err and "won, lost" in err

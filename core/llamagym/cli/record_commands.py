@@ -18,6 +18,9 @@ def record_command(
     output: Path = typer.Option(..., "--output", "-o", help="The JSONL file to write."),
     episodes: int = typer.Option(1000, "--episodes", "-n", min=1, help="Episodes to play."),
     seed: int = typer.Option(0, "--seed", help="Seed of the recorded episodes."),
+    outcome: list[str] = typer.Option(
+        [], "--outcome", help="Keep only episodes with this outcome (repeatable), e.g. won."
+    ),
     config_file: Path = typer.Option(None, "--config", "-c", help="YAML/TOML/JSON config."),
     assignments: list[str] = typer.Option([], "--set", help="KEY=VALUE, e.g. agent.games=20"),
 ) -> None:
@@ -32,10 +35,14 @@ def record_command(
     flags = {"rollout.mode": "generate"}
     agent_class, resolved = resolve_run_config(agent, config_file, assignments, flags)
     recording = record_demonstrations(
-        agent_class(config=resolved), baseline, episodes, output, seed=seed
+        agent_class(config=resolved), baseline, episodes, output, seed=seed, outcomes=outcome
     )
+    kept = f"{recording.kept_episodes:,} of " if outcome else ""
     typer.echo(
-        f"{recording.demonstrations:,} demonstrations from {recording.episodes:,} episodes of "
-        f"{baseline!r} (mean return {recording.mean_return:+.3f}) written to {recording.path}"
+        f"{recording.demonstrations:,} demonstrations from {kept}{recording.episodes:,} "
+        f"episodes of {baseline!r} (mean return {recording.mean_return:+.3f}) written to "
+        f"{recording.path}"
     )
+    if outcome and not recording.demonstrations:
+        typer.echo(f"no episode ended {' or '.join(outcome)}: play more (--episodes)", err=True)
     typer.echo(f"train on them first: --set algorithm.warm_start.demonstrations={recording.path}")

@@ -18,13 +18,14 @@ baseline (basic strategy, a walkthrough) teaches its play as well.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llamagym.errors import ConfigError
 from llamagym.paths import write_atomically
-from llamagym.rollout.evaluation import play_baseline
+from llamagym.rollout.evaluation import outcome_reader, play_baseline
 from llamagym.rollout.prompts import fill_reply_prefix, reply_closing
 
 if TYPE_CHECKING:
@@ -40,37 +41,63 @@ class Recording:
     episodes: int
     demonstrations: int
     mean_return: float
+    #: Episodes written (all of them, unless only some outcomes were asked for).
+    kept_episodes: int
 
 
 def record_demonstrations(
-    agent: Agent, baseline: str, episodes: int, output: Path, seed: int = 0
+    agent: Agent,
+    baseline: str,
+    episodes: int,
+    output: Path,
+    seed: int = 0,
+    outcomes: Sequence[str] = (),
 ) -> Recording:
-    """Play ``baseline`` for ``episodes`` episodes and write its decisions to ``output``."""
+    """Play ``baseline`` for ``episodes`` episodes and write its decisions to ``output``;
+    with ``outcomes`` (``["won"]``), only the decisions of episodes that ended so (the
+    agent's :meth:`~llamagym.Agent.outcome`): random play filtered to its wins teaches
+    what winning looks like, at no model pass."""
     if baseline not in agent.baselines:
         known = ", ".join(sorted(agent.baselines)) or "none"
         raise ConfigError(
             f"agent {agent.name!r} has no baseline {baseline!r}; its baselines: {known}"
         )
+    unknown = sorted(set(outcomes) - set(agent.outcome_names))
+    if unknown:
+        named = ", ".join(agent.outcome_names) or "none (it names no outcomes)"
+        raise ConfigError(
+            f"agent {agent.name!r} has no outcome {', '.join(map(repr, unknown))}; "
+            f"its outcomes: {named}"
+        )
     engine = agent.engine
+    outcome_of = outcome_reader(agent)
     seeds = [RECORD_SEED_OFFSET + seed * 100_003 + k for k in range(episodes)]
     records: list[dict[str, Any]] = []
+    episode_records: list[dict[str, Any]] = []
     returns = [0.0] * episodes
+    kept = 0
     slot: Slot | None = None
     current = -1
     for step in play_baseline(agent, baseline, seeds, rng_seed=seed):
         if slot is None or step.episode != current:  # a new episode: a fresh conversation
             current = step.episode
             slot = engine.new_slot(step.observation, step.info, seeds[current], None)
+            episode_records = []
         slot.observation, slot.info = step.observation, step.info
         [user_text], _, [messages] = engine.render_prompts([slot])
         prefix = fill_reply_prefix(engine.settings.reply_prefix, agent, step.observation)
         text = prefix + step.action + reply_closing(prefix) if prefix else step.action
         reply = {"role": "assistant", "content": text}
-        records.append({"messages": [*messages, reply]})
+        episode_records.append({"messages": [*messages, reply]})
         slot.history += [{"role": "user", "content": user_text}, reply]
         returns[step.episode] += step.reward
+        if step.done and (
+            not outcomes or outcome_of(returns[step.episode], step.next_info) in outcomes
+        ):
+            records += episode_records
+            kept += 1
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     # One rename: the file is complete or absent.
     write_atomically(output, "".join(json.dumps(record) + "\n" for record in records))
-    return Recording(output, episodes, len(records), sum(returns) / max(1, episodes))
+    return Recording(output, episodes, len(records), sum(returns) / max(1, episodes), kept)
