@@ -65,6 +65,35 @@ def test_a_config_file_cannot_turn_on_remote_code(tmp_path, cli) -> None:
     assert code == 2 and "--trust-remote-code" in one_error_line(err)
 
 
+@pytest.mark.parametrize(
+    "trl",
+    [{"trust_remote_code": True}, {"model_init_kwargs": {"trust_remote_code": True}}],
+)
+def test_trl_settings_cannot_turn_on_remote_code_either(tmp_path, cli, trl) -> None:
+    """TRL builds its reference model with its own switches: from a config file or
+    --set they are refused before anything loads or is written, as model's is."""
+    pytest.importorskip("trl")
+    model, marker = model_with_its_own_code(tmp_path)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"model": {"name": str(model)}, "trl": trl}))
+    flat = ".".join(next(iter(_paths(trl))))
+    trl_run = ["--backend", "trl", "--mode", "generate", "--algorithm", "grpo"]
+    for how in (["--config", recipe],
+                ["--set", f"model.name={model}", "--set", f"trl.{flat}=true"]):
+        output = tmp_path / "run"
+        code, _, err = cli("run", "blackjack", *trl_run, *how, *FAST, "--output", output)
+        assert code == 2, err
+        line = one_error_line(err)
+        assert f"trl.{flat}" in line and "--trust-remote-code" in line
+        assert not marker.exists() and not output.exists()
+
+
+def _paths(tree: dict, prefix: tuple = ()):
+    for key, value in tree.items():
+        yield from (_paths(value, (*prefix, key)) if isinstance(value, dict)
+                    else [(*prefix, key)])
+
+
 def test_the_python_call_and_a_false_setting_are_allowed(tmp_path) -> None:
     from llamagym.config_files import read_config_file, refuse_code_settings
 

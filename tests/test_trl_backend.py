@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -665,3 +666,22 @@ def test_trls_importance_sampling_correction_accepts_the_rollouts_log_probs(tmp_
     assert max(abs(d) for d in difference) < 1e-3, metrics
     assert all(abs(r - 1) < 1e-3 for r in ratios), metrics
     assert scored["importance_sampling_ratio"].shape[0] == 8
+
+
+@pytest.mark.parametrize(
+    ("trl", "says"),
+    [
+        ({"hub_token": "hf_secret"}, "from the environment (HF_TOKEN)"),
+        ({"model_init_kwargs": {"attn_implementation": "eager"}}, "from the model section"),
+        ({"weight_decay": float("nan")}, "trl.weight_decay=nan: not a finite number"),
+    ],
+)
+def test_secrets_model_keywords_and_non_numbers_are_refused(trl, says, tmp_path) -> None:
+    agent = small_agent(tmp_path, trl=trl)
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        check_supported(agent.resolved)
+
+
+def test_trls_own_remote_code_switch_follows_the_model_section(tmp_path) -> None:
+    args = grpo_args(small_agent(tmp_path).resolved, tmp_path, world_size=1, use_cpu=True)
+    assert getattr(args, "trust_remote_code", False) is False

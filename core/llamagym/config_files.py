@@ -32,8 +32,14 @@ MAX_CONFIG_DEPTH = 64
 MAX_CONFIG_VALUES = 100_000
 #: The settings that let code from outside the installed packages run, each with the one
 #: command-line flag that turns it on. A config file or ``--set`` never does: a config
-#: file is shared like any other data ("here is my recipe").
-CODE_SETTINGS = {"model.trust_remote_code": "--trust-remote-code"}
+#: file is shared like any other data ("here is my recipe"). TRL's own switches (its
+#: reference model is built with them) follow the same flag: the TRL backend sets them
+#: from ``model.trust_remote_code``.
+CODE_SETTINGS = {
+    "model.trust_remote_code": "--trust-remote-code",
+    "trl.trust_remote_code": "--trust-remote-code",
+    "trl.model_init_kwargs.trust_remote_code": "--trust-remote-code",
+}
 
 
 class _BoundedLoader(yaml.SafeLoader):
@@ -168,9 +174,9 @@ def refuse_code_settings(layer: Mapping[str, Any], source: str) -> None:
     ``--set``) turns on a setting of :data:`CODE_SETTINGS`; ``false`` is left alone (a
     run's own ``config.yaml`` records it)."""
     for key, flag in CODE_SETTINGS.items():
-        section, name = key.split(".")
-        part = layer.get(section)
-        value = part.get(name) if isinstance(part, Mapping) else None
+        value: Any = layer
+        for name in key.split("."):
+            value = value.get(name) if isinstance(value, Mapping) else None
         if value is not None and value is not False:
             raise ConfigError(
                 f"{source} sets {key} = {value!r}; only the command line lets a model run "

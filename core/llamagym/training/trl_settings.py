@@ -139,6 +139,11 @@ SET_FROM_THE_RUN = {
     "shuffle_dataset": "to False: seed groups follow the run's seed",
     "disable_tqdm": "to True: the run shows its own progress",
     "dataloader_num_workers": "to 0: the dataset is a list of seeds",
+    "trust_remote_code": "from --trust-remote-code (model.trust_remote_code)",
+    "model_init_kwargs": "from the model section (model.dtype, model.quantize, ...): the "
+    "backend loads the model itself",
+    "hub_token": "from the environment (HF_TOKEN), never from a config: config.yaml would "
+    "keep it",
 }
 
 
@@ -151,7 +156,9 @@ def _grpo_config_problems(config: RunConfig) -> list[str]:
     allowed = sorted(fields - set(SET_FROM_THE_RUN))
     problems = []
     for key, value in (config.trl.model_extra or {}).items():
-        if key in SET_FROM_THE_RUN:
+        if isinstance(value, float) and not math.isfinite(value):
+            problems.append(f"trl.{key}={value}: not a finite number")
+        elif key in SET_FROM_THE_RUN:
             problems.append(f"trl.{key}: the TRL backend sets it {SET_FROM_THE_RUN[key]}")
         elif key == "ds3_gather_for_generation" and not value:
             problems.append(
@@ -271,6 +278,8 @@ def grpo_args(resolved: ResolvedConfig, output_dir: Path, world_size: int, use_c
         remove_unused_columns=False,
         dataloader_num_workers=0,
     )
+    if "trust_remote_code" in fields:  # TRL's own switch: only the command line's flag
+        arguments["trust_remote_code"] = config.model.trust_remote_code
     try:
         return GRPOConfig(**{**arguments, **extra})  # trl.* keys: checked by check_supported
     except (TypeError, ValueError) as error:
