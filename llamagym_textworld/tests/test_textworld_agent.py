@@ -349,3 +349,14 @@ def test_short_training_run_changes_every_trainable_parameter(tmp_path) -> None:
         if parameter.requires_grad and torch.equal(before[name], parameter.detach())
     ]
     assert unchanged == []
+
+
+def test_a_pretrained_model_learns_from_the_games_progress_by_default() -> None:
+    from llamagym.config_layers import resolve_agent_config
+
+    model = {"model": {"name": "smollm2-135m"}}
+    pretrained = resolve_agent_config(TextWorldAgent, [("flags", model)])
+    assert pretrained.agent_options.progress_reward == 1.0
+    assert pretrained.algorithm.gamma == 0.5 and pretrained.algorithm.lr == 5e-4
+    tiny = resolve_agent_config(TextWorldAgent, [])
+    assert tiny.agent_options.progress_reward == 0.0 and tiny.algorithm.gamma == 0.95

@@ -165,16 +165,21 @@ class TextWorldAgent(Agent):
         # torch's count back from the pretrained-model defaults).
         "training": {"minutes": 15, "eval_episodes": 100, "threads": 1},
     }
-    # A pretrained model: a turn's prompt (hundreds of tokens, a dozen commands scored
-    # after it) costs SmolLM2-135M seconds on the CPU. 16 episodes (~400 turns) make
-    # one update in about 10 minutes on both cores of a 2-core machine
-    # (docs/results.md); the generic 64 episodes would take four times as long per update.
-    # The whole history in the prompt (cheap per token since turns keep their key/value
-    # cache and an update runs an episode in one pass) measured slower still: a game's
-    # text adds ~170 tokens a turn, so prompts reach ~5,000 tokens by turn 30 and
-    # attention over them dominates; 30 minutes held one update (0.23 env steps/s).
+    # A pretrained model: a turn's prompt (a couple of hundred tokens, a dozen commands
+    # scored after it) costs SmolLM2-135M a fraction of a second on the CPU, so 30
+    # minutes hold a few hundred episodes, not the thousand the tiny model used. Each
+    # has to teach more: the game's progress reward says at every step whether the move
+    # shortened the plan to win, and a short discount (0.5) makes each move's credit its
+    # own progress and the next one or two (the shaping keeps the shortest win the best
+    # policy). 16 episodes per update; the whole history in the prompt measured slower
+    # (prompts reach ~5,000 tokens by turn 30; docs/results.md).
     pretrained_defaults = {
-        "score": {"rollout": {"num_envs": 8}, "algorithm": {"episodes_per_update": 16}}
+        "score": {
+            "agent": {"progress_reward": 1.0},
+            "rollout": {"num_envs": 8},
+            "algorithm": {"episodes_per_update": 16, "gamma": 0.5, "lr": 5e-4,
+                          "target_kl": 0.05},
+        }
     }
 
     #: Options under ``agent.`` (``--set agent.KEY=VALUE``); ``self.options`` holds them.
