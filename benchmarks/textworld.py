@@ -45,7 +45,8 @@ from benchmarks.common import (  # noqa: E402
     write_script_result,
 )
 
-TARGET = 0.9
+TARGET = 0.9  # the tiny model, 15 minutes
+PRETRAINED_TARGET = 0.5  # a pretrained model (SmolLM2-135M), 30 minutes on a 2-core CPU
 UNSEEN_FIRST_SEED = 1000
 
 
@@ -228,10 +229,13 @@ def main() -> None:
             "env_steps": int(updates[-1]["env_steps"]) if updates else 0,
             "train_seconds": float(updates[-1]["seconds"]) if updates else 0.0,
             "wall_seconds": train_wall,
-            # Success rate of the sampled training episodes, batch by batch (the games
-            # give 1 point, for the win, so a batch's mean return is its win rate).
+            # Mean return of the sampled training episodes, batch by batch (the games
+            # give 1 point, for the win, so without a progress reward or other shaping a
+            # batch's mean return is its win rate).
             "training_curve": [{"seconds": float(r["seconds"]), "update": int(r["update"]),
-                                "success": float(r["return_mean"])} for r in updates],
+                                "return": float(r["return_mean"]),
+                                "episode_length": float(r["episode_length"])}
+                               for r in updates],
             "games": outcomes,
             "command": " ".join(line[1:]),
         })
@@ -239,6 +243,7 @@ def main() -> None:
     summary = {
         pool: statistics.fmean(run["success"][pool] for run in runs) for pool in pools
     }
+    target = TARGET if args.model == "tiny" else PRETRAINED_TARGET
     result = {
         "model": args.model,
         "mode": "score",
@@ -251,8 +256,8 @@ def main() -> None:
         "summary": {
             "success_training_games": summary["training"],
             "success_unseen_games": summary.get("unseen"),
-            "target_training_games": TARGET,
-            "meets_target": summary["training"] >= TARGET,
+            "target_training_games": target,
+            "meets_target": summary["training"] >= target,
             "baselines": baselines,
         },
         "runs": runs,
@@ -269,8 +274,8 @@ def main() -> None:
     for pool in pools:
         print(f"{pool:>8} games: agent {summary[pool]:.0%}, random "
               f"{baselines[pool]['random']:.0%}, walkthrough {baselines[pool]['walkthrough']:.0%}")
-    met = "met" if summary["training"] >= TARGET else "not met"
-    print(f"target >= {TARGET:.0%} on the training games: {met}; written to {path}")
+    met = "met" if summary["training"] >= target else "not met"
+    print(f"target >= {target:.0%} on the training games: {met}; written to {path}")
 
 
 if __name__ == "__main__":
