@@ -164,6 +164,10 @@ def test_the_goal_is_said_once_in_the_system_prompt_and_the_banner_dropped(env) 
     assert commands == "Valid commands: " + ", ".join(info["admissible_commands"])
     slot = agent.engine.new_slot(observation, info, None, None)
     assert slot.system_prompt == f"{agent.get_system_prompt()}\n\nGoal: {info['objective']}"
+    # The episode keeps it, and so does its transcript.
+    from llamagym.training.transcripts import transcript
+
+    assert transcript(agent, slot.episode, "training", 0)["system"] == slot.system_prompt
     # Every turn of the episode starts with the same tokens: system prompt and goal.
     _, [first], _ = agent.engine.render_prompts([slot])
     slot.history += [{"role": "user", "content": text}, {"role": "assistant", "content": "look"}]

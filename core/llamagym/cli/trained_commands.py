@@ -54,7 +54,9 @@ def export_command(
                 f"{str(run)!r} has no checkpoint of update {checkpoint}; its checkpoints: "
                 + ", ".join(p.name for p in checkpoints.list_checkpoints(source.parents[1]))
             )
-    agent = load_agent(source)
+    # The weights as trained: a frozen trunk kept in bfloat16 for speed is rounded, and
+    # an export is a model for elsewhere.
+    agent = load_agent(source, overrides={"model": {"trunk_dtype": "float32"}})
     meta = agent.checkpoint_meta or {}
     update = meta.get("update")
     metrics = checkpoints.run_dir_of(agent.checkpoint or source) / METRICS

@@ -125,7 +125,7 @@ class RolloutEngine(PromptRendering):
         return Slot(
             observation=observation,
             info=info,
-            episode=Episode(seed=seed, group=group),
+            episode=Episode(seed=seed, group=group, system_prompt=system_prompt),
             system_prompt=system_prompt,
         )
 

@@ -76,6 +76,9 @@ class Episode:
     group: int | None = None
     length: int = 0
     info: dict[str, Any] = field(default_factory=dict)
+    #: The system prompt the episode was played with (with the agent's episode context,
+    #: such as a game's goal); "" where it was not recorded.
+    system_prompt: str = ""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Episode:

@@ -61,7 +61,7 @@ def transcript(agent: Agent, episode: Episode, kind: str, update: int) -> dict[s
         "update": update,
         "seed": episode.seed,
         "return": episode.env_return,
-        "system": agent.plugins.system_prompt(agent),
+        "system": episode.system_prompt or agent.plugins.system_prompt(agent),
         "turns": turns,
     }
 
