@@ -182,8 +182,11 @@ def test_a_smollm2_export_loads_offline_as_its_card_says(smollm2_dir, tmp_path, 
     base = Path(out.strip().splitlines()[-1])
     assert base.resolve() == Path(smollm2_dir).resolve()
     assert 'PeftModel.from_pretrained(base, "THIS_DIR")' in card
+    # Exactly as transformers scores it: the trunk in float32, as the export holds it
+    # (a run's bfloat16 trunk would be within its precision, not within 1e-4).
     scores_without_llamagym(
-        load_agent(export), export, str(base), tmp_path,
+        load_agent(export, overrides={"model": {"trunk_dtype": "float32"}}), export,
+        str(base), tmp_path,
         env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}, states=24,
     )
 
