@@ -89,9 +89,12 @@ def lower_trunk_precision(model: nn.Module, setting: str, device: torch.device) 
         return 0
     dtype, why = choose_trunk_dtype(setting, device)
     above = next(layers[start].parameters()).dtype
-    if dtype == above or not above.is_floating_point:
+    trunk = [p for layer in layers[:start] for p in layer.parameters()]
+    if not all(p.is_floating_point() for p in trunk):  # quantized (4/8-bit): as it is
+        return start
+    if dtype == above or all(p.dtype == dtype for p in trunk):  # nothing to do, or done
         logger.info("frozen trunk (layers 0-%d) in %s (%s)", start - 1,
-                    str(above).removeprefix("torch."), why)
+                    str(trunk[0].dtype).removeprefix("torch."), why)
         return start
 
     for layer in layers[:start]:

@@ -119,7 +119,7 @@ class RolloutEngine(PromptRendering):
     # -- slots -----------------------------------------------------------------------
     def new_slot(self, observation: Any, info: dict, seed: int | None, group: int | None) -> Slot:
         system_prompt = self.plugins.system_prompt(self.agent)
-        context = self.agent.episode_context(observation, info)
+        context = self._within_prompt_cap(str(self.agent.episode_context(observation, info) or ""))
         if context:
             system_prompt = f"{system_prompt}\n\n{context}" if system_prompt else context
         return Slot(
