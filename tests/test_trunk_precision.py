@@ -119,7 +119,8 @@ def test_smollm2_bfloat16_trunk_chooses_as_float32_does(smollm2_dir: Path, name:
     real = torch.isfinite(float32)
     assert torch.equal(real, torch.isfinite(bfloat16))
     gaps = (float32[real] - bfloat16[real]).abs()
-X
+    # Measured on this CPU: about 0.02 nats on average, at most 0.04-0.12 over the actions
+    # of 32 decisions.
     assert gaps.mean().item() < 0.05, f"log-probabilities {gaps.mean():.4f} nats apart"
     assert gaps.max().item() < 0.15
     # A decision whose two best actions are closer than the precision moves them is a
