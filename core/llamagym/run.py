@@ -32,7 +32,6 @@ from llamagym.config_layers import (  # defined here before config_layers.py: th
 from llamagym.config_layers import resolve_agent_config
 from llamagym.config_layers import run_layers as run_layers
 from llamagym.errors import ConfigError, LlamaGymError
-from llamagym.models.decoder import model_device
 from llamagym.models.loading import add_lora_adapter, load_model_and_tokenizer
 from llamagym.models.lora_choice import LORA_AUTO_THRESHOLD, trains_through_lora
 from llamagym.models.policy import Policy
@@ -99,8 +98,8 @@ def load_policy(
         check_generation_memory(
             config.rollout.num_envs, config.rollout.max_new_tokens, int(vocabulary)
         )
-    lower_trunk_precision(model, settings.trunk_dtype, torch.device(device or model_device(model)))
     policy = Policy(model, tokenizer, device, gradient_checkpointing=checkpointing)
+    lower_trunk_precision(policy.model, settings.trunk_dtype, policy.device)
     _choose_threads(policy, config.training.threads)
     return policy
 

@@ -88,11 +88,10 @@ def lower_trunk_precision(model: nn.Module, setting: str, device: torch.device) 
     if not start or layers is None:
         return 0
     dtype, why = choose_trunk_dtype(setting, device)
-    above = next(layers[start].parameters()).dtype
     trunk = [p for layer in layers[:start] for p in layer.parameters()]
     if not all(p.is_floating_point() for p in trunk):  # quantized (4/8-bit): as it is
         return start
-    if dtype == above or all(p.dtype == dtype for p in trunk):  # nothing to do, or done
+    if all(p.dtype == dtype for p in trunk):  # loaded so, or lowered already
         logger.info("frozen trunk (layers 0-%d) in %s (%s)", start - 1,
                     str(trunk[0].dtype).removeprefix("torch."), why)
         return start

@@ -126,7 +126,6 @@ class RolloutEngine(PromptRendering):
             observation=observation,
             info=info,
             episode=Episode(seed=seed, group=group, system_prompt=system_prompt),
-            system_prompt=system_prompt,
         )
 
     def end_slot(self, slot: Slot) -> None:

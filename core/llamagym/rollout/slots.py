@@ -23,9 +23,13 @@ class Slot:
     observation: Any
     info: dict
     episode: Episode
-    system_prompt: str
     history: list[dict[str, str]] = field(default_factory=list)
     key: int = field(default_factory=lambda: next(_slot_keys))
+
+    @property
+    def system_prompt(self) -> str:
+        """The system prompt the episode is played with (its episode's)."""
+        return self.episode.system_prompt
 
 
 @dataclass
