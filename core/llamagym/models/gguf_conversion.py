@@ -6,10 +6,11 @@ rebuilt as a plain model, checked against the GGUF-loaded one on a fixed text, a
 once as a safetensors directory in the LlamaGym cache, ``<cache>/models/gguf-<sha256
 prefix>`` (:func:`convert_gguf`), so later loads are a plain ``from_pretrained(dir)``
 and the model trains like any other float model. The cache is keyed by the file's
-content; the digest of a file is remembered against its path, size and modification
-time, so a file is hashed once (:func:`gguf_digest`). The converted copy records what it
-wrote (:func:`record_files`) and is checked against that record whenever it is used
-(:func:`conversion_damage`); a damaged copy is converted again, with a warning.
+content: the GGUF file is hashed whenever it is loaded (:func:`gguf_digest`), so a file
+changed in place, whatever its size and modification time, is converted again. The
+converted copy records what it wrote (:func:`record_files`) and every byte of it is
+checked against that record whenever it is used (:func:`conversion_damage`); a damaged
+copy is converted again, with a warning.
 
 Where the GGUF file comes from (a path, or a registry entry's wheel on PyPI) is the
 business of :mod:`llamagym.models.sources`. Only the standard library is imported at
@@ -23,7 +24,6 @@ import hashlib
 import importlib.util
 import json
 import logging
-import random
 import shutil
 import tempfile
 import threading
@@ -32,14 +32,13 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from llamagym.errors import ModelLoadError, WriteError
+from llamagym.errors import ModelLoadError
 from llamagym.models.registry import ModelEntry, list_model_entries
 from llamagym.paths import (
     discard_directory,
     models_cache_dir,
     publish_directory,
     remove_stale_temp_dirs,
-    write_atomically,
 )
 
 # The name these messages had before this module was split from sources.py: a filter or
@@ -52,7 +51,6 @@ GGUF_SUFFIX = ".gguf"
 CONVERSION_FORMAT = 2
 # Written last into a converted directory: its presence means the directory is complete.
 _MARKER_FILE = "llamagym_source.json"
-_DIGESTS_DIR = ".gguf-digests"
 HASH_CHUNK = 1 << 20
 # A fixed text the GGUF-loaded model and its float rebuild both read before anything is
 # cached: their logits must agree within CHECK_TOLERANCE. The marker file keeps what
@@ -63,14 +61,11 @@ CHECK_TEXT = "You are playing Blackjack. Your sum is 14 and the dealer shows 10.
 CHECK_SAMPLE = 32
 CHECK_TOLERANCE = 1e-4
 # The marker records each file of a conversion as its size and the sha256 of each of its
-# VERIFY_BLOCK-byte blocks. Every use checks the sizes and VERIFY_SAMPLE blocks of each
-# file (the first, holding the safetensors header, the last, the others drawn at random):
-# 0.1-0.4 s for SmolLM2's 538 MB model.safetensors on a busy 2-core EPYC, where hashing
-# all of it takes 0.8-3.7 s, on every load, and ten times that for a 1.7B model. A zeroed
-# embedding (a fifth of the file) was found in 50 of 50 sampled checks.
-# `llamagym models fetch --verify` checks every block.
+# VERIFY_BLOCK-byte blocks, and every use checks every block (a block names where a
+# change lies). A sample of 32 blocks missed a changed 1 MiB block of SmolLM2's 538 MB
+# weights in 285 of 300 loads, and that copy gave NaN logits; reading all of it costs
+# about 1.4 CPU-seconds per load.
 VERIFY_BLOCK = 1 << 20
-VERIFY_SAMPLE = 32
 _convert_lock = threading.Lock()
 
 
@@ -150,13 +145,12 @@ def _recorded_files(info: dict) -> dict[str, dict[str, Any]] | None:
     return files
 
 
-def conversion_damage(directory: Path, *, full: bool = False) -> str | None:
+def conversion_damage(directory: Path) -> str | None:
     """How a converted directory differs from what its marker records, or None.
 
-    Checks that it holds exactly the recorded files, their sizes, and VERIFY_SAMPLE
-    blocks of each file; ``full`` checks every block. A missing, truncated or changed
-    file is found by ``full`` always, and by the sample when the change is large (a
-    zeroed tensor) or lies in the first or last block.
+    Checks that it holds exactly the recorded files, their sizes, and the digest of
+    every block of each file: a missing, truncated, added or changed file (one byte
+    of it) is found.
     """
     directory = Path(directory)
     files = _recorded_files(conversion_info(directory))
@@ -169,18 +163,13 @@ def conversion_damage(directory: Path, *, full: bool = False) -> str | None:
     unrecorded = sorted(present - files.keys())
     if unrecorded:
         return f"it holds {unrecorded[0]!r}, which the conversion did not write"
-    draw = random.SystemRandom()  # the training random streams are not touched
     for name, record in files.items():
         path, blocks = directory / name, record["blocks"]
-        chosen: Iterable[int] = range(len(blocks))
-        if not full and len(blocks) > VERIFY_SAMPLE:
-            middle = draw.sample(range(1, len(blocks) - 1), VERIFY_SAMPLE - 2)
-            chosen = sorted({0, len(blocks) - 1, *middle})
         try:
             size = path.stat().st_size
             if size != record["size"]:
                 return f"{name} is {size:,} bytes, {record['size']:,} were written"
-            for index, digest in _block_digests(path, chosen):
+            for index, digest in _block_digests(path, range(len(blocks))):
                 if digest != blocks[index]:
                     start = index * VERIFY_BLOCK
                     end = min(start + VERIFY_BLOCK, size) - 1
@@ -192,13 +181,13 @@ def conversion_damage(directory: Path, *, full: bool = False) -> str | None:
     return None
 
 
-def intact_conversion(target: Path, sha256: str, source: str, verify: bool) -> bool:
-    """True if ``target`` holds a finished conversion whose files are as they were
-    written (``verify``: every byte checked, else a sample). A damaged one is deleted,
-    with a warning, so that it is converted again from ``source``."""
+def intact_conversion(target: Path, sha256: str, source: str) -> bool:
+    """True if ``target`` holds a finished conversion whose files are, byte for byte, as
+    they were written. A damaged one is deleted, with a warning, so that it is
+    converted again from ``source``."""
     if not is_converted(target, sha256):
         return False
-    problem = conversion_damage(target, full=verify)
+    problem = conversion_damage(target)
     if problem is None:
         return True
     logger.warning(
@@ -238,27 +227,14 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def gguf_digest(path: Path, cache: Path | None = None) -> str:
-    """The sha256 of ``path``, hashed once per (path, size, modification time).
+def gguf_digest(path: Path) -> str:
+    """The sha256 of the GGUF file at ``path``: what its conversion is cached under.
 
-    The digest is remembered in the cache, so loading a multi-gigabyte file again
-    costs a ``stat``; a changed or replaced file is hashed again.
+    Read in full on every load: a size and a modification time say nothing of a file
+    rewritten in place (both can be kept), and a digest remembered against them would
+    hand out the conversion of the old content.
     """
-    resolved = Path(path).resolve()
-    stat = resolved.stat()
-    key = hashlib.sha256(str(resolved).encode("utf-8")).hexdigest()[:24]
-    memo = models_dir(cache) / _DIGESTS_DIR / f"{key}.json"
-    stamp = {"path": str(resolved), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
-        known = json.loads(memo.read_text(encoding="utf-8"))
-        if all(known.get(field) == value for field, value in stamp.items()):
-            return str(known["sha256"])
-    digest = sha256_of(resolved)
-    # An unwritable cache only costs hashing again next time.
-    with contextlib.suppress(OSError, WriteError):
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(memo, json.dumps({**stamp, "sha256": digest}) + "\n")
-    return digest
+    return sha256_of(Path(path).resolve())
 
 
 def make_cache_dir(parent: Path) -> None:
@@ -438,22 +414,20 @@ def convert_gguf(
     sha256: str | None = None,
     origin: str | None = None,
     cache: Path | None = None,
-    verify: bool = False,
 ) -> Path:
     """The cached safetensors directory for a GGUF file, converting it if needed.
 
     ``sha256`` is the file's digest when already known (else it is computed);
     ``origin`` is recorded in the directory's marker file. A cached copy whose files
-    differ from what was written (a sample of each checked, every byte with ``verify``)
-    is converted again. The conversion is written
-    to a temporary sibling directory and renamed into place, so a crash leaves
-    nothing half-written, and when two processes convert at once the first rename
+    differ from what was written (every byte is checked) is converted again. The
+    conversion is written to a temporary sibling directory and renamed into place, so a
+    crash leaves nothing half-written, and when two processes convert at once the first rename
     wins. Takes under a minute on a CPU for a 135M-parameter model.
     """
     gguf_path = Path(gguf_path)
-    digest = sha256 or gguf_digest(gguf_path, cache)
+    digest = sha256 or gguf_digest(gguf_path)
     target = converted_dir(digest, cache)
-    if intact_conversion(target, digest, gguf_path.name, verify):
+    if intact_conversion(target, digest, gguf_path.name):
         return target
     require_gguf_package()
     parent = target.parent

