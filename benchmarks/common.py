@@ -94,23 +94,63 @@ def machine_label(machine: Mapping[str, Any]) -> str:
     return f"{machine.get('cores', '?')} cores, {machine.get('cpu_model', 'unknown CPU')}"
 
 
+def _git(directory: Path, *words: str) -> tuple[str | None, str]:
+    """``git -C directory WORDS``: (its output, "") or (None, why it gave none)."""
+    try:
+        done = subprocess.run(["git", "-C", str(directory), *words], capture_output=True,
+                              text=True, timeout=30)
+    except FileNotFoundError:
+        return None, "git is not installed"
+    except (OSError, subprocess.SubprocessError) as error:
+        return None, f"git could not run ({error})"
+    if done.returncode != 0:
+        said = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+        return None, f"git: {said[0] if said else f'exit code {done.returncode}'}"
+    return done.stdout.strip(), ""
+
+
+def tree_state(directory: Path) -> dict[str, Any]:
+    """The git tree ``directory`` is in: its top folder, commit and whether it has
+    uncommitted changes to tracked files; ``unknown`` says why these cannot be known
+    (no git, not a git tree, a tree git refuses to read)."""
+    top, why = _git(directory, "rev-parse", "--show-toplevel")
+    commit, why = (None, why) if top is None else _git(directory, "rev-parse", "HEAD")
+    status, why = (None, why) if commit is None else _git(
+        directory, "status", "--porcelain", "--untracked-files=no"
+    )
+    if status is None:
+        return {"commit": commit, "dirty": None, "unknown": f"{directory}: {why}"}
+    return {"top": top, "commit": commit, "dirty": bool(status)}
+
+
+def code_source(package: Path, scripts: Path) -> dict[str, Any]:
+    """The commit of the code a benchmark measures: the git tree of the ``llamagym``
+    package that runs (``package``, its folder), and whether that tree has changes on
+    top (then the numbers are of that commit plus those changes). ``dirty`` is None,
+    and ``unknown`` says why, when that cannot be told, or when the benchmark scripts
+    (``scripts``) come from another commit than the package they measure."""
+    measured = tree_state(package)
+    if "unknown" in measured:
+        return measured
+    own = tree_state(scripts)
+    if own.get("top") != measured["top"] and own.get("commit") != measured["commit"]:
+        return {
+            "commit": measured["commit"],
+            "dirty": None,
+            "unknown": f"the benchmark scripts in {scripts} are not of commit "
+            f"{measured['commit'][:12]}, which the llamagym they measure (in "
+            f"{measured['top']}) runs; install this checkout (pip install -e .) or run "
+            "that tree's benchmarks",
+        }
+    return {"commit": measured["commit"], "dirty": measured["dirty"]}
+
+
 def source_commit() -> dict[str, Any]:
-    """The commit the measured code came from, and whether the tree had changes on top
-    of it (then the numbers are of that commit plus those changes)."""
-    root = Path(__file__).resolve().parent.parent
+    """:func:`code_source` of the ``llamagym`` package this interpreter imports and of
+    these scripts."""
+    import llamagym
 
-    def git(*words: str) -> str:
-        try:
-            done = subprocess.run(["git", *words], cwd=root, capture_output=True, text=True,
-                                  timeout=30)
-        except (OSError, subprocess.SubprocessError):
-            return ""
-        return done.stdout.strip() if done.returncode == 0 else ""
-
-    commit = git("rev-parse", "HEAD")
-    if not commit:
-        return {"commit": None, "dirty": None}
-    return {"commit": commit, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    return code_source(Path(llamagym.__file__).resolve().parent, BENCHMARKS_DIR)
 
 
 def today() -> str:
@@ -252,12 +292,18 @@ def add_allow_dirty(parser: argparse.ArgumentParser) -> None:
 
 
 def refuse_dirty_tree(name: str, quick: bool, allow_dirty: bool) -> None:
-    """Stop before a full measurement of code no commit holds: its result file could not
-    name the code it measured. A ``--quick`` smoke run, ``--allow-dirty``, or a tree
-    without git history (nothing to compare) go ahead."""
+    """Stop before a full measurement of code no commit holds, or whose commit cannot be
+    told: its result file could not name the code it measured. A ``--quick`` smoke run
+    or ``--allow-dirty`` go ahead."""
     if quick or allow_dirty:
         return
     source = source_commit()
+    if source["dirty"] is None:
+        raise SystemExit(
+            f"{name}: cannot tell which commit would be measured ({source.get('unknown')}), "
+            "so the result could not name it: fix that, or pass --allow-dirty to record "
+            'numbers of code no commit names (the file then says "dirty": null)'
+        )
     if source["dirty"]:
         raise SystemExit(
             f"{name}: the working tree has uncommitted changes on top of "

@@ -5,6 +5,8 @@ fast: the tree's state is faked, nothing is measured."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +40,89 @@ def test_a_full_run_on_a_dirty_tree_stops_with_one_line_naming_the_fix(dirty_tre
         (DIRTY, False, True),  # told to: the file then records "dirty": true
         (DIRTY, True, False),  # a smoke run measures nothing worth keeping
         (CLEAN, False, False),
-        ({"commit": None, "dirty": None}, False, False),  # no git history: nothing to compare
+        ({"commit": None, "dirty": None, "unknown": "no git"}, False, True),
     ],
 )
 def test_the_check_lets_through(monkeypatch, source, quick, allow_dirty) -> None:
     monkeypatch.setattr(common, "source_commit", lambda: dict(source))
     common.refuse_dirty_tree("parsers", quick=quick, allow_dirty=allow_dirty)
+
+
+# -- which code was measured: real git trees ---------------------------------------------
+@pytest.fixture
+def git_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """git reads no configuration of this machine (a safe.directory there would hide
+    the ownership check)."""
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", os.devnull)
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+
+
+def make_tree(path: Path, text: str) -> str:
+    """A git tree at ``path`` holding ``package/code.py`` and ``benchmarks/run.py``, one
+    commit; returns the commit."""
+    for name in ("package/code.py", "benchmarks/run.py"):
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_text(text, encoding="utf-8")
+    git = ["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "one"], check=True)
+    return subprocess.run(
+        [*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def test_the_commit_recorded_is_the_measured_packages(git_env, tmp_path: Path) -> None:
+    installed = make_tree(tmp_path / "installed", "x = 1\n")
+    make_tree(tmp_path / "checkout", "x = 2\n")
+    source = common.code_source(tmp_path / "installed/package", tmp_path / "checkout/benchmarks")
+    assert source["commit"] == installed and source["dirty"] is None
+    assert "pip install -e ." in source["unknown"]
+    same = common.code_source(tmp_path / "installed/package", tmp_path / "installed/benchmarks")
+    assert same == {"commit": installed, "dirty": False}
+    (tmp_path / "installed/package/code.py").write_text("x = 3\n", encoding="utf-8")
+    changed = common.code_source(tmp_path / "installed/package", tmp_path / "installed/benchmarks")
+    assert changed == {"commit": installed, "dirty": True}
+
+    # This interpreter's llamagym: its own tree's commit is the one recorded.
+    import llamagym
+
+    package = Path(llamagym.__file__).resolve().parent
+    head = subprocess.run(["git", "-C", str(package), "rev-parse", "HEAD"],
+                          capture_output=True, text=True)
+    if head.returncode == 0:
+        assert common.source_commit()["commit"] == head.stdout.strip()
+
+
+def refused_message(monkeypatch: pytest.MonkeyPatch, source: dict[str, Any]) -> str:
+    monkeypatch.setattr(common, "source_commit", lambda: source)
+    with pytest.raises(SystemExit) as stopped:
+        common.refuse_dirty_tree("parsers", quick=False, allow_dirty=False)
+    common.refuse_dirty_tree("parsers", quick=False, allow_dirty=True)
+    return str(stopped.value.code)
+
+
+def test_without_git_the_tree_is_not_taken_for_clean(git_env, tmp_path, monkeypatch) -> None:
+    make_tree(tmp_path / "tree", "x = 1\n")
+    (tmp_path / "tree/package/code.py").write_text("changed\n", encoding="utf-8")
+    monkeypatch.setenv("PATH", str(tmp_path / "no-programs"))
+    source = common.code_source(tmp_path / "tree/package", tmp_path / "tree/benchmarks")
+    assert source["dirty"] is None and "git is not installed" in source["unknown"]
+    message = refused_message(monkeypatch, source)
+    assert "\n" not in message and "cannot tell which commit" in message
+    assert "git is not installed" in message and "--allow-dirty" in message
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() != 0, reason="needs to chown a tree")
+def test_a_tree_git_refuses_to_read_is_not_taken_for_clean(git_env, tmp_path, monkeypatch) -> None:
+    make_tree(tmp_path / "tree", "x = 1\n")
+    (tmp_path / "tree/package/code.py").write_text("changed\n", encoding="utf-8")
+    for path in [tmp_path / "tree", *(tmp_path / "tree").rglob("*")]:
+        os.chown(path, 65534, 65534, follow_symlinks=False)  # another user's clone
+    source = common.code_source(tmp_path / "tree/package", tmp_path / "tree/benchmarks")
+    assert source["dirty"] is None and "dubious ownership" in source["unknown"]
+    message = refused_message(monkeypatch, source)
+    assert "\n" not in message and "dubious ownership" in message
 
 
 def fake_parsers_run(calls: list[bool]) -> Any:
