@@ -152,6 +152,14 @@ class RolloutSettings(Settings):
         "their log-likelihood (always legal).",
     )
     num_envs: int = Field(16, ge=1, le=4096, description="Environments stepped in lockstep.")
+    carry_episodes: bool = Field(
+        True,
+        description="Training: an env whose episode ends starts the next at once, and "
+        "episodes still in progress when an update has its episodes carry into the next "
+        "(each turn trained once, with the log-probabilities it was played with). Off, or "
+        "with groups (algorithm.group_size > 1): an update's episodes start and end in "
+        "its collection.",
+    )
     history_turns: int | None = Field(
         0, ge=0, description="Earlier turns kept in the prompt; null = the whole episode."
     )

@@ -25,10 +25,16 @@ from llamagym.errors import EnvFailureError, LlamaGymError
 from llamagym.models.policy import Policy
 from llamagym.rollout.env_checks import checked_reset as checked_reset
 from llamagym.rollout.env_checks import checked_step as checked_step
-from llamagym.rollout.env_checks import error_text
 from llamagym.rollout.env_checks import max_turns as max_turns
+from llamagym.rollout.env_failures import EnvFailures
+from llamagym.rollout.invalid_replies import (
+    apply_fallback,
+    ask_again,
+    take_retries,
+    unnamed_action,
+)
 from llamagym.rollout.prompts import PROMPT_CACHE_TOKENS as PROMPT_CACHE_TOKENS
-from llamagym.rollout.prompts import PromptRendering, feedback_message
+from llamagym.rollout.prompts import PromptRendering
 from llamagym.rollout.prompts import fill_reply_prefix as fill_reply_prefix
 from llamagym.rollout.prompts import reply_closing as reply_closing
 from llamagym.rollout.rollout_policy import RolloutPolicy as RolloutPolicy
@@ -46,6 +52,10 @@ logger = logging.getLogger(__name__)
 @dataclass
 class RolloutStats:
     env_steps: int = 0
+    #: decisions made, and the batched passes they were made in (their ratio is the
+    #: rows a forward holds on average)
+    decisions: int = 0
+    batched_decisions: int = 0
     env_failures: int = 0
     seconds_model: float = 0.0
     seconds_total: float = 0.0
@@ -79,16 +89,17 @@ class RolloutEngine(PromptRendering):
         self.settings = settings
         self.plugins = agent.plugins
         self.schedule = schedule if schedule is not None else Schedule(settings)
-        self.max_failures_in_a_row = max_failures_in_a_row
         self.observe = observe
         self.rng = np.random.default_rng(seed)
         self.generator = torch.Generator().manual_seed(seed)
         self.stats = RolloutStats()
         self._greedy_memo: dict[tuple, Turn] | None = None
-        #: env failures in a row, across collections (a batch of dropped episodes is no
-        #: success), reset by the first step an env completes
-        self.failures_in_a_row = 0
+        self.failures = EnvFailures(
+            lambda: self.agent.make_env(), self._env_name, max_failures_in_a_row, self.stats
+        )
         self._envs: list[Any] | None = None
+        #: the open lockstep a carrying collection left (see :meth:`play`)
+        self._carried: Lockstep | None = None
 
     # -- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -224,7 +235,7 @@ class RolloutEngine(PromptRendering):
             self._reprompt(turns, conversations, prefixes, greedy, keys, should_stop)
         for turn in turns:
             if not turn.valid:
-                self._apply_invalid_action_policy(turn)
+                apply_fallback(turn, self.settings.invalid_action, self.rng)
         return turns
 
     def _decide_by_score(
@@ -290,7 +301,7 @@ class RolloutEngine(PromptRendering):
             if legal[row]:
                 index, parser = self.plugins.parse_reply(self.agent, text, legal[row])
             else:
-                index, env_action = None, self._unnamed_action(text)
+                index, env_action = None, unnamed_action(self.agent, text)
             turns.append(
                 Turn(
                     prompt_tokens=prompts[row],
@@ -308,20 +319,6 @@ class RolloutEngine(PromptRendering):
             )
         return turns
 
-    def _unnamed_action(self, reply: str) -> Any:
-        """The env action of an agent that names no actions: what its own
-        ``extract_action`` makes of the reply. There is no legal action to fall back on,
-        so a reply it cannot read stops the run with what to do."""
-        value = self.agent.extract_action(reply)
-        if value is None:
-            raise LlamaGymError(
-                f"{type(self.agent).__name__}.extract_action returned None for the reply "
-                f"{reply[:120]!r}, and the agent names no actions to fall back on: return "
-                "an action for every reply (a default one), or set action_names = [...] "
-                "(in the env's action order) so the invalid-action policy can choose one"
-            )
-        return value
-
     def _reprompt(
         self,
         turns: list[Turn],
@@ -336,19 +333,10 @@ class RolloutEngine(PromptRendering):
         for the model, in each slot's turn cache)."""
         policy = self.settings.invalid_action
         for _ in range(policy.max_reprompts):
-            pending = [row for row, turn in enumerate(turns) if not turn.valid]
+            pending = ask_again(turns, conversations, policy.penalty)
             if not pending:
                 return
-            prompts = []
-            for row in pending:
-                failed = turns[row]
-                failed.reward += policy.penalty
-                failed.feedback = feedback_message(failed.legal_actions)
-                conversations[row] = conversations[row] + [
-                    {"role": "assistant", "content": failed.reply},
-                    {"role": "user", "content": failed.feedback},
-                ]
-                prompts += self.prompt_tokens([conversations[row]])
+            prompts = self.prompt_tokens([conversations[row] for row in pending])
             pending_prefixes = [prefixes[row] for row in pending]
             if any(
                 len(prompt) > self.policy.max_context - self.reply_room(prefix)
@@ -360,24 +348,7 @@ class RolloutEngine(PromptRendering):
                 prompts, legal, pending_prefixes, greedy, [keys[row] for row in pending],
                 should_stop,
             )
-            for row, turn in zip(pending, retried, strict=True):
-                turn.retries = [*turns[row].retries, turns[row]]
-                turns[row].retries = []
-                turns[row] = turn
-
-    def _apply_invalid_action_policy(self, turn: Turn) -> None:
-        """Choose a legal action for an unparsable reply; ``None`` never reaches env.step."""
-        policy = self.settings.invalid_action
-        turn.reward += policy.penalty
-        turn.feedback = ""
-        if policy.policy == "random":
-            turn.action_index = int(self.rng.integers(len(turn.legal_actions)))
-        elif policy.fallback_action in turn.legal_actions:
-            turn.action_index = turn.legal_actions.index(policy.fallback_action)
-        else:
-            turn.action_index = 0
-        if policy.policy == "end_episode":
-            turn.ends_episode = True
+            take_retries(turns, pending, retried)
 
     # -- the engine's own envs --------------------------------------------------------
     @property
@@ -388,12 +359,36 @@ class RolloutEngine(PromptRendering):
             self._envs = [self.agent.make_env() for _ in range(self.settings.num_envs)]
         return self._envs
 
-    def play(self, num_episodes: int, **options: Any) -> list[Episode]:
-        """:meth:`collect` over the engine's own :attr:`envs` (``options`` as there)."""
-        return self.collect(self.envs, num_episodes, **options)
+    def play(self, num_episodes: int, *, carry: bool = False, **options: Any) -> list[Episode]:
+        """:meth:`collect` over the engine's own :attr:`envs` (``options`` as there).
+
+        With ``carry`` (one episode per group, seeds drawn by the engine), no env waits:
+        one whose episode ends starts the next at once, the collection returns the first
+        ``num_episodes`` episodes to finish, and the episodes still in progress (and any
+        that finished beyond ``num_episodes``) carry into the next ``carry`` collection.
+        Any other collection, :meth:`drop_carried` and :meth:`close` end the carried
+        episodes untrained."""
+        if not carry:
+            self.drop_carried()
+            return self.collect(self.envs, num_episodes, **options)
+        if options.get("seeds") is not None or options.get("group_size", 1) != 1:
+            raise ValueError("a carrying collection draws its own seeds, one per episode")
+        options.pop("group_size", None)
+        if self._carried is None:
+            self._carried = self._open(self.envs, None, None, 1)
+        return self._run(self._carried, num_episodes, **options)
+
+    def drop_carried(self) -> None:
+        """End the episodes carried into the next collection (see :meth:`play`): none of
+        their turns is trained on. A checkpoint does this, so the run it resumes plays
+        on from fresh episodes, as the unbroken run does."""
+        carried, self._carried = self._carried, None
+        if carried is not None:
+            self._abandon(carried)
 
     def close(self) -> None:
         """Close the engine's envs; a later :meth:`play` makes new ones."""
+        self.drop_carried()
         envs, self._envs = self._envs or [], None
         for env in envs:
             env.close()
@@ -408,13 +403,15 @@ class RolloutEngine(PromptRendering):
         seeds: Sequence[int] | None = None,
         on_episode: Callable[[Episode], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
+        policy_version: int = 0,
     ) -> list[Episode]:
         """Run ``num_episodes`` fresh episodes over ``envs`` and return them finished
         (:meth:`play` runs them over the engine's own).
 
         Episode ``k`` resets with seed ``seeds[k]`` (default: drawn from the engine's
         seeded generator), and episodes ``k`` with the same ``k // group_size`` share a
-        seed, so a group starts from the same state.
+        seed, so a group starts from the same state. Each turn is stamped with
+        ``policy_version`` (:attr:`Turn.policy_version`).
 
         ``should_stop`` is called after each batched env step, and in generate mode
         between the tokens of a generation and after it (replies it cut short are never
@@ -424,40 +421,20 @@ class RolloutEngine(PromptRendering):
         happened, since the callable is its own. The random draws made so far are not
         undone.
         """
-        started_at = time.perf_counter()
-        lockstep = self._open_lockstep(envs, num_episodes, group_size, seeds, on_episode)
-        try:
-            while active := lockstep.active():
-                turns = self.decide([slot for _, slot in active], greedy, should_stop)
-                if self.settings.mode == "generate" and should_stop is not None and should_stop():
-                    break  # the replies may be cut short: no env steps them
-                for (position, slot), turn in zip(active, turns, strict=True):
-                    self._play_turn(lockstep, position, slot, turn)
-                if should_stop is not None and should_stop():
-                    break
-        finally:
-            self._abandon(lockstep)
-        self.stats.seconds_total += time.perf_counter() - started_at
-        return lockstep.finished
-
-    def _open_lockstep(
-        self,
-        envs: list[Any],
-        num_episodes: int,
-        group_size: int,
-        seeds: Sequence[int] | None,
-        on_episode: Callable[[Episode], None] | None,
-    ) -> Lockstep:
-        """Draw the episodes' seeds (unless given), then start an episode in every env."""
         if seeds is None:
             group_seeds = self.rng.integers(0, 2**31 - 1, size=-(-num_episodes // group_size))
             seeds = [int(group_seeds[k // group_size]) for k in range(num_episodes)]
+        lockstep = self._open(envs, seeds, num_episodes, group_size)
+        return self._run(lockstep, None, greedy, on_episode, should_stop, policy_version)
+
+    def _open(
+        self, envs: list[Any], seeds: Sequence[int] | None, num_episodes: int | None,
+        group_size: int,
+    ) -> Lockstep:
+        """A lockstep over ``envs`` (open when ``num_episodes`` is None), an episode
+        started in every env."""
         lockstep = Lockstep(
-            envs,
-            seeds,
-            num_episodes,
-            group_size,
-            on_episode,
+            envs, seeds, num_episodes, group_size, None,
             slots=[None] * len(envs),
             turn_caps=[max_turns(env, self.settings.max_episode_turns) for env in envs],
         )
@@ -465,18 +442,72 @@ class RolloutEngine(PromptRendering):
             self._start_episode(lockstep, position)
         return lockstep
 
+    def _run(
+        self,
+        lockstep: Lockstep,
+        until: int | None,
+        greedy: bool = False,
+        on_episode: Callable[[Episode], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+        policy_version: int = 0,
+    ) -> list[Episode]:
+        """Advance ``lockstep`` to its end, or, when it is the carried one, until
+        ``until`` episodes have finished; then it is carried again (see :meth:`play`)."""
+        started_at = time.perf_counter()
+        carried, self._carried = lockstep is self._carried, None
+        lockstep.on_episode, lockstep.policy_version = on_episode, policy_version
+        for episode in lockstep.finished[:until] if on_episode is not None else []:
+            on_episode(episode)  # finished during the last collection, handed out now
+        try:
+            cut = self._advance(lockstep, greedy, should_stop, until)
+        except BaseException:
+            self._abandon(lockstep)
+            raise
+        finally:
+            self.stats.seconds_total += time.perf_counter() - started_at
+        if not carried or cut:  # a cut carries nothing
+            self._abandon(lockstep)
+            return lockstep.finished
+        batch, lockstep.finished = lockstep.finished[:until], lockstep.finished[until:]
+        self._carried = lockstep
+        return batch
+
+    def _advance(
+        self,
+        lockstep: Lockstep,
+        greedy: bool,
+        should_stop: Callable[[], bool] | None,
+        until: int | None = None,
+    ) -> bool:
+        """Step the lockstep's envs together until none has an episode left, or
+        ``until`` episodes have finished; True when ``should_stop`` cut it short."""
+        while (active := lockstep.active()) and (until is None or len(lockstep.finished) < until):
+            turns = self.decide([slot for _, slot in active], greedy, should_stop)
+            self.stats.decisions += len(active)
+            self.stats.batched_decisions += 1
+            if self.settings.mode == "generate" and should_stop is not None and should_stop():
+                return True  # the replies may be cut short: no env steps them
+            for (position, slot), turn in zip(active, turns, strict=True):
+                turn.policy_version = lockstep.policy_version
+                self._play_turn(lockstep, position, slot, turn)
+            if should_stop is not None and should_stop():
+                return True
+        return False
+
     def _start_episode(self, lockstep: Lockstep, position: int) -> None:
         """Reset env ``position`` for the next episode due, or leave it idle if none is."""
-        while lockstep.next_episode < lockstep.num_episodes:
+        while lockstep.has_more():
             k = lockstep.next_episode
             lockstep.next_episode += 1
+            seeds = lockstep.seeds
+            seed = int(self.rng.integers(0, 2**31 - 1)) if seeds is None else seeds[k]
             try:
-                observation, info = checked_reset(lockstep.envs[position], lockstep.seeds[k])
+                observation, info = checked_reset(lockstep.envs[position], seed)
             except Exception as error:  # an env that raises must not end the run
                 self._replace_env(lockstep, position, error)
                 continue
             lockstep.slots[position] = self.new_slot(
-                observation, info, lockstep.seeds[k], k // lockstep.group_size
+                observation, info, seed, k // lockstep.group_size
             )
             return
         lockstep.slots[position] = None
@@ -527,7 +558,7 @@ class RolloutEngine(PromptRendering):
         info: dict,
     ) -> None:
         """Add a stepped turn to the slot: its episode's rewards and turns, the history."""
-        self.failures_in_a_row = 0
+        self.failures.succeeded()
         self.stats.env_steps += 1
         shaped = reward
         if self.settings.reward_shaping:
@@ -557,8 +588,8 @@ class RolloutEngine(PromptRendering):
         self._start_episode(lockstep, position)
 
     def _replace_env(self, lockstep: Lockstep, position: int, error: Exception) -> None:
-        """Count env ``position``'s failure and replace the env (see :meth:`_env_failed`)."""
-        self._env_failed(lockstep.envs, position, error)
+        """Count env ``position``'s failure and replace the env (:class:`EnvFailures`)."""
+        self.failures.replace(lockstep.envs, position, error)
         lockstep.turn_caps[position] = max_turns(
             lockstep.envs[position], self.settings.max_episode_turns
         )
@@ -568,26 +599,3 @@ class RolloutEngine(PromptRendering):
         for abandoned in lockstep.slots:
             if abandoned is not None:
                 self.end_slot(abandoned)
-
-    def _env_failed(self, envs: list[Any], position: int, error: Exception) -> None:
-        """Count a failed reset or step (in a row, across collections), then replace the
-        env; more than ``max_failures_in_a_row`` end the collection."""
-        self.failures_in_a_row += 1
-        count = self.failures_in_a_row
-        self.stats.env_failures += 1
-        logger.warning(
-            "%s, environment %d, failed (%s: %s); episode dropped, environment recreated",
-            self._env_name(),
-            position,
-            type(error).__name__,
-            error_text(error),
-        )
-        if count > self.max_failures_in_a_row:
-            raise EnvFailureError(
-                f"{self._env_name()} failed {count} times in a row (last: "
-                f"{type(error).__name__}: {error_text(error)}); stopping the run "
-                f"(training.max_env_failures = {self.max_failures_in_a_row})"
-            ) from error
-        with contextlib.suppress(Exception):  # a broken env may fail to close; it is replaced
-            envs[position].close()
-        envs[position] = self.agent.make_env()

@@ -1,5 +1,5 @@
 """Episodes in progress: a :class:`Slot` for one environment's episode, and a
-:class:`Lockstep`, one collection's environments and the slot each of them plays."""
+:class:`Lockstep`, a collection's environments and the slot each of them plays."""
 
 from __future__ import annotations
 
@@ -34,13 +34,18 @@ class Slot:
 
 @dataclass
 class Lockstep:
-    """One collection (:meth:`RolloutEngine.collect`): ``envs`` play in lockstep, env
-    ``p`` the episode in ``slots[p]`` (None once no episode is left to start), until
-    ``num_episodes`` episodes, seeded by ``seeds``, have been started."""
+    """A collection's envs (:meth:`RolloutEngine.collect`): env ``p`` plays the episode
+    in ``slots[p]`` (None once no episode is left to start).
+
+    With ``num_episodes`` set, the collection starts that many episodes, seeded by
+    ``seeds``, and ends when they have finished. An open lockstep (``num_episodes``
+    None) never runs out: an env whose episode ends starts the next at once, with a seed
+    drawn as it starts, and the lockstep outlives the collection that opened it
+    (:meth:`RolloutEngine.play` with ``carry``)."""
 
     envs: list[Any]
-    seeds: Sequence[int]
-    num_episodes: int
+    seeds: Sequence[int] | None
+    num_episodes: int | None
     group_size: int
     on_episode: Callable[[Episode], None] | None
     slots: list[Slot | None]
@@ -50,7 +55,14 @@ class Lockstep:
     finished: list[Episode] = field(default_factory=list)
     #: the index of the next episode to start
     next_episode: int = 0
+    #: stamped on every turn played (:attr:`Turn.policy_version`): the number of
+    #: updates the weights that played it had seen
+    policy_version: int = 0
 
     def active(self) -> list[tuple[int, Slot]]:
         """The envs with an episode in progress, and their slots."""
         return [(position, slot) for position, slot in enumerate(self.slots) if slot is not None]
+
+    def has_more(self) -> bool:
+        """Whether an episode is still due to start."""
+        return self.num_episodes is None or self.next_episode < self.num_episodes

@@ -43,6 +43,10 @@ class Turn:
     #: The plugin whose parser found the action in the reply ("json-action", "agent",
     #: "regex-action", ...); empty in score mode and for an unreadable reply.
     parser: str = ""
+    #: The number of updates the weights that played this turn had seen. An episode
+    #: carried from one collection into the next holds turns of two versions; each
+    #: turn's ``logprobs`` are its own version's, the ratio's denominator.
+    policy_version: int = 0
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Turn:

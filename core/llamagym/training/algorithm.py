@@ -554,7 +554,11 @@ def set_rng_state(rng: random.Random, state: Sequence) -> None:
 
 def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     turns = sum(len(e.turns) for e in episodes)
+    versions = [turn.policy_version for e in episodes for turn in e.turns]
+    latest = max(versions, default=0)
     return {
+        # turns of episodes carried in from an earlier collection, played by older weights
+        "carried_turns": sum(v < latest for v in versions) / max(1, turns),
         "episodes": float(len(episodes)),
         "return_mean": sum(e.env_return for e in episodes) / max(1, len(episodes)),
         "invalid_rate": sum(e.invalid_replies for e in episodes) / max(1, turns),

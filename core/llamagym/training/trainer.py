@@ -271,6 +271,8 @@ class Trainer:
         counters = training.counters
         name = checkpoints.checkpoint_name(counters.updates)
         path = self.output_dir / checkpoints.CHECKPOINTS / name
+        # Episodes in progress cannot be saved: dropped here, as a resumed run has none.
+        training.run.engine.drop_carried()
         if distributed.is_main():
             plugins = self.agent.plugins.participants()
             path = checkpoints.save_training_checkpoint(
@@ -437,6 +439,8 @@ class Trainer:
         try:
             batch = engine.play(
                 wanted,
+                carry=self.config.rollout.carry_episodes and algorithm.group_size == 1,
+                policy_version=counters.updates,
                 group_size=algorithm.group_size,
                 on_episode=watch.on_episode,
                 should_stop=watch.should_stop,

@@ -1,0 +1,86 @@
+"""Slots that never wait: with ``carry``, an env whose episode ends starts the next at
+once, and episodes unfinished when a collection has its episodes carry into the next,
+each turn trained once with the log-probabilities it was played with."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from llamagym_cartpole.agent import CartPoleAgent
+
+from llamagym.models.policy import Policy
+from llamagym.testing import tiny_agent
+
+NUM_ENVS = 4
+
+
+@pytest.fixture
+def agent():
+    agent = tiny_agent(CartPoleAgent, rollout={"num_envs": NUM_ENVS, "mode": "score"})
+    yield agent
+    agent.engine.close()
+
+
+def _turn_log_probs(policy, turns) -> list[float]:
+    """Each turn's log-probability of its chosen action under the policy's weights now."""
+    with torch.no_grad():
+        scores, _ = policy.score([t.prompt_tokens for t in turns], [t.candidates for t in turns])
+    rows = [
+        Policy.action_log_probs(scores[r : r + 1], t.temperature)[0] for r, t in enumerate(turns)
+    ]
+    return [float(row[turn.action_index]) for row, turn in zip(rows, turns, strict=True)]
+
+
+def test_every_forward_holds_every_env_while_carrying(agent) -> None:
+    engine = agent.engine
+    engine.play(6)  # lockstep: envs wait for the collection's last episodes
+    waited = engine.stats.decisions / engine.stats.batched_decisions
+    assert waited < NUM_ENVS
+    before = (engine.stats.decisions, engine.stats.batched_decisions)
+    for version in range(3):
+        assert len(engine.play(6, carry=True, policy_version=version)) == 6
+    decisions = engine.stats.decisions - before[0]
+    passes = engine.stats.batched_decisions - before[1]
+    assert decisions == passes * NUM_ENVS
+
+
+def test_a_carried_episode_is_trained_once_with_the_log_probabilities_it_was_played_with(
+    agent,
+) -> None:
+    engine, policy = agent.engine, agent.policy
+    first = engine.play(4, carry=True, policy_version=0)
+    carried = [slot for _, slot in engine._carried.active()]
+    assert len(carried) == NUM_ENVS and any(slot.episode.turns for slot in carried)
+    old_weights = {
+        name: p.detach().clone() for name, p in policy.model.named_parameters() if p.requires_grad
+    }
+    agent.algorithm.update(first)  # the weights move
+    second = engine.play(12, carry=True, policy_version=1)
+
+    turns = [id(turn) for episode in first + second for turn in episode.turns]
+    assert len(turns) == len(set(turns))  # no turn in two batches
+    assert not {id(e) for e in first} & {id(e) for e in second}
+    mixed = [e for e in second if {t.policy_version for t in e.turns} == {0, 1}]
+    assert mixed, "an episode carried over holds turns of both versions"
+    old_turns = [t for e in mixed for t in e.turns if t.policy_version == 0]
+
+    played = [t.logprobs[0] for t in old_turns]
+    now = _turn_log_probs(policy, old_turns)
+    assert max(abs(a - b) for a, b in zip(played, now, strict=True)) > 1e-4  # weights moved
+    with torch.no_grad():
+        for name, parameter in policy.model.named_parameters():
+            if name in old_weights:
+                parameter.copy_(old_weights[name])
+    then = _turn_log_probs(policy, old_turns)
+    assert played == pytest.approx(then, abs=1e-5)
+
+
+def test_a_collection_without_carry_ends_the_carried_episodes(agent) -> None:
+    engine = agent.engine
+    engine.play(4, carry=True)
+    assert engine._carried is not None
+    episodes = engine.play(4)
+    assert engine._carried is None and len(episodes) == 4
+    assert all(t.policy_version == 0 for e in episodes for t in e.turns)
+    with pytest.raises(ValueError, match="draws its own seeds"):
+        engine.play(4, carry=True, seeds=[1, 2, 3, 4])
