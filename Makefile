@@ -8,12 +8,14 @@ BIN := $(VENV)/bin
 # PyPI's default wheel is a CUDA one (Linux), pass TORCH_INDEX=https://download.pytorch.org/whl/cpu.
 TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
-PLUGINS := -e ./llamagym_blackjack -e ./llamagym_cartpole -e "./llamagym_textworld[textworld]"
+PLUGINS := -e ./llamagym_blackjack -e ./llamagym_cartpole -e "./llamagym_textworld[textworld]" \
+	-e ./llamagym_textarena -e ./llamagym_babyai
 STAMP := $(VENV)/.installed
 
 .PHONY: install demo test lint bench clean
 
-$(STAMP): pyproject.toml llamagym_blackjack/pyproject.toml llamagym_cartpole/pyproject.toml llamagym_textworld/pyproject.toml
+$(STAMP): pyproject.toml llamagym_blackjack/pyproject.toml llamagym_cartpole/pyproject.toml \
+		llamagym_textworld/pyproject.toml llamagym_textarena/pyproject.toml llamagym_babyai/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))

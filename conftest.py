@@ -12,7 +12,8 @@ import pytest
 # Each env plugin's folder has the same name as its package (llamagym_blackjack/ holds
 # src/llamagym_blackjack/). Import the installed packages before pytest walks those
 # folders, so a folder is never mistaken for the package it contains.
-for _package in ("llamagym_blackjack", "llamagym_cartpole", "llamagym_textworld"):
+for _package in ("llamagym_blackjack", "llamagym_cartpole", "llamagym_textworld",
+                 "llamagym_textarena", "llamagym_babyai"):
     with contextlib.suppress(ImportError):  # not installed: its tests skip or fail alone
         importlib.import_module(_package)
 

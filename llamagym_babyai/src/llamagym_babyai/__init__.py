@@ -1,0 +1,1 @@
+"""LlamaGym's BabyAI plugin: agent ``babyai`` on MiniGrid's BabyAI levels, in words."""

@@ -1,0 +1,1 @@
+"""LlamaGym agents for TextArena single-player games."""

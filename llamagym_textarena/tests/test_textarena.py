@@ -1,0 +1,197 @@
+"""The TextArena agents on TextArena's real games: registration, the Gymnasium adapter,
+legal moves, reply parsing, outcomes (an invalid move included), baselines, conformance
+and a short training run on the tiny model."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+from gymnasium.utils.env_checker import check_env
+from llamagym_textarena.agent import (
+    FrozenLakeAgent,
+    GuessTheNumberAgent,
+    SudokuAgent,
+    TextArenaAgent,
+    TowerOfHanoiAgent,
+)
+from llamagym_textarena.env import TextArenaEnv
+
+from llamagym.errors import ConfigError
+from llamagym.plugin_manager import get_plugins
+from llamagym.rollout.evaluation import evaluate_baseline
+from llamagym.testing import assert_agent_conforms, tiny_agent
+from llamagym.training.trainer import Trainer
+from llamagym_textarena import plugin
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Tiny forwards on a shared machine run several times faster on one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# -- plugin and registration -------------------------------------------------------------
+def test_every_game_is_registered_with_its_distribution() -> None:
+    plugins = get_plugins()
+    for spec in plugin.AGENTS:
+        registration = plugins.get("agent", spec.name)
+        assert registration.distribution == "llamagym-textarena"
+        agent_class = registration.load()
+        assert issubclass(agent_class, TextArenaAgent) and agent_class.name == spec.name
+        assert agent_class.Config().game == spec.env_id  # the listed game is the default
+
+
+def test_plugin_and_agent_modules_do_not_import_textarena() -> None:
+    code = (
+        "import sys, llamagym_textarena.plugin, llamagym_textarena.agent;"
+        "print('textarena' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_the_game_option_takes_only_the_agents_own_games() -> None:
+    agent = tiny_agent(TowerOfHanoiAgent, agent={"game": "TowerOfHanoi-v0-medium"})
+    env = agent.make_env()
+    _, info = env.reset(seed=0)
+    assert "4 disks" in info["prompt"]
+    with pytest.raises(ConfigError, match="agent.game"):
+        tiny_agent(TowerOfHanoiAgent, agent={"game": "Wordle-v0"})
+
+
+# -- the Gymnasium adapter -----------------------------------------------------------------
+def test_env_passes_gymnasium_check_and_leaves_the_global_random_alone() -> None:
+    env = TextArenaEnv("Mastermind-v0")
+    check_env(env, skip_render_check=True)
+    random.seed(123)
+    expected = random.Random(123).random()
+    env.reset(seed=5)
+    env.step("[1 2 3 4]")
+    assert random.random() == expected  # TextArena drew from this env's own state
+
+
+def test_a_seed_deals_the_same_game() -> None:
+    first, second = TextArenaEnv("FrozenLake-v0-random"), TextArenaEnv("FrozenLake-v0-random")
+    boards = {first.reset(seed=s)[0] for s in range(6)}
+    assert len(boards) > 1  # different seeds, different lakes
+    for seed in range(6):
+        assert first.reset(seed=seed) == second.reset(seed=seed)
+
+
+def test_a_turn_shows_what_the_game_said_and_the_board() -> None:
+    env = TextArenaEnv("TowerOfHanoi-v0")
+    observation, info = env.reset(seed=0)
+    assert observation.startswith("Current Board:") and "A: [3, 2, 1]" in observation
+    assert "Tower of Hanoi" in info["prompt"] and info["legal_moves"] == ["[A B]", "[A C]"]
+    assert info["expert_move"] == "[A C]"
+    observation, reward, terminated, _, info = env.step("[A C]")
+    assert observation.startswith("You moved disk 1 from A to C.") and "C: [1]" in observation
+    assert (reward, terminated) == (0.0, False)
+    # A refused move: the game's reason, and the unchanged board with it.
+    observation, *_ = env.step("[A C]")
+    assert "invalid move" in observation and "C: [1]" in observation
+
+
+def test_the_optimal_player_solves_hanoi_in_the_fewest_moves() -> None:
+    env = TextArenaEnv("TowerOfHanoi-v0-medium")
+    _, info = env.reset(seed=0)
+    moves = 0
+    terminated = False
+    while not terminated:
+        _, reward, terminated, _, info = env.step(info["expert_move"])
+        moves += 1
+    assert moves == 2**4 - 1 and reward == 1.0 and info["won"]
+
+
+def test_two_invalid_moves_end_the_game_as_the_game_says_and_nothing_raises() -> None:
+    agent = tiny_agent(SudokuAgent)
+    env = agent.make_env()
+    _, info = env.reset(seed=0)
+    # A digit no row, column or box forbids, but not the solution's: the game refuses it.
+    solution = info["expert_move"]
+    cell = solution.rsplit(" ", 1)[0]
+    wrong = next(m for m in info["legal_moves"] if m.startswith(cell) and m != solution)
+    _, _, terminated, _, info = env.step(wrong)
+    assert not terminated and not info["invalid_move"]  # the game's warning
+    _, reward, terminated, _, info = env.step("\x00 not a move " * 50)  # any text is a step
+    assert terminated and info["invalid_move"] and not info["won"]
+    assert 0.0 <= reward < 1.0
+    assert agent.outcome(reward, info) == "invalid move"
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step("[1 1 1]")
+
+
+# -- replies -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("reply", "move"),
+    [
+        ("[A C]", "[A C]"),
+        ("[a, c]", "[A C]"),
+        ("I move the top disk: [ B  C ] now.", "[B C]"),
+        ('{"action": "[A B]"}', "[A B]"),  # the JSON parser
+        ("A C", "[A C]"),  # the first line as a move
+        ("[C A]", None),  # well-formed, not legal now
+        ("[A", None),
+        ("", None),
+    ],
+)
+def test_reply_parsing(reply: str, move: str | None) -> None:
+    agent = tiny_agent(TowerOfHanoiAgent, rollout={"mode": "generate"})
+    legal = ("[A B]", "[A C]", "[B C]")
+    index = agent.plugins.extract_action(agent, reply, legal)
+    assert (legal[index] if index is not None else None) == move
+
+
+def test_generate_mode_lists_a_few_moves_and_asks_for_the_format() -> None:
+    agent = tiny_agent(FrozenLakeAgent, rollout={"mode": "generate"})
+    env = agent.make_env()
+    observation, info = env.reset(seed=0)
+    assert agent.format_observation(observation, info).endswith("Legal moves: [down], [right]")
+    assert "[down]" in agent.get_system_prompt()
+    score = tiny_agent(FrozenLakeAgent)
+    assert "Legal moves" not in score.format_observation(observation, info)
+    assert agent.episode_context(observation, info).startswith("The game's rules:\nWelcome")
+
+
+# -- baselines, conformance, training --------------------------------------------------
+def test_baselines_and_outcomes() -> None:
+    agent = tiny_agent(GuessTheNumberAgent, rollout={"num_envs": 2})
+    binary = evaluate_baseline(agent, "binary-search", 8)
+    assert binary.mean == 1.0 and binary.outcomes == {"won": 1.0, "lost": 0.0,
+                                                      "invalid move": 0.0}
+    random_play = evaluate_baseline(agent, "random", 8)
+    assert random_play.outcomes["won"] < 1.0
+
+
+@pytest.mark.parametrize("spec", plugin.AGENTS, ids=lambda spec: spec.name)
+def test_every_agent_conforms(spec) -> None:
+    agent_class = get_plugins().get("agent", spec.name).load()
+    results = assert_agent_conforms(agent_class, name=spec.name, episodes=1)
+    assert all(result.status == "pass" for result in results)
+
+
+def test_short_training_run_changes_every_trainable_parameter(tmp_path) -> None:
+    agent = tiny_agent(
+        FrozenLakeAgent,
+        rollout={"num_envs": 2},
+        algorithm={"episodes_per_update": 2, "minibatch_size": 8, "epochs": 1},
+        training={"episodes": 2, "minutes": None, "eval_episodes": 0},
+        output={"dir": str(tmp_path), "quiet": True},
+    )
+    before = {n: p.detach().clone() for n, p in agent.policy.named_parameters() if p.requires_grad}
+    summary = Trainer(agent).run()
+    assert summary.updates == 1
+    unchanged = [
+        name
+        for name, parameter in agent.policy.named_parameters()
+        if parameter.requires_grad and torch.equal(before[name], parameter.detach())
+    ]
+    assert unchanged == []
