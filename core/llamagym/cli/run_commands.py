@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,9 @@ from rich.console import Console
 from rich.logging import RichHandler
 
 from llamagym.cli.app import app, report_plugin_problems
+from llamagym.cli.launcher import SIGNAL_EXIT_CODES, launch_processes
 from llamagym.config_files import parse_assignment, read_config_file, refuse_code_settings
-from llamagym.display import PrintableFormatter, shown
+from llamagym.display import PrintableFormatter, printable, shown
 from llamagym.errors import LlamaGymError
 from llamagym.plugin_manager import get_plugins
 
@@ -41,9 +43,6 @@ HELP = {
     "trust_remote_code": "Let the model run Python code of its own (never taken from a "
     "config file, --set or a checkpoint; only for a model whose code you trust).",
 }
-
-#: Exit codes of a run stopped by a signal, as a shell reports them (128 + signal).
-SIGNAL_EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143}
 
 
 def command_line_layers(
@@ -132,57 +131,6 @@ def command_words(context: typer.Context, leave_out: set[str]) -> list[str]:
         else:
             words += [parameter.opts[0], str(value)]
     return words
-
-
-def launch_processes(count: int, run_arguments: list[str]) -> int:
-    """``llamagym run RUN_ARGUMENTS`` in ``count`` processes through accelerate's
-    launcher (torchrun underneath; on a machine without GPUs every process runs on the
-    CPU and they talk over gloo); returns the exit code of the run.
-
-    The launcher runs in this process rather than as ``python -m accelerate...``: run as
-    a program it ends any failed run with exit code 1 and a traceback, while here the
-    failed process's own exit code (2 for a bad input, 130/143 after a signal) is
-    passed on and its own one-line message is all that is printed."""
-    try:
-        from accelerate.commands.launch import launch_command, launch_command_parser
-    except ImportError:
-        raise LlamaGymError(
-            f"--num-processes {count} needs the package 'accelerate': pip install accelerate"
-        ) from None
-    import torch.distributed.run  # noqa: F401  (torchrun's loggers, quieted below)
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
-    # --multi_gpu is accelerate's name for its torchrun launcher, for GPUs and CPUs alike.
-    launcher = launch_command_parser().parse_args(
-        [
-            *("--multi_gpu", "--num_processes", str(count), "--num_machines", "1"),
-            *("--mixed_precision", "no", "--dynamo_backend", "no"),
-            *("--main_process_port", "0"),  # a free port: runs side by side never collide
-            *("-m", "llamagym.cli", "run", *run_arguments),
-        ]
-    )
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, without its warning
-    # torchrun logs a failed or signalled process; that process says what happened itself.
-    for name in list(logging.root.manager.loggerDict):
-        if name.startswith("torch.distributed"):
-            logging.getLogger(name).setLevel(logging.CRITICAL)
-    try:
-        launch_command(launcher)
-    except SignalException as error:
-        return 128 + int(error.sigval)
-    except ChildFailedError as error:
-        rank, failure = min(error.failures.items())
-        code = failure.exitcode if failure.exitcode >= 0 else 128 - failure.exitcode
-        if code not in (2, *SIGNAL_EXIT_CODES.values()):
-            reason = (
-                f"signal {signal.Signals(-failure.exitcode).name}"
-                if failure.exitcode < 0
-                else f"exit code {failure.exitcode}"
-            )
-            typer.secho(f"error: process {rank} of {count} ended with {reason}", fg="red", err=True)
-        return code
-    return 0
 
 
 def _budget_source(source: str | None, flag: str) -> str:
@@ -299,13 +247,32 @@ def run_command(
         # Everything above is checked once, here; each process then runs the command
         # again without --num-processes.
         raise typer.Exit(launch_processes(num_processes, run_arguments))
-    # Several processes: each its own device (cuda:RANK); the config keeps what was asked.
-    device = distributed.start(config.model.device, sharding=trl)
-    agent_object = agent_class(config=resolved, device=device)
     try:
+        # Several processes: each its own device (cuda:RANK); the config keeps what was asked.
+        device = distributed.start(config.model.device, sharding=trl)
+        agent_object = agent_class(config=resolved, device=device)
         _train(agent, agent_object, config, resume_checkpoint, verbose, _budget(resolved, replaced))
+    except distributed.ProcessLostError as error:
+        raise typer.Exit(_lost_process(error)) from None
     finally:
         distributed.finish()
+
+
+def _lost_process(error: LlamaGymError) -> int:
+    """Another process died or stopped answering: the launcher of ``--num-processes``
+    says so in one line, from the error file torchrun gives each process and reads back
+    (the other processes of the run may give up at the same moment: one line, not one
+    per process); under another launcher this process says it. The exit code tells the
+    launcher which it was."""
+    from llamagym.training import distributed
+
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:  # torchrun's format, its message a plain string
+        record = {"message": str(error), "timestamp": int(time.time())}
+        Path(error_file).write_text(json.dumps(record), encoding="utf-8")
+    if not os.environ.get(distributed.LAUNCHER_VARIABLE):
+        typer.secho(f"error: {printable(str(error))}", fg="red", err=True)
+    return distributed.PROCESS_LOST_EXIT_CODE
 
 
 def _check_trl_backend(resolved: Any, num_processes: int | None) -> None:

@@ -15,17 +15,37 @@ each of which runs the whole ``llamagym run``:
   (:func:`process_group`), in its methods named ``sync_*``;
 * rank 0 alone writes the run directory, shows progress and evaluates.
 
+A run whose processes cannot all go on ends, within a bound, rather than hanging:
+
+* a launcher started by ``llamagym run --num-processes N`` takes its processes with it
+  when it dies (:func:`end_with_launcher`);
+* every collective waits at most ``LLAMAGYM_PROCESS_TIMEOUT`` seconds (default 300) for
+  the other processes; one that died or stopped answering ends the collective with a
+  :class:`ProcessLostError` naming it. In the process group's store each process counts
+  the collectives it has entered, and a thread of each a heartbeat a second: the
+  processes missing are those that did not reach the collective, else those whose
+  heartbeat stands still.
+
 With one process every function here is a no-op: nothing from accelerate is imported,
 no collective runs, and a run computes exactly what it computes without this module.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import hashlib
 import logging
+import math
 import os
-from collections.abc import Sequence
-from typing import Any, Protocol
+import re
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any, Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -39,6 +59,25 @@ logger = logging.getLogger(__name__)
 WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
 RANK_SEED_STRIDE = 1000
 UPDATE_SEED_STRIDE = 1_000_003
+#: Seconds a collective waits for the other processes before the run ends.
+TIMEOUT_VARIABLE = "LLAMAGYM_PROCESS_TIMEOUT"
+DEFAULT_TIMEOUT_SECONDS = 300.0
+#: Set by ``llamagym run --num-processes N`` to its own pid in the processes it starts.
+LAUNCHER_VARIABLE = "LLAMAGYM_LAUNCHER_PID"
+#: Exit code of a process that ended because another one died or stopped answering.
+PROCESS_LOST_EXIT_CODE = 3
+#: Store keys under which each rank counts the collectives it has entered, and its
+#: heartbeats (one a second).
+ARRIVALS_KEY = "llamagym/collectives/"
+HEARTBEAT_KEY = "llamagym/heartbeat/"
+HEARTBEAT_SECONDS = 1.0
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+T = TypeVar("T")
+
+
+class ProcessLostError(LlamaGymError):
+    """Another process of the run died or stopped answering during a collective."""
 
 
 def launched_processes() -> int:
@@ -73,6 +112,56 @@ def process_seed(seed: int, rank: int, update: int = 0) -> int:
     return (seed + RANK_SEED_STRIDE * rank + UPDATE_SEED_STRIDE * update) % 2**32
 
 
+def process_timeout() -> float:
+    """Seconds a collective may wait for the other processes (``LLAMAGYM_PROCESS_TIMEOUT``,
+    default 300)."""
+    text = os.environ.get(TIMEOUT_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_TIMEOUT_SECONDS
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise ConfigError(
+            f"{TIMEOUT_VARIABLE}={text[:40]!r} is not a positive number of seconds; set it "
+            f"to how long one process may wait for the others (default "
+            f"{DEFAULT_TIMEOUT_SECONDS:g})"
+        )
+    return seconds
+
+
+def end_with_launcher() -> None:
+    """Die with the ``llamagym run --num-processes N`` process that started this one.
+
+    torchrun starts each process in a session of its own, so nothing reaches the
+    processes when their launcher is killed outright (SIGKILL, the OOM killer): they
+    would train on, the run directory still locked by rank 0. On Linux the kernel is
+    asked to send SIGKILL when the launcher dies (``PR_SET_PDEATHSIG``): it arrives even
+    while this process is blocked inside a collective or in C code that holds the GIL,
+    which a watching thread could not act on. (The signal follows the launcher's thread
+    that started this process: accelerate runs torchrun in the launcher's main thread,
+    which lives as long as the launcher.) Elsewhere a daemon thread polls the parent
+    pid once a second. The run lock is an operating-system lock, so it goes with rank
+    0; the next run takes over its directory, saying whose it was."""
+    text = os.environ.get(LAUNCHER_VARIABLE, "")
+    if not text.isdigit():
+        return  # started by another launcher: its own rules apply
+    launcher = int(text)
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    else:
+        threading.Thread(target=_poll_launcher, args=(launcher,), daemon=True).start()
+    if os.getppid() != launcher:  # it died before the request above was made
+        os._exit(PROCESS_LOST_EXIT_CODE)
+
+
+def _poll_launcher(launcher: int) -> None:
+    while os.getppid() == launcher:
+        time.sleep(1.0)
+    os._exit(PROCESS_LOST_EXIT_CODE)
+
+
 def start(device: str, sharding: bool = False) -> str:
     """Join the process group of a launched multi-process run through accelerate's
     ``PartialState`` (gloo on CPU, NCCL on GPUs); return the device this process trains
@@ -102,12 +191,25 @@ def start(device: str, sharding: bool = False) -> str:
             f"model.device = {device!r}: with several processes use auto or cuda (each "
             "process then uses its own GPU) or cpu"
         )
+    end_with_launcher()
+    timeout = process_timeout()
     try:
         from accelerate import PartialState
     except ImportError:
         message = "training with several processes needs the package 'accelerate'"
         raise LlamaGymError(f"{message}: pip install accelerate") from None
-    state = PartialState(cpu=device == "cpu" or not torch.cuda.is_available())
+    try:
+        state = PartialState(
+            cpu=device == "cpu" or not torch.cuda.is_available(),
+            timeout=timedelta(seconds=timeout),
+        )
+    except dist.DistError as error:  # the rendezvous: not every process joined in time
+        raise ProcessLostError(
+            f"not all {launched_processes()} processes joined the run within {timeout:g} s "
+            f"({_reason(error)}; {TIMEOUT_VARIABLE} sets the limit)"
+        ) from None
+    store = dist.distributed_c10d._get_default_store()
+    threading.Thread(target=_beat, args=(store, rank()), daemon=True).start()
     if sharding and state.is_main_process:
         warn_if_not_sharded(str(state.distributed_type))
     if world_size() != launched_processes():
@@ -140,7 +242,7 @@ def warn_if_not_sharded(distributed_type: str) -> None:
 
 def barrier() -> None:
     if world_size() > 1:
-        dist.barrier()
+        _agreed(dist.barrier)
 
 
 def finish() -> None:
@@ -150,6 +252,63 @@ def finish() -> None:
 
 
 # -- collectives ----------------------------------------------------------------------
+_entered = 0  # the collectives this process has entered
+
+
+def _agreed(collective: Callable[[], T]) -> T:
+    """Run one collective. A process that died, or did not answer within the process
+    group's timeout, ends it with a :class:`ProcessLostError` naming that process."""
+    global _entered
+    _entered += 1
+    store = dist.distributed_c10d._get_default_store()
+    store.add(f"{ARRIVALS_KEY}{rank()}", 1)
+    try:
+        return collective()
+    except RuntimeError as error:  # gloo and NCCL report a lost peer as RuntimeError
+        raise ProcessLostError(_lost(store, error)) from None
+
+
+def _beat(store: Any, rank: int) -> None:
+    """Count up this process's heartbeat in the store every second, from a thread that
+    keeps going while the main thread waits in a collective (and stops with the process
+    when it is stopped or frozen), until the store is gone."""
+    with contextlib.suppress(RuntimeError):
+        while True:
+            store.add(f"{HEARTBEAT_KEY}{rank}", 1)
+            time.sleep(HEARTBEAT_SECONDS)
+
+
+def _lost(store: Any, error: Exception) -> str:
+    """Which processes the failed collective was missing, in words: those that did not
+    reach it, else those whose heartbeat stands still (stopped inside it)."""
+    me, world = rank(), world_size()
+    others = [other for other in range(world) if other != me]
+    missing = [other for other in others if store.add(f"{ARRIVALS_KEY}{other}", 0) < _entered]
+    timed_out = "timed out" in str(error).lower() or "timeout" in str(error).lower()
+    if not missing and timed_out:
+        beats = {other: store.add(f"{HEARTBEAT_KEY}{other}", 0) for other in others}
+        time.sleep(3 * HEARTBEAT_SECONDS)
+        missing = [other for other in others if store.add(f"{HEARTBEAT_KEY}{other}", 0)
+                   == beats[other]]
+    if not missing:
+        return f"process {me} of {world} lost its connection to the others ({_reason(error)})"
+    who = (f"process {missing[0]}" if len(missing) == 1
+           else f"processes {', '.join(map(str, missing))}")
+    if timed_out:
+        return (
+            f"{who} of {world} stopped answering: process {me} waited {process_timeout():g} "
+            f"s for {'it' if len(missing) == 1 else 'them'} ({TIMEOUT_VARIABLE} sets the limit)"
+        )
+    return f"{who} of {world} ended: process {me} lost its connection ({_reason(error)})"
+
+
+def _reason(error: Exception) -> str:
+    """The first sentence of a gloo/NCCL/store error, without its source location."""
+    lines = str(error).strip().splitlines() or [""]
+    first = re.sub(r"^\[[^\]]*\]\s*", "", lines[0]).split(". ")[0]
+    return (first or type(error).__name__)[:200]
+
+
 def _device() -> torch.device:
     """Where collective tensors live: the GPU under NCCL, else the CPU."""
     if dist.get_backend() == "nccl":
@@ -162,7 +321,7 @@ def all_gather(value: Any) -> list[Any]:
     if world_size() == 1:
         return [value]
     gathered: list[Any] = [None] * world_size()
-    dist.all_gather_object(gathered, value)
+    _agreed(lambda: dist.all_gather_object(gathered, value))
     return gathered
 
 
@@ -171,7 +330,7 @@ def agreed_min(count: int) -> int:
     if world_size() == 1:
         return count
     tensor = torch.tensor([count], dtype=torch.int64, device=_device())
-    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+    _agreed(lambda: dist.all_reduce(tensor, op=dist.ReduceOp.MIN))
     return int(tensor.item())
 
 
@@ -183,7 +342,7 @@ def agreed_max(value: float) -> float:
     nan = torch.isnan(tensor).to(torch.float64)
     finite = tensor.nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
     both = torch.cat([finite, nan])
-    dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    _agreed(lambda: dist.all_reduce(both, op=dist.ReduceOp.MAX))
     return float("nan") if both[1] > 0 else float(both[0])
 
 
@@ -193,7 +352,7 @@ def weighted_mean(value: float, weight: float) -> tuple[float, float]:
     if world_size() == 1:
         return value, weight
     tensor = torch.tensor([value * weight, weight], dtype=torch.float64, device=_device())
-    dist.all_reduce(tensor)
+    _agreed(lambda: dist.all_reduce(tensor))
     total = float(tensor[1])
     return (float(tensor[0]) / total if total else float("nan")), total
 
@@ -205,7 +364,7 @@ def broadcast_parameters(parameters: Sequence[torch.Tensor]) -> None:
     with torch.no_grad():
         flat = torch.cat([p.detach().reshape(-1).to(torch.float32) for p in parameters])
         flat = flat.to(_device())
-        dist.broadcast(flat, src=0)
+        _agreed(lambda: dist.broadcast(flat, src=0))
         sizes = [p.numel() for p in parameters]
         for parameter, chunk in zip(parameters, flat.split(sizes), strict=True):
             parameter.copy_(chunk.view_as(parameter))
@@ -226,7 +385,7 @@ def average_gradients(parameters: Sequence[torch.Tensor], finite: bool) -> bool:
         ]
         pieces.append(torch.tensor([0.0 if finite else 1.0], device=device))
         flat = torch.cat(pieces)
-        dist.all_reduce(flat)
+        _agreed(lambda: dist.all_reduce(flat))
         if flat[-1] > 0:
             return False
         flat /= world_size()
