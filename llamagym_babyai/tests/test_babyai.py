@@ -113,8 +113,10 @@ def test_the_level_is_an_option_and_a_wrong_one_is_named() -> None:
     assert observation["mission"].startswith("pick up")
     with pytest.raises(ConfigError, match="agent.level"):
         tiny_agent(BabyAIAgent, agent={"level": "MiniGrid-Empty-5x5-v0"})
-    with pytest.raises(ConfigError, match="not a BabyAI level.*BabyAI-GoToLocal-v0"):
-        tiny_agent(BabyAIAgent, agent={"level": "BabyAI-Nowhere-v0"}).make_env()
+    with pytest.raises(ConfigError, match="not one of the .* BabyAI levels.*e.g. BabyAI-GoTo"):
+        tiny_agent(BabyAIAgent, agent={"level": "BabyAI-Qqqqqqqqqqqqqqqqqqqqqq-v0"}).make_env()
+    with pytest.raises(ConfigError, match="closest: BabyAI-GoToLocal-v0"):
+        tiny_agent(BabyAIAgent, agent={"level": "BabyAI-GoToLocl-v0"}).make_env()
 
 
 def test_the_bot_completes_the_level_and_random_play_does_not() -> None:

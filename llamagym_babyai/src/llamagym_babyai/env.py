@@ -7,6 +7,7 @@ baseline follows it; an agent never sees it)."""
 from __future__ import annotations
 
 import contextlib
+import difflib
 import io
 import logging
 from typing import Any, SupportsFloat
@@ -18,6 +19,7 @@ from llamagym.errors import ConfigError, MissingDependencyError
 __all__ = ["PLAYED_ACTIONS", "BotAdvice", "make_level"]
 
 logger = logging.getLogger(__name__)
+_EXAMPLES = ("BabyAI-GoToLocal-v0", "BabyAI-PickupLoc-v0", "BabyAI-GoTo-v0")
 
 
 def make_level(level: str, max_episode_steps: int | None = None) -> gym.Env:
@@ -28,9 +30,11 @@ def make_level(level: str, max_episode_steps: int | None = None) -> gym.Env:
         raise MissingDependencyError("minigrid", "BabyAI levels", "llamagym-babyai") from exc
     if level not in gym.registry or not level.startswith("BabyAI-"):
         known = sorted(name for name in gym.registry if name.startswith("BabyAI-"))
+        closest = difflib.get_close_matches(level[:100], known, n=3)
+        hint = f"closest: {', '.join(closest)}" if closest else f"e.g. {', '.join(_EXAMPLES)}"
         raise ConfigError(
-            f"agent.level: {level!r} is not a BabyAI level of minigrid "
-            f"{getattr(minigrid, '__version__', '?')}; known: {', '.join(known)}"
+            f"agent.level: {level[:100]!r} is not one of the {len(known)} BabyAI levels of "
+            f"minigrid {getattr(minigrid, '__version__', '?')}; {hint}"
         )
     kwargs = {"max_episode_steps": max_episode_steps} if max_episode_steps else {}
     return BotAdvice(gym.make(level, **kwargs))
