@@ -17,6 +17,7 @@ import torch
 from llamagym_blackjack.agent import BlackjackAgent
 from safetensors.torch import load_file
 
+from llamagym import trl_arguments
 from llamagym.config_layers import resolve_agent_config
 from llamagym.errors import ConfigError, LlamaGymError
 from llamagym.models.loading import load_model_and_tokenizer
@@ -27,7 +28,8 @@ from llamagym.training import trl_settings
 from llamagym.training.run_files import read_metrics
 from llamagym.training.trl_backend import TRLTrainer
 from llamagym.training.trl_rollout import EpisodeRollouts, SequenceEngine, episode_sequence
-from llamagym.training.trl_settings import check_supported, grpo_args, mixed_precision_bf16
+from llamagym.training.trl_settings import check_supported
+from llamagym.trl_arguments import grpo_args, mixed_precision_bf16
 
 pytest.importorskip("trl")
 
@@ -48,6 +50,12 @@ def run_cli(*args: str, env: dict | None = None, timeout: int = 600) -> subproce
         timeout=timeout,
         env={**os.environ, **(env or {})},
     )
+
+
+def arguments_of(agent: BlackjackAgent, path: Path, config: Any = None) -> Any:
+    """TRL's GRPOConfig for ``agent``'s run (``config`` in place of its own)."""
+    config = agent.config if config is None else config
+    return grpo_args(config, agent.resolved.algorithm, path, world_size=1, use_cpu=True)
 
 
 def small_agent(tmp_path: Path, **sections: dict) -> BlackjackAgent:
@@ -314,9 +322,12 @@ def test_settings_map_onto_grpo_config(tmp_path) -> None:
         tmp_path,
         algorithm={"lr": 3e-4, "kl_coef": 0.05, "clip_range": 0.3, "epochs": 2,
                    "microbatch_size": 4, "warmup_steps": 3},
-        trl={"use_vllm": True, "vllm_mode": "server", "loss_type": "grpo"},
+        trl={"vllm_mode": "server", "loss_type": "grpo"},
     )
-    args = grpo_args(agent.resolved, tmp_path, world_size=1, use_cpu=True)
+    # vLLM is for GPU machines: its settings' mapping, on a config that skips the check.
+    config = agent.config.model_copy(deep=True)
+    config.trl.use_vllm = True
+    args = arguments_of(agent, tmp_path, config)
     # A minibatch of 8 is one optimizer step over two micro-batches of 4.
     assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (4, 2)
     assert (args.learning_rate, args.beta, args.epsilon, args.num_iterations) == (
@@ -336,11 +347,14 @@ def test_settings_map_onto_grpo_config(tmp_path) -> None:
 
 def test_any_grpo_config_field_passes_through_trl_settings(tmp_path) -> None:
     agent = small_agent(
-        tmp_path, trl={"vllm_gpu_memory_utilization": 0.5, "report_to": ["tensorboard"]}
+        tmp_path,
+        trl={"vllm_gpu_memory_utilization": 0.5, "adam_beta2": "0.99", "save_only_model": True},
     )
     check_supported(agent.resolved)
-    args = grpo_args(agent.resolved, tmp_path, world_size=1, use_cpu=True)
-    assert args.vllm_gpu_memory_utilization == 0.5 and args.report_to == ["tensorboard"]
+    args = arguments_of(agent, tmp_path)
+    assert args.vllm_gpu_memory_utilization == 0.5 and args.save_only_model is True
+    # A value is taken as its field's type (YAML reads 1e308 or 0.99 in quotes as text).
+    assert args.adam_beta2 == 0.99 and isinstance(args.adam_beta2, float)
 
 
 @pytest.mark.parametrize(
@@ -353,9 +367,8 @@ def test_any_grpo_config_field_passes_through_trl_settings(tmp_path) -> None:
     ],
 )
 def test_a_trl_setting_grpo_config_lacks_or_the_run_sets_is_refused(trl, says, tmp_path) -> None:
-    agent = small_agent(tmp_path, trl=trl)
     with pytest.raises(ConfigError, match=says) as refused:
-        check_supported(agent.resolved)
+        small_agent(tmp_path, trl=trl)  # by the config resolver
     assert str(refused.value).count("\n") == 0
 
 
@@ -375,10 +388,9 @@ def test_bf16_follows_the_launcher_unless_asked(asked, launched, bf16, monkeypat
         assert mixed_precision_bf16(asked) is bf16
 
 
-def test_a_value_grpo_config_refuses_is_one_line(tmp_path) -> None:
-    agent = small_agent(tmp_path, trl={"lr_scheduler_kwargs": "not a mapping", "optim": "nope"})
-    with pytest.raises(ConfigError, match="GRPOConfig refused .* trl.optim='nope'"):
-        grpo_args(agent.resolved, tmp_path, world_size=1, use_cpu=True)
+def test_a_value_grpo_config_refuses_is_one_line_naming_it(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="^trl.optim='nope': TRL's GRPOConfig refused it: "):
+        small_agent(tmp_path, trl={"optim": "nope", "adam_beta2": 0.99})
 
 
 def test_backend_defaults_make_any_agent_start_under_trl(tmp_path) -> None:
@@ -432,7 +444,7 @@ def test_without_trl_the_backend_is_a_one_line_install_hint(monkeypatch) -> None
         importlib.util, "find_spec", lambda name, *a: None if name == "trl" else real(name, *a)
     )
     with pytest.raises(LlamaGymError, match=r'needs trl: pip install "trl>=1.16,<2"'):
-        trl_settings.require_trl()
+        trl_arguments.require_trl()
 
 
 def test_deepspeed_with_the_native_backend_points_to_trl(monkeypatch) -> None:
@@ -641,7 +653,7 @@ def test_trls_importance_sampling_correction_accepts_the_rollouts_log_probs(tmp_
     )
     model, tokenizer = load_model_and_tokenizer("tiny", seed=0)
     rollouts = EpisodeRollouts(agent, tokenizer, seed=0)
-    args = grpo_args(agent.resolved, tmp_path / "run", 1, use_cpu=True)
+    args = arguments_of(agent, tmp_path / "run")
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=[rollouts.reward],
@@ -677,11 +689,96 @@ def test_trls_importance_sampling_correction_accepts_the_rollouts_log_probs(tmp_
     ],
 )
 def test_secrets_model_keywords_and_non_numbers_are_refused(trl, says, tmp_path) -> None:
-    agent = small_agent(tmp_path, trl=trl)
     with pytest.raises(ConfigError, match=re.escape(says)):
-        check_supported(agent.resolved)
+        small_agent(tmp_path, trl=trl)
+
+
+@pytest.mark.parametrize(
+    ("trl", "says"),
+    [
+        # TRL's own checks: the optimizer and GRPOConfig built before anything is written
+        ({"adam_beta1": 2}, "trl.adam_beta1=2: TRL's optimizer refused them: Invalid beta"),
+        ({"adam_epsilon": -1}, "trl.adam_epsilon=-1: TRL's optimizer refused them"),
+        ({"optim_args": "a"}, "trl.optim_args='a': TRL's optimizer refused them"),
+        ({"steps_per_generation": 3}, "trl.steps_per_generation=3: TRL's GRPOConfig refused it"),
+        ({"num_train_epochs": "many"}, "trl.num_train_epochs='many': GRPOConfig.num_train_epochs"
+                                       " takes float"),
+        # not a finite number, anywhere in the value
+        ({"lr_scheduler_kwargs": {"a": float("nan")}}, "trl.lr_scheduler_kwargs.a=nan: not a"),
+        ({"generation_kwargs": {"x": [1, float("inf")]}}, "trl.generation_kwargs.x[1]=inf: not"),
+        # what this machine cannot honour, or the backend sets up another way
+        ({"push_to_hub": True}, "trl.push_to_hub=true: the Hugging Face Hub is switched off"),
+        ({"report_to": "wandb"}, "trl.report_to='wandb': wandb not installed here"),
+        ({"use_liger_kernel": True}, "trl.use_liger_kernel=true: liger-kernel is not installed"),
+        ({"deepspeed": "ds.json"}, "trl.deepspeed='ds.json': DeepSpeed is set up by the launcher"),
+        ({"fsdp": "full_shard"}, "trl.fsdp='full_shard': FSDP is set up by the launcher"),
+        ({"torch_compile": True}, "trl.torch_compile=True: the rollout runs the model's forward"),
+        ({"eval_strategy": "steps"}, "trl.eval_strategy='steps': the run evaluates the trained"),
+        ({"reward_weights": [1, 2]}, "trl.reward_weights: the TRL backend sets it to one reward"),
+    ],
+)
+def test_every_trl_value_is_checked_before_anything_is_written(
+    trl, says, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    if "vllm" in str(trl) and importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here")
+    with pytest.raises(ConfigError) as refused:
+        small_agent(tmp_path, trl=trl)  # the config resolver, as config show and run use it
+    message = str(refused.value)
+    assert says in message and "\n" not in message, message
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed")
+def test_vllm_without_vllm_installed_is_refused(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="^trl.use_vllm=true: vLLM is not installed here"):
+        small_agent(tmp_path, trl={"use_vllm": True})
+
+
+def test_config_show_and_run_refuse_the_same_trl_setting_in_one_line(tmp_path) -> None:
+    flags = ["blackjack", "--backend", "trl", "--set", "trl.vllm_gpu_memory_utilisation=0.5"]
+    show = run_cli("config", "show", *flags)
+    run = run_cli("run", *flags, "--output", str(tmp_path / "r"))
+    assert show.returncode == run.returncode == 2, show.stdout + show.stderr
+    assert show.stdout == "" and show.stderr == run.stderr, (show.stderr, run.stderr)
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "did you mean vllm_gpu_memory_utilization?" in lines[0], lines
+    assert len(lines[0]) < 200  # the closest names, not every field of GRPOConfig
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_completions_table_shows_escape_sequences_escaped(tmp_path, capfd) -> None:
+    """TRL's log_completions prints each episode's text (observations, replies) as a
+    table: a terminal's escape sequences in it are shown, not obeyed."""
+    from llamagym.training.trl_backend import printable_grpo_trainer
+
+    pytest.importorskip("rich")
+    agent = small_agent(tmp_path, trl={"log_completions": True})
+    model, tokenizer = load_model_and_tokenizer("tiny", seed=0)
+    rollouts = EpisodeRollouts(agent, tokenizer, seed=0)
+    trainer = printable_grpo_trainer(
+        model=model,
+        reward_funcs=[rollouts.reward],
+        args=arguments_of(agent, tmp_path / "run"),
+        train_dataset=trl_settings.seed_dataset(agent.config, 4),
+        processing_class=tokenizer,
+        rollout_func=rollouts,
+    )
+    rollouts.close()
+    (tmp_path / "run" / "checkpoints" / "completions").mkdir(parents=True, exist_ok=True)
+    observation = "Your hand: 14\x1b]52;c;cm0gLXJmIH4=\x07\x1b[2J"
+    trainer._logs["prompt"].append("seed=3")
+    trainer._logs["completion"].append(observation + ' {"action": "hit"}')
+    trainer._logs["rewards"]["reward"].append(1.0)
+    trainer._logs["advantages"].append(0.5)
+    capfd.readouterr()
+    trainer.log({})
+    shown = capfd.readouterr().out
+    assert "\x1b" not in shown and "\x07" not in shown
+    assert "\\x1b]52" in shown.replace("\n", "").replace("│", "").replace(" ", "")
 
 
 def test_trls_own_remote_code_switch_follows_the_model_section(tmp_path) -> None:
-    args = grpo_args(small_agent(tmp_path).resolved, tmp_path, world_size=1, use_cpu=True)
+    args = arguments_of(small_agent(tmp_path), tmp_path)
     assert getattr(args, "trust_remote_code", False) is False

@@ -40,6 +40,7 @@ from llamagym.config import (
 from llamagym.errors import ConfigError, UnknownNameError
 from llamagym.models.lora_choice import trains_through_lora
 from llamagym.plugin_manager import get_plugins
+from llamagym.trl_arguments import trl_problems
 
 if TYPE_CHECKING:
     from llamagym.plugin_manager import Plugins
@@ -305,10 +306,23 @@ def resolve_config(
             "name": merged.get("agent", {}).get("name", ""),
             **agent_settings.model_dump(mode="json"),
         }
-    return ResolvedConfig(
-        RunConfig.model_validate(merged), sources, algorithm_class, algorithm_settings,
-        agent_settings,
-    )
+    config = RunConfig.model_validate(merged)
+    if config.training.backend == "trl" and _chosen_for_this_run(sources):
+        # TRL's own checks, before anything is written; a resumed or loaded run's TRL
+        # settings are checked again when it starts training (check_supported).
+        problems = trl_problems(config, algorithm_settings)
+        if problems:
+            raise ConfigError("\n".join(problems))
+    return ResolvedConfig(config, sources, algorithm_class, algorithm_settings, agent_settings)
+
+
+def _chosen_for_this_run(sources: Mapping[str, str]) -> bool:
+    """Whether the TRL settings are this run's own: no checkpoint's config lies below
+    them, or a layer above it sets a ``trl.*`` key (a loaded run's settings were checked
+    when it was trained, and evaluating it needs no TRL)."""
+    if "checkpoint" not in sources.values():
+        return True
+    return any(key.startswith("trl.") and source != "checkpoint" for key, source in sources.items())
 
 
 def _validated_algorithm(

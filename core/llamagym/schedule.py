@@ -1,6 +1,7 @@
-"""What a run's parts read about the run's course: the :class:`Schedule` (the share of
-the budget used, and the sampling temperature and learning rate that follow from it)
-and the :class:`Control` of an update (may it go on, which epoch is starting).
+"""What a run's parts read about the run's course: its budgets (:func:`run_budgets`), the
+:class:`Schedule` (the share of the budget used, and the sampling temperature and
+learning rate that follow from it) and the :class:`Control` of an update (may it go
+on, which epoch is starting).
 
 One owner moves the schedule (the trainer, before each collection and update, with
 ``schedule.set_progress``); the rollout engine and the algorithm only read it. A
@@ -13,9 +14,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from llamagym.config import RolloutSettings
 
+#: The episodes a run trains when neither ``training.episodes`` nor ``training.minutes``
+#: is set anywhere.
+DEFAULT_EPISODES = 1000
 #: The annealed learning rate never drops below this share of the configured one.
 LR_FLOOR = 0.05
 #: The lowest temperature sampling uses. Logits divided by it stay finite in float32
@@ -80,3 +85,13 @@ class Control:
 
     should_stop: Callable[[], bool] = never_stop
     on_epoch: Callable[[int, int], None] = ignore_epoch
+
+
+def run_budgets(training: Any) -> tuple[int | None, float | None]:
+    """A run's budgets: episodes (``training.episodes``, or :data:`DEFAULT_EPISODES` when
+    neither it nor ``training.minutes`` is set; None: time alone) and seconds (None:
+    episodes alone)."""
+    episodes = training.episodes
+    if episodes is None and training.minutes is None:
+        episodes = DEFAULT_EPISODES
+    return episodes, 60 * training.minutes if training.minutes else None

@@ -278,7 +278,8 @@ def _lost_process(error: LlamaGymError) -> int:
 def _check_trl_backend(resolved: Any, num_processes: int | None) -> None:
     """``--backend trl``: TRL is installed, and supports what the config asks of it."""
     from llamagym.training import distributed
-    from llamagym.training.trl_settings import check_supported, require_trl
+    from llamagym.training.trl_settings import check_supported
+    from llamagym.trl_arguments import require_trl
 
     require_trl()
     check_supported(resolved, num_processes or distributed.launched_processes())

@@ -9,11 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from llamagym.errors import LlamaGymError
+from llamagym.schedule import DEFAULT_EPISODES as DEFAULT_EPISODES
+from llamagym.schedule import run_budgets as run_budgets
 from llamagym.training.run_state import Counters
 
-#: The episodes a run trains when neither ``training.episodes`` nor ``training.minutes``
-#: is set anywhere.
-DEFAULT_EPISODES = 1000
 TIME_BUDGET = "time budget"  # the stop reason when --minutes is used up
 
 
@@ -60,16 +59,6 @@ class CollectionWatch:
         if self.may_stop and self.reason is None:
             self.reason = self.stop_reason()
         return self.reason is not None
-
-
-def run_budgets(training: Any) -> tuple[int | None, float | None]:
-    """A run's budgets: episodes (``training.episodes``, or :data:`DEFAULT_EPISODES` when
-    neither it nor ``training.minutes`` is set; None: time alone) and seconds (None:
-    episodes alone)."""
-    episodes = training.episodes
-    if episodes is None and training.minutes is None:
-        episodes = DEFAULT_EPISODES
-    return episodes, 60 * training.minutes if training.minutes else None
 
 
 def refuse_a_spent_budget(

@@ -48,6 +48,7 @@ import numpy as np
 import torch
 from transformers import PrinterCallback, TrainerCallback
 
+from llamagym.display import printable
 from llamagym.errors import LlamaGymError
 from llamagym.models import loading
 from llamagym.models.lora_choice import trains_through_lora
@@ -74,14 +75,8 @@ from llamagym.training.sharded import full_state_dict, whole_model
 from llamagym.training.trainer import Trainer
 from llamagym.training.transcripts import PER_UPDATE, TRANSCRIPTS, TranscriptLog, transcript
 from llamagym.training.trl_rollout import EpisodeRollouts
-from llamagym.training.trl_settings import (
-    check_supported,
-    episode_budget,
-    grpo_args,
-    require_trl,
-    seed_dataset,
-    steps_per_update,
-)
+from llamagym.training.trl_settings import check_supported, seed_dataset
+from llamagym.trl_arguments import episode_budget, grpo_args, require_trl, steps_per_update
 
 logger = logging.getLogger(__name__)
 
@@ -137,8 +132,6 @@ class TRLTrainer(Trainer):
     def _run(self) -> RunSummary:
         require_trl()
         check_supported(self.agent.resolved, distributed.world_size())
-        from trl import GRPOTrainer
-
         config, agent, resolved = self.config, self.agent, self.agent.resolved
         rank, world = distributed.rank(), distributed.world_size()
         seed_everything(distributed.process_seed(config.training.seed, rank))
@@ -154,11 +147,11 @@ class TRLTrainer(Trainer):
             str(agent.device) if agent.device is not None else settings.device
         )
         algorithm: Any = resolved.algorithm
-        steps = steps_per_update(config, algorithm, world) * algorithm.epochs
+        steps = steps_per_update(algorithm, world) * algorithm.epochs
         # GRPOConfig first: under `accelerate launch` with DeepSpeed ZeRO-3 it makes
         # transformers create the model partitioned (zero.Init) as it loads.
         args = grpo_args(
-            resolved, self.output_dir, world, use_cpu=torch.device(device).type == "cpu"
+            config, algorithm, self.output_dir, world, use_cpu=torch.device(device).type == "cpu"
         )
         model, tokenizer, peft_config = self._load_model(device)
         if config.training.threads is not None:
@@ -175,7 +168,7 @@ class TRLTrainer(Trainer):
         history: list[dict[str, Any]] = []
         clock = _Clock(self, rollouts, history, steps, algorithm.episodes_per_update, resume)
         with _quiet_trl():
-            trainer = GRPOTrainer(
+            trainer = printable_grpo_trainer(
                 model=model,
                 reward_funcs=[cast(Any, rollouts.reward)],
                 args=args,
@@ -294,6 +287,39 @@ class TRLTrainer(Trainer):
             weights=weights,
         )
         self._report(summary, history)
+
+
+def printable_grpo_trainer(**arguments: Any) -> Any:
+    """TRL's ``GRPOTrainer`` whose ``log_completions`` table shows the episodes' text
+    escaped (:func:`~llamagym.display.printable`): a completion holds the env's
+    observations and the model's replies, data that must not drive the terminal. The
+    completions TRL keeps for that table (and its ``completions/`` files) are the
+    escaped text."""
+    from trl import GRPOTrainer
+
+    class PrintableGRPOTrainer(GRPOTrainer):
+        def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+            if self.log_completions:
+                for column in ("prompt", "completion"):
+                    kept: Any = self._logs[column]
+                    self._logs[column] = deque(map(_printable_entry, kept), maxlen=kept.maxlen)
+            super().log(logs, start_time)
+
+    return PrintableGRPOTrainer(**arguments)
+
+
+def _printable_entry(entry: Any) -> Any:
+    """A prompt or completion as TRL logs it (text, or a conversation's messages) with
+    its text escaped."""
+    if isinstance(entry, str):
+        return printable(entry)
+    if isinstance(entry, list):
+        return [
+            {**m, "content": printable(m["content"])}
+            if isinstance(m, dict) and isinstance(m.get("content"), str) else m
+            for m in entry
+        ]
+    return entry
 
 
 @contextlib.contextmanager
