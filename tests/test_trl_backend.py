@@ -697,9 +697,9 @@ def test_secrets_model_keywords_and_non_numbers_are_refused(trl, says, tmp_path)
     ("trl", "says"),
     [
         # TRL's own checks: the optimizer and GRPOConfig built before anything is written
-        ({"adam_beta1": 2}, "trl.adam_beta1=2: TRL's optimizer refused them: Invalid beta"),
-        ({"adam_epsilon": -1}, "trl.adam_epsilon=-1: TRL's optimizer refused them"),
-        ({"optim_args": "a"}, "trl.optim_args='a': TRL's optimizer refused them"),
+        ({"adam_beta1": 2}, "trl.adam_beta1=2: TRL's optimizer refused it: Invalid beta"),
+        ({"adam_epsilon": -1}, "trl.adam_epsilon=-1: TRL's optimizer refused it"),
+        ({"optim_args": "a"}, "trl.optim_args='a': TRL's optimizer refused it"),
         ({"steps_per_generation": 3}, "trl.steps_per_generation=3: TRL's GRPOConfig refused it"),
         ({"num_train_epochs": "many"}, "trl.num_train_epochs='many': GRPOConfig.num_train_epochs"
                                        " takes float"),

@@ -296,10 +296,11 @@ def _optimizer_problems(args: Any, given: Mapping[str, Any], use_cpu: bool) -> l
             scheduler_specific_kwargs=args.lr_scheduler_kwargs,
         )
     except Exception as error:  # noqa: BLE001 - whatever they raise, the run cannot start
-        named = ", ".join(f"trl.{k}={given[k]!r}" for k in OPTIMIZER_SETTINGS if k in given)
+        named = [f"trl.{k}={given[k]!r}" for k in OPTIMIZER_SETTINGS if k in given]
+        which = "it" if len(named) == 1 else "them"
         return [
-            f"{named or 'the optimizer settings'}: TRL's optimizer refused them: "
-            f"{_first_line(error)}"
+            f"{', '.join(named) or 'the optimizer settings'}: TRL's optimizer refused "
+            f"{which}: {_first_line(error)}"
         ]
     return []
 
