@@ -456,8 +456,9 @@ class RolloutEngine(PromptRendering):
         started_at = time.perf_counter()
         carried, self._carried = lockstep is self._carried, None
         lockstep.on_episode, lockstep.policy_version = on_episode, policy_version
-        for episode in lockstep.finished[:until] if on_episode is not None else []:
-            on_episode(episode)  # finished during the last collection, handed out now
+        if on_episode is not None:  # those that finished during the last collection
+            for episode in lockstep.finished[:until]:
+                on_episode(episode)
         try:
             cut = self._advance(lockstep, greedy, should_stop, until)
         except BaseException:
