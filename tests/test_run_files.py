@@ -8,17 +8,19 @@ terminal, and nothing closes the report's code blocks."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -501,3 +503,128 @@ def test_random_damage_to_run_files_is_never_a_traceback(trained_run, tmp_path, 
         assert "Traceback" not in out + err
         if code == 2:
             one_error_line(err)
+
+
+# -- a run writes only inside its own directory --------------------------------------------
+#: Every file and folder a run writes in its directory, and what may stand there instead.
+OWN_FILES = (".llamagym.writer", ".llamagym.lock", "metrics.jsonl", "transcripts.jsonl",
+             "plugins.json", "config.yaml", "report.md", "learning_curve.png")
+OWN_FOLDERS = ("checkpoints", f"checkpoints/{SECOND}", ".ranks", "tensorboard")
+RESUME = ("run", "blackjack", "--quiet", "--episodes", "24")  # one more update
+
+
+@contextlib.contextmanager
+def at_most(seconds: int) -> Iterator[None]:
+    """Fails the test, instead of hanging it, when the body blocks (on a FIFO, say)."""
+
+    def blocked(signum, frame):
+        raise AssertionError(f"blocked for more than {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, blocked)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def put_in_place(path: Path, kind: str, outside: Path, folder: bool) -> str:
+    """Put a ``kind`` at ``path`` instead of what was there: a link to a file or folder
+    in ``outside`` (a copy of what was there, as another run's would be), a link to
+    nothing there yet, or a FIFO. Returns what the refusal calls it."""
+    target = outside / ("victim" if kind == "link" else "nothing-yet")
+    if kind == "link" and folder:
+        shutil.copytree(path, target) if path.is_dir() else target.mkdir()
+    elif kind == "link":
+        shutil.copy(path, target) if path.is_file() else target.write_text("precious\n")
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+        return "a FIFO"
+    path.symlink_to(target)
+    return f"a symbolic link (to {str(target)!r})"
+
+
+def everything_under(root: Path) -> dict[str, bytes]:
+    """Each file under ``root`` (links not followed, FIFOs not opened) and its bytes."""
+    found = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_symlink():
+            found[str(path.relative_to(root))] = f"-> {os.readlink(path)}".encode()
+        elif path.is_file():
+            found[str(path.relative_to(root))] = path.read_bytes()
+    return found
+
+
+#: (name, what stands there): a link out of the run (to a file or folder, as another
+#: run's would be, or to nothing yet), or a FIFO where a file belongs.
+PLANTED = [(name, kind) for name in OWN_FILES for kind in ("link", "dangling-link", "fifo")]
+PLANTED += [(name, kind) for name in OWN_FOLDERS for kind in ("link", "dangling-link")]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+@pytest.mark.parametrize(("name", "kind"), PLANTED)
+def test_resume_writes_through_no_link_and_waits_on_no_fifo(name, kind, run_dir, tmp_path,
+                                                            cli) -> None:
+    """Whatever stands where a run's own file or folder belongs (a link out of the run,
+    to a file or to nothing yet, or a FIFO) is refused in one line naming it, at once,
+    and nothing is written, in the run or outside it."""
+    folder = name in OWN_FOLDERS
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    what = put_in_place(run_dir / name, kind, outside, folder)
+    before, elsewhere = everything_under(run_dir), everything_under(outside)
+    with at_most(60):
+        code, out, err = cli(*RESUME, "--resume", run_dir)
+    assert code == 2, out + err
+    line = one_error_line(err)
+    assert f"{str(run_dir / name)!r} is {what}" in line
+    assert "remove it or put a real" in line
+    assert everything_under(run_dir) == before and everything_under(outside) == elsewhere
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", ".ranks", "checkpoints"])
+def test_a_new_run_writes_through_no_link_out_of_its_directory(name, tmp_path, cli) -> None:
+    """A link to a place that does not exist yet, in the directory a new run is given:
+    the run would have created its file (or folder) there."""
+    run_dir, outside = tmp_path / "run", tmp_path / "outside"
+    run_dir.mkdir()
+    outside.mkdir()
+    (run_dir / name).symlink_to(outside / "made-by-the-run")
+    code, out, err = cli("run", "blackjack", "--num-envs", "4", "--episodes", "8", "--quiet",
+                         "--set", "output.rank_records=true", "-o", run_dir)
+    assert code == 2, out + err
+    assert f"{str(run_dir / name)!r} is a symbolic link" in one_error_line(err)
+    assert list(outside.iterdir()) == [] and [p.name for p in run_dir.iterdir()] == [name]
+
+
+def test_a_metrics_line_is_never_appended_through_a_link(tmp_path) -> None:
+    """The one place run files are appended to opens them with O_NOFOLLOW: a link put in
+    place after every check is refused too."""
+    from llamagym.errors import UnsafeFileError
+    from llamagym.paths import append_line
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    (tmp_path / "metrics.jsonl").symlink_to(victim)
+    with pytest.raises(UnsafeFileError, match="is a symbolic link"):
+        append_line(tmp_path / "metrics.jsonl", "{}\n")
+    assert victim.read_text() == "precious\n"
+
+
+def test_resume_removes_what_an_interrupted_write_left(run_dir, cli) -> None:
+    """A run killed while it replaced a file leaves its hidden temporary copy; the next
+    writer of the directory (holding its lock) removes every one, and nothing else."""
+    left = [".transcripts.jsonl.k3j4h5g6.tmp", ".config.yaml.abcdefgh.tmp",
+            ".plugins.json.a_b_c_d_.tmp", ".llamagym-write-test.zzzz1234.tmp"]
+    for name in left:
+        (run_dir / name).write_text('{"half": ')
+    (run_dir / ".my-notes.tmp").write_text("mine\n")  # not a name LlamaGym writes
+    code, out, err = cli(*RESUME, "--eval-episodes", "0", "--resume", run_dir)
+    assert code == 0, out + err
+    assert not [name for name in left if (run_dir / name).exists()]
+    assert (run_dir / ".my-notes.tmp").read_text() == "mine\n"

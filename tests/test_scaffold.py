@@ -12,6 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from packaging.requirements import Requirement
 
 try:
     import tomllib
@@ -26,6 +29,7 @@ from llamagym.devtools.scaffold import (
     validate_name,
     write_plugin,
 )
+from llamagym.testing import one_error_line
 
 LLAMAGYM = [sys.executable, "-m", "llamagym.cli"]
 
@@ -236,3 +240,67 @@ def test_a_new_plugin_with_its_own_env_installs_checks_and_passes_its_tests(
     )
     assert tests.returncode == 0, tests.stdout + tests.stderr
     assert " passed" in tests.stdout and "skipped" not in tests.stdout
+
+
+# -- names pip installs, and no installed plugin holds ------------------------------------
+@pytest.mark.parametrize("name", ["abc_", "lake__", "a_b_"])
+def test_a_name_pip_refuses_as_a_distribution_is_refused(name: str, tmp_path: Path, cli):
+    code, out, err = cli("new-plugin", name, "--env-class", "--dir", tmp_path)
+    assert code == 2, out + err
+    line = one_error_line(err)
+    assert f"'llamagym-{name.replace('_', '-')}', which pip refuses" in line
+    assert f"try {name.rstrip('_')!r}" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="abz09_-. A", max_size=12))
+def test_every_name_taken_makes_a_package_pip_installs(name: str) -> None:
+    """A name either is refused, or is an identifier whose distribution name pip accepts
+    as a requirement (what `pip install` parses)."""
+    try:
+        validate_name(name)
+    except ScaffoldError:
+        return
+    assert name.isidentifier()
+    assert Requirement(f"llamagym-{name.replace('_', '-')}").name
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "holder"),
+    [
+        ("cartpole", ["--env-class"], "the agent 'cartpole' of llamagym-cartpole"),
+        ("blackjack", [], "the installed distribution llamagym-blackjack"),
+        ("ppo", ["--kind", "algorithm"], "the algorithm 'ppo' of llamagym"),
+        ("models", [], "the entry point 'models' of llamagym"),
+    ],
+)
+def test_a_name_an_installed_plugin_holds_is_refused(name, options, holder, tmp_path, cli):
+    """Installed beside the plugin that holds the name, the new one would take it over
+    in `llamagym list`."""
+    code, out, err = cli("new-plugin", name, *options, "--dir", tmp_path)
+    assert code == 2, out + err
+    line = one_error_line(err)
+    assert f"plugin name {name!r} is taken by" in line and holder in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_name_too_long_for_a_file_name_is_refused(tmp_path: Path, cli) -> None:
+    code, _, err = cli("new-plugin", "a" * 300, "--dir", tmp_path)
+    assert code == 2
+    assert "is 300 characters long; a plugin name is at most 64" in one_error_line(err)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_package_appears_whole_and_readable(tmp_path: Path) -> None:
+    """Written in a hidden folder and renamed into place: nothing else is left beside it,
+    and its folders are as readable as any the user makes."""
+    spec, root = write_plugin("lake", directory=tmp_path / "new")
+    assert [p.name for p in (tmp_path / "new").iterdir()] == [spec.folder]
+    assert root.stat().st_mode & 0o755 == 0o755 & ~current_umask()
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

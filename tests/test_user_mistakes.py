@@ -7,6 +7,7 @@ run directories that cannot be written."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -346,3 +347,131 @@ def test_a_file_in_the_way_of_the_run_directory(tmp_path, cli) -> None:
     line = one_error(cli("run", "blackjack", *FAST, "-o", in_the_way))
     assert f"run directory {str(in_the_way)!r}" in line and "choose another --output" in line
     assert in_the_way.read_text() == "notes\n"
+
+
+# -- paths no command can use ------------------------------------------------------------
+def bad_path(kind: str, root: Path) -> Path:
+    """A path under ``root`` that no command can use: a name of 300 bytes (the limit is
+    255), a symbolic link that leads to itself, or a file where a folder belongs."""
+    if kind == "too-long":
+        return root / ("x" * 300) / "run"
+    if kind == "link-loop":
+        (root / "loop").symlink_to(root / "loop")
+        return root / "loop" / "run"
+    (root / "a-file").write_text("notes\n")
+    return root / "a-file" / "run"
+
+
+#: Every command that takes a path, with the path at each place it takes one.
+PATH_COMMANDS = {
+    "run --model": lambda p, out: ("run", "blackjack", *FAST, "--model", p, "-o", out),
+    "run --config": lambda p, out: ("run", "blackjack", *FAST, "--config", p, "-o", out),
+    "run --output": lambda p, out: ("run", "blackjack", *FAST, "-o", p),
+    "run --resume": lambda p, out: ("run", "blackjack", *FAST, "--resume", p),
+    "run demonstrations": lambda p, out: (
+        "run", "blackjack", *FAST, "--set", f"algorithm.warm_start.demonstrations={p}",
+        "-o", out),
+    "eval --checkpoint": lambda p, out: ("eval", "blackjack", "--checkpoint", p, "-n", "2"),
+    "eval --model": lambda p, out: ("eval", "blackjack", "--model", p, "-n", "2"),
+    "config show --config": lambda p, out: ("config", "show", "blackjack", "--config", p),
+    "record --output": lambda p, out: ("record", "blackjack", "-b", "random", "-n", "2",
+                                       "-o", p),
+    "record --config": lambda p, out: ("record", "blackjack", "-b", "random", "-n", "2",
+                                       "-o", out, "--config", p),
+    "play": lambda p, out: ("play", p, "-n", "1"),
+    "play --kept": lambda p, out: ("play", p, "--kept"),
+    "report": lambda p, out: ("report", p),
+    "export": lambda p, out: ("export", p, "--to", out),
+    "export --to": lambda p, out: ("export", out, "--to", p),
+    "export --checkpoint": lambda p, out: ("export", p, "--to", out, "--checkpoint", "1"),
+    "new-plugin --dir": lambda p, out: ("new-plugin", "lake", "--dir", p),
+}
+
+
+def everything_in(root: Path) -> dict[str, str]:
+    """Each entry under ``root``, links not followed, with what it is or holds."""
+    found = {}
+    for folder, folders, files in os.walk(root):
+        for name in folders + files:
+            path = Path(folder) / name
+            key = str(path.relative_to(root))
+            if path.is_symlink():
+                found[key] = f"-> {os.readlink(path)}"
+            else:
+                found[key] = path.read_text("latin-1") if path.is_file() else "<folder>"
+    return found
+
+
+@pytest.mark.parametrize("kind", ["too-long", "link-loop", "under-a-file"])
+@pytest.mark.parametrize("command", sorted(PATH_COMMANDS))
+def test_a_path_no_command_can_use_is_one_line(command, kind, tmp_path, monkeypatch,
+                                               cli) -> None:
+    """Each path a command takes, made unusable each way, is one line naming it (exit code
+    2, no traceback) and nothing is written anywhere."""
+    monkeypatch.chdir(tmp_path)
+    path = bad_path(kind, tmp_path)
+    before = everything_in(tmp_path)
+    line = one_error(cli(*PATH_COMMANDS[command](path, tmp_path / "out")))
+    assert str(path.parent) in line or "'lake'" in line, line
+    assert everything_in(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [("run", "blackjack", *FAST, "-o", "out", "--model", "~nosuchuser/model"),
+     ("eval", "blackjack", "-n", "2", "--model", "~nosuchuser/model"),
+     ("new-plugin", "lake", "--dir", "~nosuchuser/plugins")],
+)
+def test_a_home_folder_of_no_user_is_one_line(arguments, tmp_path, monkeypatch, cli) -> None:
+    monkeypatch.chdir(tmp_path)
+    line = one_error(cli(*arguments))
+    assert "there is no user 'nosuchuser' on this machine" in line
+    assert "write the path out in full" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- `new-plugin --dir` that cannot take a package ---------------------------------------
+def unusable_folder(kind: str, tmp_path: Path, locked, monkeypatch) -> tuple[Path, str]:
+    """A ``--dir`` of ``kind`` and what its refusal says."""
+    if kind == "a-file":
+        (tmp_path / "notes").write_text("mine\n")
+        return tmp_path / "notes", "is not a folder"
+    if kind == "dev-null":
+        return Path(os.devnull), "is not a folder"
+    if kind == "link-loop":
+        (tmp_path / "loop").symlink_to(tmp_path / "loop")
+        return tmp_path / "loop", "Too many levels of symbolic links"
+    if kind == "link-to-nothing":
+        (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+        return tmp_path / "gone", "is a symbolic link to nothing"
+    if kind == "read-only":
+        (tmp_path / "shelf").mkdir()
+        locked(tmp_path / "shelf")
+        return tmp_path / "shelf", "nothing was left behind"
+    real_write = Path.write_text
+    written: list[Path] = []
+
+    def fill_disk(self: Path, text: str, *args, **kwargs) -> int:
+        if len(written) == 3:  # the disk fills up half-way through the package
+            real_write(self, text[: len(text) // 2], *args, **kwargs)
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        written.append(self)
+        return real_write(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", fill_disk)
+    return tmp_path / "new" / "plugins", "the disk is full: free space on that disk"
+
+
+@pytest.mark.parametrize(
+    "kind", ["a-file", "dev-null", "link-loop", "link-to-nothing", "read-only", "full-disk"]
+)
+def test_new_plugin_into_a_folder_that_cannot_take_it(kind, tmp_path, locked, monkeypatch,
+                                                      cli) -> None:
+    """One line naming ``--dir`` and the fix, and no package, part of one, or folder made
+    for it is left behind."""
+    monkeypatch.chdir(tmp_path)
+    folder, says = unusable_folder(kind, tmp_path, locked, monkeypatch)
+    before = everything_in(tmp_path)
+    line = one_error(cli("new-plugin", "lake", "--dir", folder))
+    assert str(folder) in line and says in line
+    assert everything_in(tmp_path) == before

@@ -42,6 +42,11 @@ class WriteError(LlamaGymError):
     before is unchanged."""
 
 
+class UnsafeFileError(LlamaGymError):
+    """Where a program's own file or folder belongs (in a run directory, say) there is a
+    symbolic link, a FIFO or a device, which a write would follow or block on."""
+
+
 class EnvFailureError(LlamaGymError):
     """An environment kept raising; the run stopped after too many failures in a row."""
 

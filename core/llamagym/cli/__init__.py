@@ -23,6 +23,7 @@ from llamagym.cli import (  # noqa: F401  (importing a module attaches its comma
 from llamagym.cli.app import app
 from llamagym.display import PrintableFormatter, printable
 from llamagym.errors import LlamaGymError
+from llamagym.paths import path_problem
 from llamagym.plugin_manager import get_plugins
 
 __all__ = ["app", "main"]
@@ -37,12 +38,24 @@ def main() -> None:
         get_plugins().register_commands(app)
         app()
     except LlamaGymError as error:
-        # The message may quote a file or a model: shown, never obeyed by the terminal.
-        typer.secho(f"error: {_process()}{printable(str(error))}", fg="red", err=True)
-        sys.exit(2)
+        _refuse(str(error))
+    except OSError as error:
+        # A path any command was given, or made from one, that cannot be used (too long,
+        # a link loop, a file where a folder belongs, no permission, a full or read-only
+        # disk): one line naming it and the fix. Any other OSError is a bug: traceback.
+        problem = path_problem(error)
+        if problem is None:
+            raise
+        _refuse(problem)
     except KeyboardInterrupt:
         typer.secho("interrupted", fg="yellow", err=True)
         sys.exit(130)
+
+
+def _refuse(message: str) -> None:
+    # The message may quote a file or a model: shown, never obeyed by the terminal.
+    typer.secho(f"error: {_process()}{printable(message)}", fg="red", err=True)
+    sys.exit(2)
 
 
 def _process() -> str:

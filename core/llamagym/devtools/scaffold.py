@@ -26,13 +26,26 @@ only a comment with a token whose name ends in ``_LINES``
 comment. The tokens are plain identifiers and strings, so every template is valid
 Python (or TOML, or Markdown), and ruff checks the Python ones under the generated
 package's own settings (``templates/ruff.toml``).
+
+The name must make a distribution pip installs and must not be one an installed plugin
+holds (its entry point, agent or algorithm name, distribution or import name), else the
+new plugin would take the name from it in ``llamagym list``. The package is written in a
+hidden folder beside its place and renamed into place when complete: a failure (a full
+disk, a read-only folder) leaves nothing behind.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.metadata
+import importlib.util
 import inspect
 import keyword
+import os
 import re
+import shutil
+import stat
+import tempfile
 import textwrap
 import warnings
 from collections.abc import Mapping
@@ -40,14 +53,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import gymnasium
+from packaging.utils import InvalidName, canonicalize_name
 
 from llamagym import __version__
 from llamagym.errors import LlamaGymError
+from llamagym.paths import expand_user, path_problem
+from llamagym.plugin_manager import ENTRY_POINT_GROUP, get_plugins
 
 KINDS = ("env", "algorithm")
 DEFAULT_ENV_ID = "FrozenLake-v1"
 TEMPLATES = Path(__file__).resolve().with_name("templates")
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
+#: The longest plugin name: its folder, package and class names stay short file names.
+MAX_NAME_LENGTH = 64
 # A comment line holding a *_LINES token (group 1: its indentation, group 2: the
 # token's name), or a token anywhere (group 3).
 _TOKEN = re.compile(r"^([ \t]*)# __((?:[A-Z]+_)+LINES)__$|__([A-Z]+(?:_[A-Z]+)*)__", re.M)
@@ -68,9 +86,24 @@ def own_env_id(name: str) -> str:
 
 
 def validate_name(name: str) -> str:
-    """``name`` if it can be the agent/algorithm name and the ``llamagym_NAME`` import
-    name; otherwise a :class:`ScaffoldError` that says what to type instead."""
+    """``name`` if it can be the agent/algorithm name, the ``llamagym_NAME`` import name
+    and the ``llamagym-NAME`` distribution name pip installs; otherwise a
+    :class:`ScaffoldError` that says what to type instead."""
+    if len(name) > MAX_NAME_LENGTH:
+        raise ScaffoldError(
+            f"plugin name {name[:20]!r}... is {len(name)} characters long; a plugin name is "
+            f"at most {MAX_NAME_LENGTH}: choose a shorter one"
+        )
     if _NAME.fullmatch(name) and not keyword.iskeyword(name):
+        distribution = f"llamagym-{name.replace('_', '-')}"
+        try:
+            canonicalize_name(distribution, validate=True)
+        except InvalidName:
+            raise ScaffoldError(
+                f"plugin name {name!r} makes the distribution name {distribution!r}, which "
+                "pip refuses (a name ends with a letter or digit); try "
+                f"{name.rstrip('_')!r}"
+            ) from None
         return name
     suggestion = re.sub(r"[^a-z0-9_]+", "_", name.strip().lower()).strip("_")
     if suggestion and not suggestion[0].isalpha():
@@ -81,6 +114,35 @@ def validate_name(name: str) -> str:
         "so use lowercase letters, digits and underscores, starting with a letter "
         f"(a Python identifier){hint}"
     )
+
+
+def check_name_is_free(name: str, kind: str) -> None:
+    """Refuse ``name`` when an installed plugin holds it: as the name of an entry point in
+    group ``llamagym``, of a registered agent (``kind`` env) or algorithm, or as the
+    distribution or import name the package would have. Installed beside it, the new
+    plugin would take that name from the one there, or be taken for it."""
+    taken = [
+        f"the entry point {name!r} of {point.dist.name if point.dist else 'a package'}"
+        for point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+        if point.name == name
+    ]
+    plugins = get_plugins()
+    registered = plugins.agents() if kind == "env" else plugins.algorithms()
+    if name in registered:
+        spec = registered[name]
+        owner = spec.distribution or "an installed plugin"
+        taken.append(f"the {'agent' if kind == 'env' else 'algorithm'} {name!r} of {owner}")
+    distribution = f"llamagym-{name.replace('_', '-')}"
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        installed = importlib.metadata.distribution(distribution)
+        taken.append(f"the installed distribution {installed.name}")
+    if importlib.util.find_spec(f"llamagym_{name}") is not None:
+        taken.append(f"the import name llamagym_{name}")
+    if taken:
+        raise ScaffoldError(
+            f"plugin name {name!r} is taken by {', '.join(dict.fromkeys(taken))}; choose "
+            "another NAME (`llamagym list` shows the names in use)"
+        )
 
 
 def llamagym_requirement(version: str | None = None) -> str:
@@ -362,15 +424,68 @@ def write_plugin(
     elif kind == "env" and env_id != DEFAULT_ENV_ID:
         env = inspect_env(env_id, name)
     spec = PluginSpec(name, kind, env_id, env, own_env=env_class)
-    root = Path(directory).expanduser() / spec.folder
-    if root.exists():
+    check_name_is_free(name, kind)
+    root = _target_folder(directory) / spec.folder
+    if os.path.lexists(root):
         raise ScaffoldError(
             f"{str(root)!r} already exists; new-plugin never overwrites: choose another "
             "NAME or --dir, or move the folder away"
         )
-    files = plugin_files(spec)
-    for relative, content in files.items():
-        path = root / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(content, encoding="utf-8")
+    _write_package(root, plugin_files(spec))
     return spec, root
+
+
+def _target_folder(directory: Path | str) -> Path:
+    """``--dir`` as a folder that exists or can be created: a file, a device, a link to
+    nothing or to itself, a path too long is a :class:`ScaffoldError`."""
+    folder = expand_user(directory)
+    try:
+        mode = os.stat(folder).st_mode
+    except FileNotFoundError:
+        if os.path.lexists(folder):
+            raise ScaffoldError(
+                f"--dir {str(folder)!r} is a symbolic link to nothing; pass a folder"
+            ) from None
+        return folder
+    except OSError as error:
+        raise ScaffoldError(f"--dir {_os_problem(error)}") from None
+    if not stat.S_ISDIR(mode):
+        raise ScaffoldError(
+            f"--dir {str(folder)!r} is not a folder; pass a folder (it is created if missing)"
+        )
+    return folder
+
+
+def _os_problem(error: OSError) -> str:
+    return path_problem(error) or f"{str(error.filename)!r}: {error.strerror or error}"
+
+
+def _write_package(root: Path, files: Mapping[str, str]) -> None:
+    """Write ``files`` into a hidden folder beside ``root`` and rename it to ``root``
+    when complete. Any failure removes that folder, and the folders made for it, and is
+    a :class:`ScaffoldError` in one line."""
+    missing = [folder for folder in (root.parent, *root.parent.parents)
+               if not os.path.lexists(folder)]
+    staging = None
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.", suffix=".tmp", dir=root.parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o777 & ~umask)  # mkdtemp's folder is private; a package is not
+        for relative, content in files.items():
+            path = staging / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(content, encoding="utf-8")
+        os.rename(staging, root)
+    except OSError as error:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        for folder in missing:  # deepest first: only the ones made here, now empty
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        reason = path_problem(error, name=False) or error.strerror or str(error)
+        raise ScaffoldError(
+            f"could not write the plugin to {str(root)!r} ({reason}); nothing was left "
+            "behind"
+        ) from None

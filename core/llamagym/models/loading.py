@@ -39,7 +39,7 @@ from llamagym.models.registry import (
     ModelEntry,
     get_model_entry,
 )
-from llamagym.paths import CACHE_ENV_VAR
+from llamagym.paths import CACHE_ENV_VAR, expand_user
 
 if TYPE_CHECKING:
     from peft import LoraConfig, PeftModel
@@ -161,7 +161,7 @@ def _resolve_source(name_or_path: str, seed: int) -> tuple[str, ModelEntry | Non
             ) from exc
         return str(path), get_model_entry(TINY_MODEL_NAME), True
 
-    local = Path(name_or_path).expanduser()
+    local = expand_user(name_or_path)
     if local.is_file() and local.suffix.lower() == model_sources.GGUF_SUFFIX:
         directory, entry = model_sources.prepare_gguf(local)
         return str(directory), entry, True

@@ -45,7 +45,7 @@ from safetensors import SafetensorError, safe_open
 
 from llamagym import __version__
 from llamagym.errors import LlamaGymError
-from llamagym.paths import write_failure, write_failure_text
+from llamagym.paths import check_own_entry, write_failure, write_failure_text
 from llamagym.training.algorithm_config import nest_warm_start_keys
 from llamagym.training.checkpoint_errors import (
     CheckpointError,
@@ -163,6 +163,7 @@ def write_atomically(directory: Path, write: Callable[[Path], None]) -> Path:
     """Call ``write(staging_dir)``, then move the staging dir to ``directory`` in one
     rename. If ``write`` raises (or the process dies) ``directory`` is untouched."""
     directory = Path(directory)
+    check_own_entry(directory.parent, folder=True)  # never written through a link
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
     try:
@@ -319,15 +320,18 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 
 
 def _checkpoint_dirs(run_dir: Path) -> list[Path]:
-    """Every ``update-N`` directory of a run, complete or not, oldest first."""
+    """Every ``update-N`` directory of a run, complete or not, oldest first. A symbolic
+    link among them (or as ``checkpoints``) is refused: a run resumed from another run's
+    checkpoint would write into that run's directory."""
     root = Path(run_dir) / CHECKPOINTS
+    check_own_entry(root, folder=True)
     if not root.is_dir():
         return []
-    found = [
-        (int(match.group(1)), path)
-        for path in root.iterdir()
-        if (match := _NAME.match(path.name)) and path.is_dir()
-    ]
+    found = []
+    for path in root.iterdir():
+        if (match := _NAME.match(path.name)) and (path.is_symlink() or path.is_dir()):
+            check_own_entry(path, folder=True)
+            found.append((int(match.group(1)), path))
     return [path for _, path in sorted(found)]
 
 
@@ -340,6 +344,8 @@ def find_checkpoint(path: Path) -> Path:
     skipped with a warning naming it, for the newest intact one before it."""
     path = Path(path)
     if (path / META).is_file():
+        if path.parent.name == CHECKPOINTS:  # its run is the one it is in, by no link
+            _checkpoint_dirs(path.parent.parent)
         try:
             check_intact(path)
         except DamagedCheckpointError as error:

@@ -10,6 +10,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from llamagym.paths import expand_user
 from llamagym.training.checkpoint_errors import UntrustedModelError
 
 # The warnings of checkpoints come from one logger, whichever module gives them.
@@ -46,7 +47,7 @@ def _code_map(model_name: str) -> tuple[str, str] | None:
     (the tiny model, a Hub id, a GGUF file, a directory without ``auto_map``)."""
     if not model_name or model_name.strip().lower() == "tiny":
         return None
-    local = Path(model_name).expanduser()
+    local = expand_user(model_name)
     if not local.is_dir():
         return None
     for name in ("config.json", "tokenizer_config.json"):

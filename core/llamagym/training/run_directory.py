@@ -1,16 +1,20 @@
 """The run directory: its default place, the files a run writes there, and the checks
-made before anything in it is touched (can it be written, does it hold a run)."""
+made before anything in it is touched (can it be written, does it hold a run, is each of
+its files and folders its own: no symbolic link out of it, no FIFO or device)."""
 
 from __future__ import annotations
 
 import os
 import re
+import tempfile
 from datetime import datetime
 from pathlib import Path
 
 from llamagym.errors import LlamaGymError
+from llamagym.paths import check_own_entry
 from llamagym.training import checkpoint as checkpoints
-from llamagym.training.report import METRICS
+from llamagym.training.report import CURVE, METRICS, REPORT
+from llamagym.training.run_lock import LOCK, WRITER
 from llamagym.training.transcripts import TRANSCRIPTS
 
 RANK_RECORDS = ".ranks"
@@ -20,12 +24,15 @@ RUN_FILES = (
     METRICS,
     PLUGINS,
     TRANSCRIPTS,
-    "report.md",
-    "learning_curve.png",
+    REPORT,
+    CURVE,
     "tensorboard",
     checkpoints.CHECKPOINTS,
     RANK_RECORDS,
 )
+#: What a run writes in its directory, as files and as folders: each must be its own.
+OWN_FILES = (METRICS, PLUGINS, TRANSCRIPTS, REPORT, CURVE, "config.yaml", LOCK, WRITER)
+OWN_FOLDERS = ("tensorboard", checkpoints.CHECKPOINTS, RANK_RECORDS)
 
 
 def default_output_dir(agent_name: str) -> Path:
@@ -46,6 +53,7 @@ def check_writable(directory: Path, resuming: bool, create: bool = True) -> None
             f"run directory {str(directory)!r} is a file, not a directory; choose another "
             "--output"
         )
+    check_own_entries(directory)
     fix = (
         "make it writable, or continue the run elsewhere with --output NEW_DIR"
         if resuming
@@ -53,19 +61,35 @@ def check_writable(directory: Path, resuming: bool, create: bool = True) -> None
     )
     where = directory
     if not create:
-        while not where.exists() and where != where.parent:
+        while not os.path.lexists(where) and where != where.parent:
             where = where.parent
     try:
         if create:
             directory.mkdir(parents=True, exist_ok=True)
-        probe = where / f".llamagym-write-test-{os.getpid()}"
-        probe.touch()
-        probe.unlink()
+        # Named as write_atomically names its temporary files: one a kill leaves behind
+        # is removed by the directory's next writer.
+        handle, probe = tempfile.mkstemp(prefix=".llamagym-write-test.", suffix=".tmp", dir=where)
+        os.close(handle)
+        os.unlink(probe)
     except OSError as error:
         raise LlamaGymError(
             f"run directory {str(directory)!r} cannot be written ({error.strerror or error}); "
             + fix
         ) from error
+
+
+def check_own_entries(directory: Path) -> None:
+    """Every file and folder a run writes in ``directory`` is missing or its own: a
+    symbolic link (which a write would follow out of the directory), a FIFO (which it
+    would wait on) or a device is refused in one line naming it, before anything is
+    written (:func:`llamagym.paths.check_own_entry`)."""
+    if not directory.is_dir():
+        return
+    for name in OWN_FILES:
+        check_own_entry(directory / name)
+    for name in OWN_FOLDERS:
+        check_own_entry(directory / name, folder=True)
+    checkpoints.list_checkpoints(directory)  # refuses a link among the checkpoints
 
 
 def holds_a_run(directory: Path) -> bool:

@@ -4,9 +4,11 @@
 file lock, through the ``filelock`` library) while they write the directory; a second
 writer is refused in one line naming the process that holds it. The lock goes with its
 process: a run killed without a chance to clean up (SIGKILL, a power cut) leaves the
-lock file, but no lock, so the next writer takes it over, saying whose it was. Beside the
-lock, ``<run>/.llamagym.writer`` names the holder (pid, start time) for that message; it
-is read as untrusted data, like every file of a run directory.
+lock file, but no lock, so the next writer takes it over, saying whose it was, and removes
+the temporary files that writer's interrupted writes left. Beside the lock,
+``<run>/.llamagym.writer`` names the holder (pid, start time) for that message; it is read
+as untrusted data, like every file of a run directory, and neither file is opened through
+a symbolic link or when it is a FIFO or a device.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from llamagym.errors import LlamaGymError
+from llamagym.paths import check_own_entry, open_own_file, remove_temporaries
 
 logger = logging.getLogger(__name__)
 
@@ -38,9 +41,9 @@ class RunDirectoryBusyError(LlamaGymError):
 def _holder(directory: Path) -> dict[str, Any]:
     """The writer record's pid and start time, when it holds sensible ones; else ``{}``."""
     try:
-        with (directory / WRITER).open("rb") as stream:
+        with os.fdopen(open_own_file(directory / WRITER, os.O_RDONLY), "rb") as stream:
             data = json.loads(stream.read(MAX_WRITER_BYTES))
-    except (OSError, ValueError):
+    except (OSError, ValueError, LlamaGymError):
         return {}
     if not isinstance(data, dict):
         return {}
@@ -72,6 +75,8 @@ class RunDirectoryLock:
         self._lock = FileLock(str(self.directory / LOCK), timeout=0)
 
     def acquire(self) -> None:
+        check_own_entry(self.directory / LOCK)
+        check_own_entry(self.directory / WRITER)
         try:
             self._lock.acquire(timeout=0)
         except Timeout:
@@ -99,13 +104,19 @@ class RunDirectoryLock:
             )
         record = {"pid": os.getpid(), "started": datetime.now().isoformat(timespec="seconds")}
         try:
-            (self.directory / WRITER).write_text(json.dumps(record) + "\n", encoding="utf-8")
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+            with os.fdopen(open_own_file(self.directory / WRITER, flags), "w") as stream:
+                stream.write(json.dumps(record) + "\n")
+            remove_temporaries(self.directory)  # an earlier writer's, killed mid-write
         except OSError as error:
             self._lock.release()
             raise LlamaGymError(
                 f"run directory {str(self.directory)!r} cannot be written "
                 f"({error.strerror or error}); make it writable, or choose another --output"
             ) from error
+        except BaseException:
+            self._lock.release()
+            raise
 
     def release(self) -> None:
         if not self._lock.is_locked:
