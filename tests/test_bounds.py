@@ -415,6 +415,7 @@ def tokenizer():
         "{{ 'x'.ljust(10**9) }}",
         "{{ 'x'|indent(10**9) }}",
         "{{ lipsum(10**9) }}",
+        "{{ lipsum(200000)|length }}",
         "{% set s = 'x' * 200000 %}{{ s.replace('x', s)|length }}",
         "{% set s = 'x' * 100000 %}{{ [s, s, s]|join(s)|length }}",
         "{% set ns = namespace(s='x') %}{% for i in range(64) %}"
@@ -423,7 +424,8 @@ def tokenizer():
     ids=["nested-loops", "silent-nested-loops", "huge-string", "times-a-variable",
          "power", "times-a-power", "list-times", "percent-width", "percent-star",
          "format-filter", "format-width", "format-nested-width", "center-filter",
-         "center-folded", "ljust", "indent", "lipsum", "replace", "join", "concat-doubling"],
+         "center-folded", "ljust", "indent", "lipsum", "lipsum-paragraphs", "replace", "join",
+         "concat-doubling"],
 )
 def test_a_runaway_chat_template_is_refused_within_two_seconds(template, tokenizer) -> None:
     tokenizer.chat_template = template

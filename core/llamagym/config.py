@@ -56,6 +56,13 @@ def check_episode_memory(episodes: int, what: str) -> None:
         )
 
 
+#: The largest LoRA rank a config may ask for: beyond a model's own width a rank adds
+#: weights but nothing the adapter can learn, and a rank of a billion asks for terabytes.
+MAX_LORA_RANK = 1024
+
+#: The most torch CPU threads a config may ask for (each thread's pool takes memory).
+MAX_THREADS = 1024
+
 #: Bytes of one logit as generate keeps it (a 32-bit float at the most).
 LOGIT_BYTES = 4
 
@@ -109,7 +116,9 @@ class ModelSettings(Settings):
         None, description="Load weights in 4 or 8 bits through bitsandbytes (QLoRA)."
     )
     lora: bool | None = Field(None, description="LoRA adapter; null = auto (models > 50M).")
-    lora_rank: int | None = Field(None, ge=1, description="LoRA rank; null = registry default.")
+    lora_rank: int | None = Field(
+        None, ge=1, le=MAX_LORA_RANK, description="LoRA rank; null = registry default."
+    )
     lora_layers: int | None = Field(
         None,
         ge=1,
@@ -193,6 +202,14 @@ class RolloutSettings(Settings):
         "observation is cut (one warning), then the oldest turns are dropped. 128K "
         "characters is more than a 32K-token context holds.",
     )
+    max_action_chars: int = Field(
+        1_000,
+        ge=1,
+        le=100_000,
+        description="Characters an action name may have: a legal action longer than "
+        "this stops the run with an error naming the agent (score mode runs every "
+        "legal action's tokens through the model).",
+    )
     max_episode_turns: int = Field(
         1_000,
         ge=1,
@@ -222,6 +239,7 @@ class TrainingSettings(Settings):
     threads: int | None = Field(
         None,
         ge=1,
+        le=MAX_THREADS,
         description="torch CPU threads; null = 1 for models under 50M parameters (small "
         "matrices gain nothing from more), else torch's default.",
     )

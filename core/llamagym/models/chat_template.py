@@ -35,7 +35,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from jinja2.compiler import CodeGenerator
+from jinja2.constants import LOREM_IPSUM_WORDS
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.utils import generate_lorem_ipsum
 from transformers.utils import chat_template_utils
 
 from llamagym.errors import LlamaGymError
@@ -168,6 +170,8 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         kwargs.setdefault("finalize", _checked_output)
         super().__init__(*args, **kwargs)
         self.filters = _CheckedFilters(self.filters)
+        # Its size grows with its arguments inside one call the trace cannot stop.
+        self.globals["lipsum"] = lipsum
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         _refuse_beyond(_binop_size(operator, left, right), repr(operator))
@@ -228,6 +232,18 @@ def _checked_filter(name: str, function: Callable[..., Any]) -> Callable[..., An
         return _checked(function(*args, **kwargs), f"the filter {name!r}")
 
     return checked
+
+
+def lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:  # noqa: A002
+    """Jinja's ``lipsum``, refused before it runs when ``n`` paragraphs of up to ``max``
+    words would be larger than the render may build."""
+    if not all(isinstance(v, int) for v in (n, min, max)):
+        raise _Limit("called lipsum() with arguments that are not whole numbers")
+    _refuse_beyond(n * (max + 1) * (_LONGEST_LOREM_WORD + 1), "lipsum()")
+    return generate_lorem_ipsum(n, html, min, max)
+
+
+_LONGEST_LOREM_WORD = max(len(word) for word in LOREM_IPSUM_WORDS.split())
 
 
 def _checked_output(value: Any) -> Any:

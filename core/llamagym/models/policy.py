@@ -45,6 +45,7 @@ from llamagym.models.generation import (
     sampling_processors,
     stopping_criteria,
 )
+from llamagym.models.pass_memory import attention_heads
 from llamagym.models.passes import MIN_SHARED_TOKENS, padded, prefix_rows, shared_prefix_length
 from llamagym.models.trunk import TrunkStates, first_trained_layer
 from llamagym.models.turn_cache import TurnCache
@@ -159,6 +160,7 @@ class Policy(TurnCachePasses, nn.Module):
         nn.init.zeros_(self.value_head.bias)
         self._reference: nn.Module | None = None
         self.max_context = max_context(model, tokenizer)
+        self.attention_heads = attention_heads(model)
         self.additive_mask = uses_additive_mask(model)
         self.logit_softcap = getattr(model.config, "final_logit_softcapping", None)
         #: Positions the LM head has been applied at (each costs a vocabulary-wide matmul).
@@ -331,6 +333,20 @@ class Policy(TurnCachePasses, nn.Module):
         prompt, naming its env's episode) lets each prompt start from its env's turn
         cache (:attr:`turn_cache`) and keeps the prompt there for the next turn.
         """
+        tails = [sum(max(len(tokens) - 1, 0) for tokens in row) for row in candidates]
+        groups = self._pass_groups(prompts, tails, 0, None if reference else keys, "a score pass")
+        if len(groups) > 1:  # one pass would take too much memory: one per group
+            parts = [
+                self.score([prompts[i] for i in group], [candidates[i] for i in group],
+                           reference, None if keys is None else [keys[i] for i in group])
+                for group in groups
+            ]
+            width = max(scores.shape[1] for scores, _ in parts)
+            return (
+                torch.cat([nn.functional.pad(scores, (0, width - scores.shape[1]),
+                                             value=float("-inf")) for scores, _ in parts]),
+                torch.cat([values for _, values in parts]),
+            )
         token_logprobs, mask, _, state_hidden = self._continuations(
             prompts, _choice_pairs(candidates), reference, keys=keys
         )
@@ -471,6 +487,20 @@ class Policy(TurnCachePasses, nn.Module):
         the row ran, its prompt and reply, is kept there for the next turn.
         """
         prefixes = reply_prefixes(reply_prefix, len(prompts))
+        groups = self._pass_groups(prompts, [0] * len(prompts), max_new_tokens, keys,
+                                   "a generation")
+        if len(groups) > 1:  # one pass would take too much memory: one per group
+            parts = [
+                self.generate([prompts[i] for i in group], max_new_tokens, temperature, top_p,
+                              top_k, greedy, generator, [prefixes[i] for i in group],
+                              should_stop, None if keys is None else [keys[i] for i in group])
+                for group in groups
+            ]
+            return Replies(
+                tokens=[tokens for part in parts for tokens in part.tokens],
+                logprobs=[logprobs for part in parts for logprobs in part.logprobs],
+                values=[value for part in parts for value in part.values],
+            )
         input_ids, attention_mask, cache, turns, rows = self._generation_inputs(prompts, keys)
         width = input_ids.shape[1]
         processors = [] if greedy else sampling_processors(temperature, top_p, top_k, generator)

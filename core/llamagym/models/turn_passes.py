@@ -20,6 +20,7 @@ from llamagym.models.decoder import (
     new_cache,
     prefix_cache_class,
 )
+from llamagym.models.pass_memory import pass_budget, pass_groups
 from llamagym.models.passes import BatchedPasses, LaidOutPass, padded, shared_prefix_length
 from llamagym.models.trunk import PassLayout, TrunkStates, decoder_layers, top_layers
 from llamagym.models.turn_cache import Kept, TurnCache, stacked_past
@@ -43,6 +44,8 @@ class TurnCachePasses(BatchedPasses):
 
     turn_cache: TurnCache | None
     _turn_cache_checked: bool
+    #: The model's attention heads (what a pass's attention memory grows with).
+    attention_heads: int
 
     def _turns(self) -> TurnCache | None:
         """The turn cache, emptied if the weights changed since it was kept; None where
@@ -68,6 +71,30 @@ class TurnCachePasses(BatchedPasses):
                 return None
         cache.check_weights(p for p in self.model.parameters() if p.requires_grad)
         return cache
+
+    def _pass_groups(
+        self,
+        prompts: Sequence[Sequence[int]],
+        tails: Sequence[int],
+        new_tokens: int,
+        keys: Sequence[Hashable] | None,
+        what: str,
+    ) -> list[list[int]]:
+        """The rows of a pass over ``prompts`` in groups that each fit a pass's memory
+        (models/pass_memory.py): each row runs its tokens after what its env's turn cache
+        holds (``keys``; the whole prompt without) and its ``tails`` (score mode's
+        candidates), against those and ``new_tokens`` more (a generation's)."""
+        turns = self._turns() if keys is not None and not torch.is_grad_enabled() else None
+        kept = (
+            [turns.match(key, prompt)[1] for key, prompt in zip(keys, prompts, strict=True)]
+            if turns is not None and keys is not None
+            else [0] * len(prompts)
+        )
+        shapes = [
+            (len(prompt) - held + tail, len(prompt) + tail + new_tokens)
+            for prompt, held, tail in zip(prompts, kept, tails, strict=True)
+        ]
+        return pass_groups(shapes, self.attention_heads, pass_budget(), what)
 
     def drop_turn_cache(self, key: Hashable) -> None:
         """Forget what the turn cache keeps for ``key`` (its env's episode ended)."""

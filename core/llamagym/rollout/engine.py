@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from llamagym.config import RolloutSettings
-from llamagym.errors import EnvFailureError, LlamaGymError
 from llamagym.models.policy import Policy
+from llamagym.rollout.env_checks import checked_legal_actions
 from llamagym.rollout.env_checks import checked_reset as checked_reset
 from llamagym.rollout.env_checks import checked_step as checked_step
 from llamagym.rollout.env_checks import max_turns as max_turns
@@ -158,23 +158,13 @@ class RolloutEngine(PromptRendering):
         says so; its cut replies are for a collection that ends there."""
         prefixes = self.reply_prefixes(slots) if self.settings.mode == "generate" else []
         user_texts, prompts, conversations = self.render_prompts(slots, prefixes)
-        named = [self.agent.legal_actions(s.observation, s.info) for s in slots]
-        # An empty list below stands for actions the agent does not name (None):
-        # extract_action's value then goes to the env as it is (generate mode only).
-        legal = [[] if actions is None else list(actions) for actions in named]
-        for row, actions in enumerate(named):
-            if actions is not None and not actions:
-                raise EnvFailureError(
-                    f"agent {self.agent.name!r} returned no legal actions for observation "
-                    f"{slots[row].observation!r}"
-                )
-            if actions is None and self.settings.mode == "score":
-                raise LlamaGymError(
-                    f"{type(self.agent).__name__} names no actions, and score mode ranks "
-                    "the legal actions: set action_names = [...] on the class (in the "
-                    "env's action order), pass env=..., override legal_actions(), or use "
-                    "rollout.mode=generate"
-                )
+        legal = checked_legal_actions(
+            self.agent,
+            self._env_name(),
+            [self.agent.legal_actions(s.observation, s.info) for s in slots],
+            self.settings.mode,
+            self.settings.max_action_chars,
+        )
         started = time.perf_counter()
         # A random fallback for an unparsable reply must stay random: no memo then.
         random_fallback = self.settings.invalid_action.policy == "random"

@@ -1,12 +1,16 @@
 """An environment's answers checked against Gymnasium's API: ``reset`` and ``step``
 called so that anything else than what Gymnasium defines raises ``ValueError`` saying
-what came back (an env is untrusted), and the turns an episode of an env may last."""
+what came back (an env is untrusted), the turns an episode of an env may last, and the
+legal actions an agent names for an observation, checked before any is tokenized."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import reprlib
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+from llamagym.errors import EnvFailureError, LlamaGymError
 
 
 def max_turns(env: Any, default: int) -> int:
@@ -68,3 +72,59 @@ def error_text(error: Exception, limit: int = 300) -> str:
     """An env's error message on one bounded line (an env is untrusted)."""
     text = " ".join(str(error).split())
     return repr(text[:limit] + ("..." if len(text) > limit else ""))
+
+
+def checked_legal_actions(
+    agent: Any, where: str, named: Sequence[Sequence[Any] | None], mode: str, max_chars: int
+) -> list[list[str]]:
+    """Each row's legal actions (``named``: ``agent.legal_actions`` per slot, ``where``
+    names the env) as lists of names, checked before any is tokenized: a non-empty list
+    of strings, each at most ``max_chars`` (``rollout.max_action_chars``) long and
+    writable text. An empty list stands for actions the agent does not name (None,
+    generate mode only: ``extract_action``'s value goes to the env as it is)."""
+    legal: list[list[str]] = []
+    for actions in named:
+        if actions is None:
+            if mode == "score":
+                raise LlamaGymError(
+                    f"{type(agent).__name__} names no actions, and score mode ranks the legal"
+                    " actions: set action_names = [...] on the class (in the env's action "
+                    "order), pass env=..., override legal_actions(), or use "
+                    "rollout.mode=generate"
+                )
+            legal.append([])
+            continue
+        names = list(actions)
+        if not names:
+            raise EnvFailureError(f"{where} gave no legal actions; it must name at least one")
+        for index, name in enumerate(names):
+            problem = _action_name_problem(name, max_chars)
+            if problem:
+                raise EnvFailureError(
+                    f"{where} gave a legal action (number {index} of {len(names)}) that is "
+                    f"{problem}"
+                )
+        legal.append(names)
+    return legal
+
+
+def _action_name_problem(name: Any, max_chars: int) -> str:
+    """What is wrong with one legal action's name, or "" when nothing is."""
+    if not isinstance(name, str):
+        return f"{type(name).__name__} {bounded_repr(name)}, not a string: name every action"
+    if len(name) > max_chars:
+        return (
+            f"{len(name):,} characters long ({name[:40]!r}...), more than "
+            f"rollout.max_action_chars = {max_chars:,}; raise it if the names are meant"
+        )
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return f"not writable text ({error.reason} at {error.start}: {bounded_repr(name)})"
+    return ""
+
+
+def bounded_repr(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters (what a message may quote of data)."""
+    text = reprlib.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -77,6 +77,7 @@ class PromptRendering:
         self._prompt_cache: dict[tuple, list[int]] = {}
         self._prompt_cache_tokens = 0
         self._warned_long_prompt = False
+        self._warned_context: set[str] = set()
 
     def _messages(self, slot: Slot, user_text: str, history: list[dict]) -> list[dict]:
         messages = [{"role": "system", "content": slot.system_prompt}] if slot.system_prompt else []
@@ -118,17 +119,64 @@ class PromptRendering:
         else:
             rooms = [16] * len(slots)
         for row, prompt in enumerate(ids):
-            # Never cut the system prompt or the current observation: drop old turns.
-            while len(prompt) > self.policy.max_context - rooms[row] and histories[row]:
+            limit = self.policy.max_context - rooms[row]
+            if len(prompt) <= limit:
+                continue
+            # Old turns go first, then the current observation is cut; the system
+            # prompt never is.
+            if histories[row]:
+                self._warn_once("history", "the oldest turns of its conversation are dropped")
+            while len(prompt) > limit and histories[row]:
                 histories[row] = histories[row][2:]
                 conversations[row] = self._messages(slots[row], user_texts[row], histories[row])
                 [prompt] = self.prompt_tokens([conversations[row]])
+            if len(prompt) > limit:
+                user_texts[row], prompt = self._cut_to_context(
+                    slots[row], user_texts[row], prompt, limit
+                )
+                conversations[row] = self._messages(slots[row], user_texts[row], [])
             ids[row] = prompt
         return user_texts, ids, conversations
 
+    def _cut_to_context(
+        self, slot: Slot, text: str, prompt: list[int], limit: int
+    ) -> tuple[str, list[int]]:
+        """The observation's ``text`` cut until its prompt, without history, takes at most
+        ``limit`` tokens, and that prompt's ids (one warning per engine); a
+        :class:`LlamaGymError` when the system prompt alone takes more."""
+        while len(prompt) > limit and text:
+            # Shrinks by a tenth more than the excess, so a few renders reach the limit.
+            text = text[: int(len(text) * limit / len(prompt) * 0.9)]
+            [prompt] = self.prompt_tokens([self._messages(slot, text, [])])
+        if len(prompt) > limit:
+            raise LlamaGymError(
+                f"{self._env_name()}: the system prompt (with the episode's context) takes "
+                f"{len(prompt):,} tokens, more than the {limit:,} the model's context of "
+                f"{self.policy.max_context:,} tokens leaves a prompt; shorten the agent's "
+                "system prompt or episode context, or use a model with a longer context"
+            )
+        self._warn_once("observation", "observations are cut to fit")
+        return text, prompt
+
+    def _warn_once(self, what: str, done: str) -> None:
+        """One warning per engine and kind (``what``) of cut made to fit the context."""
+        if what in self._warned_context:
+            return
+        self._warned_context.add(what)
+        logger.warning(
+            "a prompt of %s is longer than the model's context of %s tokens holds (less "
+            "the reply's room): %s (lower rollout.history_turns or rollout.max_prompt_chars"
+            " to show less)",
+            self._env_name(),
+            f"{self.policy.max_context:,}",
+            done,
+        )
+
     def _within_prompt_cap(self, text: str) -> str:
         """An observation's text, cut to ``rollout.max_prompt_chars`` (one warning per
-        engine the first time one is longer)."""
+        engine the first time one is longer), with any lone surrogate (text no encoding
+        writes) escaped as ``\\udXXX``."""
+        text = printable_text(text)
         cap = self.settings.max_prompt_chars
         if len(text) <= cap:
             return text
@@ -220,6 +268,16 @@ def feedback_message(legal_actions: Sequence[str], shown: int = 20) -> str:
     """What a re-prompt tells the model (a bounded list of the legal actions)."""
     names = ", ".join(legal_actions[:shown]) + (", ..." if len(legal_actions) > shown else "")
     return f"That reply named no legal action. Reply with one of: {names}."
+
+
+def printable_text(text: str) -> str:
+    """``text`` with each lone surrogate (``"\\ud800"``, which no tokenizer or file
+    takes) written as its escape; other text is returned as it is."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def _characters(slot: Slot, user_text: str, history: list[dict[str, str]]) -> int:

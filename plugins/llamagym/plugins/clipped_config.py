@@ -25,7 +25,9 @@ class ClippedConfig(AlgorithmConfig):
     minibatch_size: int = Field(64, ge=1, description="Turns per gradient step.")
     microbatch_size: int | None = microbatch_size_field()
     warmup_steps: int = warmup_steps_field()
-    clip_range: float = Field(0.2, gt=0, description="Ratio clip epsilon.")
+    clip_range: float = Field(
+        0.2, gt=0, le=1, description="Ratio clip epsilon: the ratio is kept in [1 - it, 1 + it]."
+    )
     entropy_coef: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
     kl_coef: float = Field(0.0, ge=0, description="Weight of KL to the reference (0 = off).")
     adaptive_kl_target: float | None = Field(
