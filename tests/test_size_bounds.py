@@ -262,3 +262,13 @@ def test_a_lone_surrogate_in_an_observation_is_escaped(monkeypatch) -> None:
         shown = episodes[0].turns[0].user_text
         assert shown == "Which lever? \\ud800 \\udfff"
         shown.encode("utf-8")  # writable
+
+
+def test_config_show_gives_each_bound_where_the_setting_is_described(cli) -> None:
+    code, out, err = cli("config", "show", "blackjack")
+    assert code == 0, err
+    lines = out.splitlines()
+    for key, bound in [("threads", "[1 to 1,024]"), ("lora_rank", "[1 to 1,024]"),
+                       ("clip_range", "[> 0 to 1]"), ("max_action_chars", "[1 to 100,000]")]:
+        at = next(i for i, line in enumerate(lines) if line.strip().startswith(f"{key}:"))
+        assert lines[at - 1].strip().startswith("#") and lines[at - 1].endswith(bound)

@@ -422,11 +422,28 @@ def model_descriptions(model: type[BaseModel], prefix: str = "") -> dict[str, st
     for name, info in model.model_fields.items():
         key = prefix + name
         if info.description:
-            descriptions[key] = info.description
+            descriptions[key] = info.description + _bounds(info.metadata)
         nested = _as_model(info.annotation)
         if nested is not None:
             descriptions.update(model_descriptions(nested, key + "."))
     return descriptions
+
+
+def _bounds(rules: Sequence[Any]) -> str:
+    """A field's declared bounds as its description ends with them, e.g. " [1 to 4,096]"."""
+    low = high = None
+    for rule in rules:
+        for name, sign in (("ge", ""), ("gt", "> ")):
+            if getattr(rule, name, None) is not None:
+                low = f"{sign}{getattr(rule, name):,}"
+        for name, sign in (("le", ""), ("lt", "< ")):
+            if getattr(rule, name, None) is not None:
+                high = f"{sign}{getattr(rule, name):,}"
+    if low is not None and high is not None:
+        return f" [{low} to {high}]"
+    if low is not None:
+        return f" [{low if low.startswith('>') else '>= ' + low}]"
+    return f" [{high if high.startswith('<') else '<= ' + high}]" if high is not None else ""
 
 
 def config_descriptions(
