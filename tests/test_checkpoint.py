@@ -89,9 +89,9 @@ def test_state_encoding_round_trips_optimizer_and_random_states() -> None:
 def test_resumed_run_repeats_the_unbroken_run(mode, tmp_path, monkeypatch, cli) -> None:
     unbroken, broken = tmp_path / "unbroken", tmp_path / "broken"
     # 4 updates of 8 episodes; in generate mode the replies are sampled token by token.
-    # Episodes still in progress at a checkpoint cannot be saved: every checkpoint drops
-    # them, the unbroken run's at update 2 too, so both go on from fresh episodes.
-    budget = ["--episodes", "32", "--mode", mode, "--set", "output.checkpoint_every=2"]
+    # The episodes in progress after update 2 carry into update 3: the checkpoint keeps
+    # them and the resumed run plays them again.
+    budget = ["--episodes", "32", "--mode", mode]
 
     code, _, _ = cli("run", "blackjack", *budget, *FAST, "-o", unbroken)
     assert code == 0

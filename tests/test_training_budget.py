@@ -143,9 +143,6 @@ def test_run_stopped_by_the_deadline_mid_collection_resumes_like_the_unbroken_ru
 ) -> None:
     unbroken, broken = tmp_path / "unbroken", tmp_path / "broken"
     budget = ["--episodes", "32", "--minutes", "1000"]  # 4 updates, well within the time
-    # Both checkpoint at update 2, where each drops its episodes in progress (see
-    # test_resumed_run_repeats_the_unbroken_run).
-    budget += ["--set", "output.checkpoint_every=2"]
     code, out, _ = cli("run", "blackjack", *budget, *FAST, "-o", unbroken)
     assert code == 0, out
 

@@ -22,6 +22,7 @@ import torch
 
 from llamagym.config import RolloutSettings
 from llamagym.models.policy import Policy
+from llamagym.rollout import carried
 from llamagym.rollout.env_checks import checked_legal_actions
 from llamagym.rollout.env_checks import checked_reset as checked_reset
 from llamagym.rollout.env_checks import checked_step as checked_step
@@ -103,18 +104,33 @@ class RolloutEngine(PromptRendering):
 
     # -- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The engine's random state: where the next episode seeds and samples come from.
+        """The engine's random state, where the next episode seeds and samples come
+        from, and the episodes carried into the next collection (:mod:`.carried`).
 
-        Episodes always start fresh from a drawn seed, so with this state restored a
-        resumed run plays exactly the episodes the unbroken run would have. Everything
-        else the engine keeps is a cache (prompt and candidate tokens), statistics the
-        trainer reads as differences, or settings given to its constructor.
+        With this state restored a resumed run plays exactly the episodes the unbroken
+        run would have. Everything else the engine keeps is a cache (prompt and
+        candidate tokens), statistics the trainer reads as differences, or settings
+        given to its constructor.
         """
-        return {"rng": self.rng.bit_generator.state, "generator": self.generator.get_state()}
+        state = {"rng": self.rng.bit_generator.state, "generator": self.generator.get_state()}
+        if self._carried is not None:
+            state["carried"] = carried.snapshot(self._carried)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s state: the carried episodes are played again in
+        the engine's envs (a ``ValueError`` if they do not read)."""
         self.rng.bit_generator.state = state["rng"]
         self.generator.set_state(state["generator"])
+        self.drop_carried()
+        if state.get("carried") is not None:
+            lockstep = carried.replay(
+                state["carried"], self.envs, self.agent, self.settings.max_episode_turns
+            )
+            for position, slot in enumerate(lockstep.slots):
+                if slot is None:
+                    self._start_episode(lockstep, position)
+            self._carried = lockstep
 
     # -- the schedule ----------------------------------------------------------------
     @property
@@ -528,6 +544,9 @@ class RolloutEngine(PromptRendering):
             self._start_episode(lockstep, position)
             return
         self._record_step(slot, turn, action_name, observation, reward, info)
+        slot.steps.append((turn.action_index, action_name if turn.action_index is not None
+                           else env_action))
+        slot.rewards.append(reward)
         turn_cap = lockstep.turn_caps[position]
         if terminated or truncated:
             summary = {**info_summary(info), "terminated": terminated}

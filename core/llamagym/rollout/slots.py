@@ -25,6 +25,11 @@ class Slot:
     episode: Episode
     history: list[dict[str, str]] = field(default_factory=list)
     key: int = field(default_factory=lambda: next(_slot_keys))
+    #: each env step so far: the legal action's index and name, or (None, the value
+    #: given to ``env.step``) for an agent that names no actions; and the env's reward
+    #: for it. A saved episode in progress is replayed from them (``rollout.carried``).
+    steps: list[tuple[int | None, Any]] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
 
     @property
     def system_prompt(self) -> str:

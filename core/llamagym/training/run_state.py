@@ -129,6 +129,7 @@ def reseed_process(run: Run, seed: int) -> None:
     """Seed this process's own random streams: the global generators, the engine's episode
     seeds and sampling, and the algorithm's minibatch order."""
     seed_everything(seed)
+    run.engine.drop_carried()  # rank 0's, restored from its checkpoint: not this one's
     run.engine.rng = np.random.default_rng(seed)
     run.engine.generator.manual_seed(seed)
     run.algorithm.rng.seed(seed)

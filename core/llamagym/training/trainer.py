@@ -271,8 +271,6 @@ class Trainer:
         counters = training.counters
         name = checkpoints.checkpoint_name(counters.updates)
         path = self.output_dir / checkpoints.CHECKPOINTS / name
-        # Episodes in progress cannot be saved: dropped here, as a resumed run has none.
-        training.run.engine.drop_carried()
         if distributed.is_main():
             plugins = self.agent.plugins.participants()
             path = checkpoints.save_training_checkpoint(
@@ -332,6 +330,9 @@ class Trainer:
                     every = self.config.output.checkpoint_every
                     if every and training.counters.updates % every == 0:
                         self._checkpoint(training)
+            # The last checkpoint, while the envs of the episodes in progress are open.
+            if self._last_checkpoint_update != training.counters.updates:
+                self._checkpoint(training)
         finally:
             if self.progress is not None:
                 self.progress.stop()
@@ -542,13 +543,11 @@ class Trainer:
         )
 
     def _finish(self, training: Training) -> RunSummary:
-        """The last checkpoint, then (rank 0, unless stopped) the final evaluation beside
-        the baselines, and the report."""
+        """After the last checkpoint: (rank 0, unless stopped) the final evaluation
+        beside the baselines, and the report."""
         config, counters = self.config, training.counters
         # A signal after the last update still skips the evaluation (no collective follows).
         self.stop_signal = self.stop_signal or self._signal_received
-        if self._last_checkpoint_update != counters.updates:
-            self._checkpoint(training)
         distributed.barrier()  # every process has finished training; rank 0 goes on alone
         summary = RunSummary(
             self.output_dir,
