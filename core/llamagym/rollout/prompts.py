@@ -119,7 +119,9 @@ class PromptRendering:
         else:
             rooms = [16] * len(slots)
         for row, prompt in enumerate(ids):
-            limit = self.policy.max_context - rooms[row]
+            # A reply longer than half the context gives way to the prompt; it is cut
+            # where the context ends.
+            limit = self.policy.max_context - min(rooms[row], self.policy.max_context // 2)
             if len(prompt) <= limit:
                 continue
             # Old turns go first, then the current observation is cut; the system
