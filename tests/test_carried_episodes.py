@@ -4,6 +4,9 @@ each turn trained once with the log-probabilities it was played with."""
 
 from __future__ import annotations
 
+import copy
+import logging
+
 import pytest
 import torch
 from llamagym_cartpole.agent import CartPoleAgent
@@ -84,3 +87,67 @@ def test_a_collection_without_carry_ends_the_carried_episodes(agent) -> None:
     assert all(t.policy_version == 0 for e in episodes for t in e.turns)
     with pytest.raises(ValueError, match="draws its own seeds"):
         engine.play(4, carry=True, seeds=[1, 2, 3, 4])
+
+
+def _slots(engine):
+    return [
+        (slot.episode.seed, slot.steps, slot.history, [t.logprobs for t in slot.episode.turns],
+         repr(slot.observation))
+        for _, slot in engine._carried.active()
+    ]
+
+
+def test_a_saved_engine_plays_its_carried_episodes_again_in_fresh_envs(agent) -> None:
+    engine = agent.engine
+    engine.play(4, carry=True)
+    state = copy.deepcopy(engine.state_dict())
+    assert state["carried"]["slots"] and any(s and s["steps"] for s in state["carried"]["slots"])
+    expected = _slots(engine)
+
+    other = tiny_agent(CartPoleAgent, rollout={"num_envs": NUM_ENVS, "mode": "score"}).engine
+    other.load_state_dict(state)
+    assert _slots(other) == expected  # the same states, reached again by the envs
+    after_saved = [e.turns for e in engine.play(4, carry=True)]
+    after_loaded = [e.turns for e in other.play(4, carry=True)]
+    assert [[t.action_index for t in turns] for turns in after_saved] == [
+        [t.action_index for t in turns] for turns in after_loaded
+    ]
+    other.close()
+
+
+def test_a_carried_episode_the_env_answers_otherwise_starts_afresh(agent, caplog) -> None:
+    engine = agent.engine
+    engine.play(4, carry=True)
+    state = copy.deepcopy(engine.state_dict())
+    changed = next(p for p, s in enumerate(state["carried"]["slots"]) if s and s["steps"])
+    state["carried"]["slots"][changed]["rewards"][0] += 1.0  # not what the env says
+    other = tiny_agent(CartPoleAgent, rollout={"num_envs": NUM_ENVS, "mode": "score"}).engine
+    with caplog.at_level(logging.WARNING, logger="llamagym"):
+        other.load_state_dict(state)
+    assert f"env {changed}: its episode in progress" in caplog.text
+    replaced = other._carried.slots[changed]
+    assert replaced is not None and not replaced.steps  # a fresh episode in its place
+    other.close()
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda c: c["slots"][0].update(steps="go"),
+        lambda c: c["slots"][0].update(episode={"turns": [{"prompt_tokens": "x"}]}),
+        lambda c: c["slots"].append(None),  # another number of envs
+        lambda c: c.update(code="__import__('os')"),
+    ],
+)
+def test_carried_episodes_that_do_not_read_are_refused(agent, damage) -> None:
+    engine = agent.engine
+    engine.play(4, carry=True)
+    state = copy.deepcopy(engine.state_dict())
+    state["carried"]["slots"][0] = state["carried"]["slots"][0] or {
+        "seed": 1, "steps": [], "rewards": [], "history": [], "episode": {}
+    }
+    damage(state["carried"])
+    other = tiny_agent(CartPoleAgent, rollout={"num_envs": NUM_ENVS, "mode": "score"}).engine
+    with pytest.raises(ValueError, match="episodes|envs"):
+        other.load_state_dict(state)
+    other.close()
