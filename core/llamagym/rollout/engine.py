@@ -134,26 +134,15 @@ class RolloutEngine(PromptRendering):
 
     # -- the schedule ----------------------------------------------------------------
     @property
-    def progress(self) -> float:
-        """The share of the run's budget used so far (the schedule's; read-only here)."""
-        return self.schedule.progress
-
-    @property
     def temperature(self) -> float:
         """The sampling temperature now (the schedule's)."""
         return self.schedule.temperature()
 
     # -- slots -----------------------------------------------------------------------
     def new_slot(self, observation: Any, info: dict, seed: int | None, group: int | None) -> Slot:
-        system_prompt = self.plugins.system_prompt(self.agent)
-        context = self._within_prompt_cap(str(self.agent.episode_context(observation, info) or ""))
-        if context:
-            system_prompt = f"{system_prompt}\n\n{context}" if system_prompt else context
-        return Slot(
-            observation=observation,
-            info=info,
-            episode=Episode(seed=seed, group=group, system_prompt=system_prompt),
-        )
+        system_prompt = self.episode_system_prompt(observation, info)
+        episode = Episode(seed=seed, group=group, system_prompt=system_prompt)
+        return Slot(observation=observation, info=info, episode=episode)
 
     def end_slot(self, slot: Slot) -> None:
         """The slot's episode is over (ended, dropped, or abandoned): the policy forgets

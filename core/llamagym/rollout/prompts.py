@@ -195,6 +195,16 @@ class PromptRendering:
             )
         return text[:cap]
 
+    def episode_system_prompt(self, observation: Any, info: dict) -> str:
+        """The system prompt an episode is played with: the agent's (through the hooks),
+        then what its ``episode_context`` says holds for this episode (a game's goal),
+        bounded like an observation."""
+        system_prompt = self.plugins.system_prompt(self.agent)
+        context = self._within_prompt_cap(str(self.agent.episode_context(observation, info) or ""))
+        if context:
+            system_prompt = f"{system_prompt}\n\n{context}" if system_prompt else context
+        return system_prompt
+
     def _env_name(self) -> str:
         """The env as messages name it: agent and env id."""
         env_id = getattr(self.agent, "env_id", None)
