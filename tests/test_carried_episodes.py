@@ -13,6 +13,7 @@ from llamagym_cartpole.agent import CartPoleAgent
 
 from llamagym.models.policy import Policy
 from llamagym.testing import tiny_agent
+from llamagym.training.algorithm import rollout_metrics
 
 NUM_ENVS = 4
 
@@ -65,6 +66,10 @@ def test_a_carried_episode_is_trained_once_with_the_log_probabilities_it_was_pla
     assert not {id(e) for e in first} & {id(e) for e in second}
     mixed = [e for e in second if {t.policy_version for t in e.turns} == {0, 1}]
     assert mixed, "an episode carried over holds turns of both versions"
+    old_share = sum(t.policy_version == 0 for e in second for t in e.turns)
+    old_share /= sum(len(e.turns) for e in second)
+    assert rollout_metrics(second)["carried_turns"] == pytest.approx(old_share)
+    assert rollout_metrics(first)["carried_turns"] == 0.0
     old_turns = [t for e in mixed for t in e.turns if t.policy_version == 0]
 
     played = [t.logprobs[0] for t in old_turns]

@@ -108,6 +108,10 @@ def test_resumed_run_repeats_the_unbroken_run(mode, tmp_path, monkeypatch, cli) 
     assert f"llamagym run blackjack --resume {broken}" in err
     assert [p.name for p in checkpoints.list_checkpoints(broken)] == ["update-000002"]
     assert [r["update"] for r in updates_of(broken)] == [1, 2]
+    # The episodes in progress (a Blackjack hand is often one step: some just dealt,
+    # their seeds already drawn) are in the checkpoint.
+    carried = checkpoints.read_meta(broken / "checkpoints" / "update-000002")["state"]["engine"]
+    assert sum(slot is not None for slot in carried["carried"]["slots"]) == 4
 
     # ... then continued from its directory.
     code, out, _ = cli("run", "blackjack", "--resume", broken, "--quiet")

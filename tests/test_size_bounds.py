@@ -216,6 +216,7 @@ class NamingAgent(BanditAgent):
         (["left" + "x" * 200_000, "right"], "200,004 characters long"),
         (["left\ud800", "right"], "not writable text"),
         ([], "gave no legal actions"),
+        ("left", "as one string"),
     ],
 )
 @pytest.mark.parametrize("mode", ["score", "generate"])

@@ -91,6 +91,15 @@ class Replies:
     values: list[float]
 
     @classmethod
+    def joined(cls, parts: Sequence[Replies]) -> Replies:
+        """The replies of consecutive groups of prompts, as one batch's."""
+        return cls(
+            [tokens for part in parts for tokens in part.tokens],
+            [logprobs for part in parts for logprobs in part.logprobs],
+            [value for part in parts for value in part.values],
+        )
+
+    @classmethod
     def unscored(cls, tokens: Sequence[Sequence[int]]) -> Replies:
         """Replies from a sampler that computes no log-probabilities (each 0)."""
         return cls([list(t) for t in tokens], [[0.0] * len(t) for t in tokens], [0.0] * len(tokens))
@@ -487,23 +496,36 @@ class Policy(TurnCachePasses, nn.Module):
         the row ran, its prompt and reply, is kept there for the next turn.
         """
         prefixes = reply_prefixes(reply_prefix, len(prompts))
+        # A reply ends where the model's context does.
+        longest = max((len(prompt) for prompt in prompts), default=0)
+        max_new_tokens = max(1, min(max_new_tokens, self.max_context - longest))
         groups = self._pass_groups(prompts, [0] * len(prompts), max_new_tokens, keys,
                                    "a generation")
         if len(groups) > 1:  # one pass would take too much memory: one per group
-            parts = [
-                self.generate([prompts[i] for i in group], max_new_tokens, temperature, top_p,
-                              top_k, greedy, generator, [prefixes[i] for i in group],
-                              should_stop, None if keys is None else [keys[i] for i in group])
-                for group in groups
-            ]
-            return Replies(
-                tokens=[tokens for part in parts for tokens in part.tokens],
-                logprobs=[logprobs for part in parts for logprobs in part.logprobs],
-                values=[value for part in parts for value in part.values],
-            )
+            def part(rows: list[int]) -> Replies:
+                return self.generate(
+                    [prompts[i] for i in rows], max_new_tokens, temperature, top_p, top_k,
+                    greedy, generator, [prefixes[i] for i in rows], should_stop,
+                    None if keys is None else [keys[i] for i in rows],
+                )
+
+            return Replies.joined([part(group) for group in groups])
+        processors = [] if greedy else sampling_processors(temperature, top_p, top_k, generator)
+        return self._generation_pass(prompts, prefixes, keys, max_new_tokens, processors,
+                                     should_stop)
+
+    def _generation_pass(
+        self,
+        prompts: Sequence[Sequence[int]],
+        prefixes: list[str],
+        keys: Sequence[Hashable] | None,
+        max_new_tokens: int,
+        processors: list[Any],
+        should_stop: Callable[[], bool] | None,
+    ) -> Replies:
+        """:meth:`generate`'s one pass over ``prompts``, sampled through ``processors``."""
         input_ids, attention_mask, cache, turns, rows = self._generation_inputs(prompts, keys)
         width = input_ids.shape[1]
-        processors = [] if greedy else sampling_processors(temperature, top_p, top_k, generator)
         decoder, _ = decoder_and_head(self.model)
         with first_output(decoder) as states:  # the prompts' last states, for the values
             # transformers' method: torch's stubs type module attributes Tensor | Module.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
@@ -41,14 +42,23 @@ class SavedLockstep(BaseModel):
     next_episode: int
 
 
+def _writable(episode: Episode) -> bool:
+    """Whether every action of ``episode`` can be written down: a named action, or an
+    unnamed one that is a number or a string."""
+    return all(
+        turn.env_action is None or isinstance(turn.env_action, _SCALARS)
+        for turn in episode.turns
+    )
+
+
 def snapshot(lockstep: Lockstep) -> dict[str, Any]:
     """``lockstep``'s episodes, in progress and finished, as plain data. An episode
-    whose actions cannot be written down (an unnamed action that is not a number or a
-    string) is left out: a resumed run starts a fresh one in its env."""
+    whose actions cannot be written down (:func:`_writable`) is left out: a resumed run
+    starts a fresh one in its env, or trains without it."""
     slots: list[dict[str, Any] | None] = []
     for slot in lockstep.slots:
-        replayable = slot is not None and slot.episode.seed is not None and all(
-            index is not None or isinstance(action, _SCALARS) for index, action in slot.steps
+        replayable = slot is not None and slot.episode.seed is not None and _writable(
+            slot.episode
         )
         slots.append(None if slot is None or not replayable else {
             "seed": slot.episode.seed,
@@ -59,22 +69,39 @@ def snapshot(lockstep: Lockstep) -> dict[str, Any]:
         })
     return {
         "slots": slots,
-        "finished": [dataclasses.asdict(episode) for episode in lockstep.finished],
+        "finished": [dataclasses.asdict(e) for e in lockstep.finished if _writable(e)],
         "next_episode": lockstep.next_episode,
     }
 
 
-def replay(saved: Any, envs: list[Any], agent: Any, default_turns: int) -> Lockstep:
+def _checked(episode: Episode, vocabulary: int) -> Episode:
+    """``episode`` if every token id of its turns is one of the model's and every number
+    it trains on is finite; else ``ValueError``."""
+    for turn in [t for top in episode.turns for t in (top, *top.retries)]:
+        ids = [*turn.prompt_tokens, *turn.action_tokens, *(i for c in turn.candidates for i in c)]
+        if any(not 0 <= i < vocabulary for i in ids):
+            raise ValueError(f"a turn holds a token id outside the model's {vocabulary:,}")
+        if not all(math.isfinite(x) for x in (*turn.logprobs, turn.value, turn.reward)):
+            raise ValueError("a turn holds a number that is not finite")
+    return episode
+
+
+def replay(
+    saved: Any, envs: list[Any], agent: Any, default_turns: int, vocabulary: int
+) -> Lockstep:
     """An open lockstep over ``envs`` holding ``saved``'s episodes (:func:`snapshot`),
     each env reset and stepped as its episode was; a slot left empty (None) is one
     whose episode could not be replayed, for the caller to start afresh. Raises
-    ``ValueError`` if ``saved`` is not what :func:`snapshot` writes."""
+    ``ValueError`` if ``saved`` is not what :func:`snapshot` writes for a model of
+    ``vocabulary`` tokens."""
     try:
         state = SavedLockstep.model_validate(saved)
-        finished = [_EPISODE.validate_python(episode) for episode in state.finished]
-        episodes = [None if s is None else _EPISODE.validate_python(s.episode)
-                    for s in state.slots]
+        finished = [_checked(_EPISODE.validate_python(e), vocabulary) for e in state.finished]
+        episodes = [None if s is None else _checked(_EPISODE.validate_python(s.episode),
+                                                    vocabulary) for s in state.slots]
     except ValidationError as error:
+        raise ValueError(f"its episodes in progress do not read: {error}") from None
+    except ValueError as error:
         raise ValueError(f"its episodes in progress do not read: {error}") from None
     if len(state.slots) != len(envs):
         raise ValueError(f"it holds {len(state.slots)} envs' episodes, this run has {len(envs)}")
@@ -88,6 +115,11 @@ def replay(saved: Any, envs: list[Any], agent: Any, default_turns: int) -> Locks
     for position, (saved_slot, episode) in enumerate(zip(state.slots, episodes, strict=True)):
         if saved_slot is None or episode is None:
             continue
+        if len(saved_slot.steps) >= lockstep.turn_caps[position]:
+            raise ValueError(
+                f"its episode in progress in env {position} took {len(saved_slot.steps):,} "
+                f"steps, where one ends at {lockstep.turn_caps[position]:,}"
+            )
         try:
             lockstep.slots[position] = _replayed(saved_slot, episode, envs[position], agent)
         except Exception as error:  # the env is untrusted: whatever it did, not this one

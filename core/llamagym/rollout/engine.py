@@ -125,7 +125,8 @@ class RolloutEngine(PromptRendering):
         self.drop_carried()
         if state.get("carried") is not None:
             lockstep = carried.replay(
-                state["carried"], self.envs, self.agent, self.settings.max_episode_turns
+                state["carried"], self.envs, self.agent, self.settings.max_episode_turns,
+                len(self.policy.tokenizer),
             )
             for position, slot in enumerate(lockstep.slots):
                 if slot is None:
@@ -375,8 +376,7 @@ class RolloutEngine(PromptRendering):
 
     def drop_carried(self) -> None:
         """End the episodes carried into the next collection (see :meth:`play`): none of
-        their turns is trained on. A checkpoint does this, so the run it resumes plays
-        on from fresh episodes, as the unbroken run does."""
+        their turns is trained on."""
         carried, self._carried = self._carried, None
         if carried is not None:
             self._abandon(carried)
@@ -451,6 +451,7 @@ class RolloutEngine(PromptRendering):
         started_at = time.perf_counter()
         carried, self._carried = lockstep is self._carried, None
         lockstep.on_episode, lockstep.policy_version = on_episode, policy_version
+        lockstep.wanted = until
         if on_episode is not None:  # those that finished during the last collection
             for episode in lockstep.finished[:until]:
                 on_episode(episode)
@@ -519,7 +520,11 @@ class RolloutEngine(PromptRendering):
             ended = {"terminated": False, "ended_by_invalid_reply": True}
             self._finish_episode(lockstep, position, slot, ended)
             return
-        action_name, env_action = self._chosen_action(turn)
+        # The chosen action's name, and what the env is stepped with: the agent's, or
+        # for an agent that names no actions, extract_action's value as it is.
+        index = turn.action_index
+        action_name, env_action = (str(turn.env_action), turn.env_action) if index is None else (
+            turn.legal_actions[index], self.agent.env_action(index, turn.legal_actions))
         try:
             observation, reward, terminated, truncated, info = checked_step(
                 lockstep.envs[position], env_action
@@ -533,8 +538,7 @@ class RolloutEngine(PromptRendering):
             self._start_episode(lockstep, position)
             return
         self._record_step(slot, turn, action_name, observation, reward, info)
-        slot.steps.append((turn.action_index, action_name if turn.action_index is not None
-                           else env_action))
+        slot.steps.append((index, env_action if index is None else action_name))
         slot.rewards.append(reward)
         turn_cap = lockstep.turn_caps[position]
         if terminated or truncated:
@@ -544,13 +548,6 @@ class RolloutEngine(PromptRendering):
             # An env that never ends (or sets no limit) is cut here: truncated.
             summary = {**info_summary(info), "terminated": False, "turn_cap": turn_cap}
             self._finish_episode(lockstep, position, slot, summary)
-
-    def _chosen_action(self, turn: Turn) -> tuple[str, Any]:
-        """The name of the action a turn chose, and what the env is stepped with."""
-        index = turn.action_index
-        if index is None:  # the agent names no actions: extract_action's value
-            return str(turn.env_action), turn.env_action
-        return turn.legal_actions[index], self.agent.env_action(index, turn.legal_actions)
 
     def _record_step(
         self, slot: Slot, turn: Turn, action_name: str, observation: Any, reward: float,
@@ -582,7 +579,7 @@ class RolloutEngine(PromptRendering):
         lockstep.finished.append(episode)
         if self.observe:
             self.plugins.episode_end(self.agent, episode)
-        if lockstep.on_episode is not None:
+        if lockstep.on_episode is not None and lockstep.returns_latest():
             lockstep.on_episode(episode)
         self._start_episode(lockstep, position)
 

@@ -94,6 +94,11 @@ def checked_legal_actions(
                 )
             legal.append([])
             continue
+        if isinstance(actions, (str, bytes)):
+            raise EnvFailureError(
+                f"{where} gave its legal actions as one string ({bounded_repr(actions)}); "
+                "give a list of names"
+            )
         names = list(actions)
         if not names:
             raise EnvFailureError(f"{where} gave no legal actions; it must name at least one")

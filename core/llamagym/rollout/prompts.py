@@ -119,9 +119,7 @@ class PromptRendering:
         else:
             rooms = [16] * len(slots)
         for row, prompt in enumerate(ids):
-            # A reply longer than half the context gives way to the prompt; it is cut
-            # where the context ends.
-            limit = self.policy.max_context - min(rooms[row], self.policy.max_context // 2)
+            limit = self.policy.max_context - rooms[row]
             if len(prompt) <= limit:
                 continue
             # Old turns go first, then the current observation is cut; the system
@@ -264,8 +262,11 @@ class PromptRendering:
         return tokens
 
     def reply_room(self, prefix: str) -> int:
-        """Context positions a generate-mode reply needs after its prompt."""
-        return len(self.reply_prefix_tokens(prefix)) + self.settings.max_new_tokens
+        """Context positions a generate-mode reply is kept after its prompt: its prefix
+        and ``max_new_tokens``, at most half the model's context (a longer reply gives
+        way to the prompt, and ends where the context does: ``Policy.generate``)."""
+        room = len(self.reply_prefix_tokens(prefix)) + self.settings.max_new_tokens
+        return min(room, self.policy.max_context // 2)
 
     def candidate_tokens(self, name: str) -> list[int]:
         tokens = self._candidate_cache.get(name)

@@ -63,10 +63,18 @@ class Lockstep:
     #: stamped on every turn played (:attr:`Turn.policy_version`): the number of
     #: updates the weights that played it had seen
     policy_version: int = 0
+    #: the episodes the current collection returns (None: all); ``on_episode`` hears of
+    #: those, and of the others when the next collection hands them out
+    wanted: int | None = None
 
     def active(self) -> list[tuple[int, Slot]]:
         """The envs with an episode in progress, and their slots."""
         return [(position, slot) for position, slot in enumerate(self.slots) if slot is not None]
+
+    def returns_latest(self) -> bool:
+        """Whether the episode that finished last is one the current collection returns
+        (its ``on_episode`` hears of it now)."""
+        return self.wanted is None or len(self.finished) <= self.wanted
 
     def has_more(self) -> bool:
         """Whether an episode is still due to start."""
