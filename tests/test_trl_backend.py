@@ -782,3 +782,20 @@ def test_the_completions_table_shows_escape_sequences_escaped(tmp_path, capfd) -
 def test_trls_own_remote_code_switch_follows_the_model_section(tmp_path) -> None:
     args = arguments_of(small_agent(tmp_path), tmp_path)
     assert getattr(args, "trust_remote_code", False) is False
+
+
+@pytest.mark.parametrize("entry", ["model", "checkpoints/checkpoint-3"])
+def test_a_trl_run_writes_through_no_link_out_of_its_directory(entry, tmp_path) -> None:
+    """TRL's own entries (the exported model, its checkpoints) are the run's folders:
+    a link there, to another run's, is refused before anything is written."""
+    run_dir, outside = tmp_path / "r", tmp_path / "outside"
+    (run_dir / entry).parent.mkdir(parents=True)
+    outside.mkdir()
+    (run_dir / entry).symlink_to(outside, target_is_directory=True)
+    result = run_cli("run", "blackjack", "--backend", "trl", "--output", str(run_dir))
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"{str(run_dir / entry)!r} is a symbolic link" in lines[0]
+    assert not any(outside.iterdir()) and sorted(p.name for p in run_dir.iterdir()) == sorted(
+        {entry.split("/")[0]}
+    )

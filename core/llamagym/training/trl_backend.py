@@ -53,7 +53,9 @@ from llamagym.errors import LlamaGymError
 from llamagym.models import loading
 from llamagym.models.lora_choice import trains_through_lora
 from llamagym.models.policy import Policy
+from llamagym.paths import check_own_entry
 from llamagym.training import distributed
+from llamagym.training.checkpoint import CHECKPOINTS
 from llamagym.training.export import RUN_EXPORT, export_agent
 from llamagym.training.report import (
     METRICS,
@@ -113,8 +115,19 @@ def trl_checkpoint(path: Path) -> Path | None:
 
 
 def trl_run_dir(checkpoint: Path) -> Path:
-    """The run directory a TRL checkpoint belongs to (``RUN/checkpoints/checkpoint-N``)."""
-    return checkpoint.resolve().parent.parent
+    """The run directory a TRL checkpoint belongs to (``RUN/checkpoints/checkpoint-N``),
+    as given: a link on the way is not followed out of it (and is refused when the run
+    checks its own entries, :func:`check_trl_entries`)."""
+    return Path(os.path.abspath(checkpoint)).parent.parent.resolve()
+
+
+def check_trl_entries(directory: Path) -> None:
+    """What a TRL-backend run writes beside a native run's files, each missing or its
+    own folder (never a link out of the run directory): ``model/`` and TRL's
+    ``checkpoints/checkpoint-N``."""
+    check_own_entry(directory / RUN_EXPORT, folder=True)
+    for checkpoint in sorted((directory / CHECKPOINTS).glob("checkpoint-*")):
+        check_own_entry(checkpoint, folder=True)
 
 
 class TRLTrainer(Trainer):
@@ -136,6 +149,7 @@ class TRLTrainer(Trainer):
         rank, world = distributed.rank(), distributed.world_size()
         seed_everything(distributed.process_seed(config.training.seed, rank))
         resume = self._checkpoint_to_resume()
+        check_trl_entries(self.output_dir)
         self._replaces_a_run(resume)
         if distributed.is_main():
             check_writable(self.output_dir, resume is not None, create=False)
