@@ -261,11 +261,17 @@ def _agreed(collective: Callable[[], T]) -> T:
     global _entered
     _entered += 1
     store = dist.distributed_c10d._get_default_store()
-    store.add(f"{ARRIVALS_KEY}{rank()}", 1)
     try:
+        # The store may live in the process that died (rank 0's, outside torchrun).
+        store.add(f"{ARRIVALS_KEY}{rank()}", 1)
         return collective()
     except RuntimeError as error:  # gloo and NCCL report a lost peer as RuntimeError
-        raise ProcessLostError(_lost(store, error)) from None
+        try:
+            lost = _lost(store, error)
+        except RuntimeError:  # the store is gone with it: no one to ask which process
+            lost = (f"process {rank()} of {world_size()} lost its connection to the others "
+                    f"({_reason(error)})")
+        raise ProcessLostError(lost) from None
 
 
 def _beat(store: Any, rank: int) -> None:
