@@ -152,7 +152,7 @@ def _budget(resolved: Any, replaced: tuple[int, str | None] | None = None) -> st
     is reached first. ``--minutes`` without ``--episodes`` replaces an episode budget
     from any layer below the flags; ``replaced`` is that budget and its layer. Neither
     set: the built-in 1,000 episodes."""
-    from llamagym.training.budget import DEFAULT_EPISODES
+    from llamagym.schedule import DEFAULT_EPISODES
 
     training, sources = resolved.config.training, resolved.sources
     episodes_from = _budget_source(sources.get("training.episodes"), "--episodes")

@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from llamagym.errors import LlamaGymError
-from llamagym.schedule import DEFAULT_EPISODES as DEFAULT_EPISODES
-from llamagym.schedule import run_budgets as run_budgets
+from llamagym.schedule import run_budgets
 from llamagym.training.run_state import Counters
 
 TIME_BUDGET = "time budget"  # the stop reason when --minutes is used up

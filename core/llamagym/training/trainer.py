@@ -48,7 +48,7 @@ from llamagym.agent import Agent
 from llamagym.errors import EnvFailureError, LlamaGymError, TrainingDivergedError, WriteError
 from llamagym.paths import write_atomically
 from llamagym.rollout.evaluation import EvalResult
-from llamagym.schedule import Control
+from llamagym.schedule import Control, run_budgets
 from llamagym.specs import RunContext
 from llamagym.training import checkpoint as checkpoints
 from llamagym.training import distributed
@@ -57,7 +57,6 @@ from llamagym.training.budget import (
     CollectionWatch,
     budget_fraction,
     refuse_a_spent_budget,
-    run_budgets,
     stop_cause,
 )
 from llamagym.training.final_evaluation import evaluate_run
