@@ -12,7 +12,7 @@ PLUGINS := -e ./llamagym_blackjack -e ./llamagym_cartpole -e "./llamagym_textwor
 	-e ./llamagym_textarena -e ./llamagym_babyai
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test test-fast lint bench clean
 
 $(STAMP): pyproject.toml llamagym_blackjack/pyproject.toml llamagym_cartpole/pyproject.toml \
 		llamagym_textworld/pyproject.toml llamagym_textarena/pyproject.toml llamagym_babyai/pyproject.toml
@@ -29,6 +29,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# The loop while developing: without the smoke runs of benchmarks and multi-process runs
+# (`slow`) and without the real SmolLM2 (`real_model`); `make test` runs everything.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow and not real_model"
 
 # Style (ruff), types (mypy on core/ and plugins/) and floors (import-linter).
 lint: $(STAMP)

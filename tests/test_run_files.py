@@ -623,8 +623,10 @@ def test_resume_removes_what_an_interrupted_write_left(run_dir, cli) -> None:
             ".plugins.json.a_b_c_d_.tmp", ".llamagym-write-test.zzzz1234.tmp"]
     for name in left:
         (run_dir / name).write_text('{"half": ')
-    (run_dir / ".my-notes.tmp").write_text("mine\n")  # not a name LlamaGym writes
+    mine = [".my-notes.tmp", ".notes.abcdefgh.tmp"]  # names LlamaGym does not write
+    for name in mine:
+        (run_dir / name).write_text("mine\n")
     code, out, err = cli(*RESUME, "--eval-episodes", "0", "--resume", run_dir)
     assert code == 0, out + err
     assert not [name for name in left if (run_dir / name).exists()]
-    assert (run_dir / ".my-notes.tmp").read_text() == "mine\n"
+    assert all((run_dir / name).read_text() == "mine\n" for name in mine)

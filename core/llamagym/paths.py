@@ -17,7 +17,7 @@ import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from llamagym.errors import LlamaGymError, UnsafeFileError, WriteError
@@ -192,17 +192,20 @@ def open_own_file(path: Path, flags: int, mode: int = 0o644) -> int:
     return descriptor
 
 
-_TEMPORARY = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")  # write_atomically's (mkstemp's) names
-
-
-def remove_temporaries(directory: Path) -> list[str]:
-    """Delete the temporary files :func:`write_atomically` left in ``directory`` when its
-    process was killed mid-write; returns their names. Only for a directory's one writer
-    (a run's lock holder): no write of another process can be in flight there."""
+def remove_temporaries(directory: Path, names: Sequence[str]) -> list[str]:
+    """Delete the temporary files :func:`write_atomically` left in ``directory`` for the
+    files ``names`` when its process was killed mid-write (``.NAME.XXXXXXXX.tmp``, as
+    mkstemp names them); returns their names. Only for a directory's one writer (a
+    run's lock holder): no write of another process can be in flight there."""
+    if not names:
+        return []
+    pattern = re.compile(
+        r"\.(?:" + "|".join(re.escape(name) for name in names) + r")\.[a-z0-9_]{8}\.tmp"
+    )
     removed = []
     with os.scandir(directory) as entries:
         for entry in entries:
-            if _TEMPORARY.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+            if pattern.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
                     removed.append(entry.name)

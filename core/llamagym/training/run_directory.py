@@ -33,6 +33,11 @@ RUN_FILES = (
 #: What a run writes in its directory, as files and as folders: each must be its own.
 OWN_FILES = (METRICS, PLUGINS, TRANSCRIPTS, REPORT, CURVE, "config.yaml", LOCK, WRITER)
 OWN_FOLDERS = ("tensorboard", checkpoints.CHECKPOINTS, RANK_RECORDS)
+#: The name of the file a writability check writes and removes (:func:`check_writable`).
+WRITE_PROBE = "llamagym-write-test"
+#: The files whose hidden temporary copies (``.NAME.XXXXXXXX.tmp``) a killed writer may
+#: leave in a run directory, removed by the next one (``RunDirectoryLock``).
+OWN_TEMPORARIES = (*OWN_FILES, WRITE_PROBE)
 
 
 def default_output_dir(agent_name: str) -> Path:
@@ -68,7 +73,7 @@ def check_writable(directory: Path, resuming: bool, create: bool = True) -> None
             directory.mkdir(parents=True, exist_ok=True)
         # Named as write_atomically names its temporary files: one a kill leaves behind
         # is removed by the directory's next writer.
-        handle, probe = tempfile.mkstemp(prefix=".llamagym-write-test.", suffix=".tmp", dir=where)
+        handle, probe = tempfile.mkstemp(prefix=f".{WRITE_PROBE}.", suffix=".tmp", dir=where)
         os.close(handle)
         os.unlink(probe)
     except OSError as error:

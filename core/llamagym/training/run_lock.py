@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import os
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -70,8 +71,10 @@ class RunDirectoryLock:
     """The lock of one run directory (which must exist). :meth:`acquire` refuses at once
     when another process holds it; :meth:`release` lets it go and removes the record."""
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, own_files: Sequence[str] = ()):
         self.directory = Path(directory)
+        #: the files whose temporaries an earlier writer left are removed on acquiring
+        self.own_files = tuple(own_files)
         self._lock = FileLock(str(self.directory / LOCK), timeout=0)
 
     def acquire(self) -> None:
@@ -107,7 +110,7 @@ class RunDirectoryLock:
             flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
             with os.fdopen(open_own_file(self.directory / WRITER, flags), "w") as stream:
                 stream.write(json.dumps(record) + "\n")
-            remove_temporaries(self.directory)  # an earlier writer's, killed mid-write
+            remove_temporaries(self.directory, self.own_files)  # a killed writer's
         except OSError as error:
             self._lock.release()
             raise LlamaGymError(

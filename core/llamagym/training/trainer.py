@@ -65,6 +65,7 @@ from llamagym.training.final_evaluation import (
 )
 from llamagym.training.report import METRICS, append_record, write_report
 from llamagym.training.run_directory import (
+    OWN_TEMPORARIES,
     PLUGINS,
     RANK_RECORDS,
     RUN_FILES,
@@ -170,7 +171,7 @@ class Trainer:
             return
         # Created if need be, and known to be writable before anything in it is deleted.
         check_writable(directory, resuming=resume_checkpoint is not None)
-        self._lock = RunDirectoryLock(directory)
+        self._lock = RunDirectoryLock(directory, OWN_TEMPORARIES)
         self._lock.acquire()
         replacing = self._replaces_a_run(resume_checkpoint)  # again, now as its one writer
         for name in self.run_files if replacing else ():
