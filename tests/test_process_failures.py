@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from llamagym.training import checkpoint as checkpoints
 from llamagym.training.run_lock import RunDirectoryLock
 
 #: Seconds a collective waits for the other process in these runs.
@@ -110,10 +111,13 @@ def assert_lock_free(run_dir: Path) -> None:
 def test_a_killed_launcher_takes_its_processes_with_it(run) -> None:
     os.kill(run.launcher.pid, signal.SIGKILL)
     assert run.seconds_until_all_gone(bound=10) < 5
-    # The lock went with rank 0; the run resumes, naming the process that held it.
+    # The lock went with rank 0; the run resumes, naming the process that held it, with
+    # a budget of one more update than its newest checkpoint holds (however far it got).
+    done = checkpoints.read_meta(checkpoints.find_checkpoint(run.run_dir))["counters"]
+    budget = str(done["episodes"] + 16)
     resumed = subprocess.run(
         [sys.executable, "-m", "llamagym.cli", "run", "blackjack", "--resume", str(run.run_dir),
-         "--quiet", "--episodes", "64", "--eval-episodes", "0", "--set", "output.report=false"],
+         "--quiet", "--episodes", budget, "--eval-episodes", "0", "--set", "output.report=false"],
         capture_output=True, text=True, timeout=180, check=False,
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
