@@ -295,6 +295,15 @@ def test_baselines(agent: TextWorldAgent) -> None:
     assert 0.0 <= random_play.mean < 1.0
 
 
+def test_the_choice_is_among_the_least_tried_commands_unless_turned_off(env) -> None:
+    observation, info = env.reset(seed=0)
+    observation, _, _, _, info = env.step("look")  # the place is unchanged
+    fewer = tiny_agent(TextWorldAgent, agent=TINY_GAMES).legal_actions(observation, info)
+    assert "look" not in fewer and set(fewer) == set(info["admissible_commands"]) - {"look"}
+    every = tiny_agent(TextWorldAgent, agent={**TINY_GAMES, "least_tried": False})
+    assert every.legal_actions(observation, info) == info["admissible_commands"]
+
+
 def test_evaluations_count_games_won_from_the_game_state_not_the_return() -> None:
     # A win bonus and a step penalty put a won game's return anywhere; the outcome
     # still says whether the game was won.

@@ -6,7 +6,8 @@ it survives however many old turns the engine drops to fit the model's context
 prompt and the current turn), and a model that keeps each env's key/value cache runs it
 once per episode, not in every turn.
 
-Score mode ranks ``info["admissible_commands"]``. Generate mode reads a reply through
+Score mode ranks the admissible commands (by default those the episode has taken least
+often at the same place: ``least_tried``). Generate mode reads a reply through
 the extraction chain: the JSON parser (``{"command": "open door"}``), then this agent
 (the reply is the command itself, or failing that the admissible command it is closest
 to), then the regex parser (the last admissible command named anywhere in the reply).
@@ -64,6 +65,12 @@ class TextWorldOptions(BaseModel):
         None,
         description="Name the admissible commands in the prompt; null = only in generate "
         "mode (score mode puts each command after the prompt anyway).",
+    )
+    least_tried: bool = Field(
+        True,
+        description="Offer only the admissible commands this episode has taken least often "
+        "at the same place (the same room with the same admissible commands; first those "
+        "not yet taken there), so a policy that keeps choosing the same way cannot loop.",
     )
     fuzzy_threshold: float = Field(
         0.8, ge=0, le=1, description="Least difflib similarity for a near-miss reply to count."
@@ -261,7 +268,8 @@ class TextWorldAgent(Agent):
     def legal_actions(self, observation: Any, info: dict) -> Sequence[str]:
         # The game always accepts "look"; offering it when TextWorld lists nothing keeps
         # the engine from ever facing an empty choice.
-        return list(info.get("admissible_commands") or [FALLBACK_COMMAND])
+        key = "least_tried_commands" if self.options.least_tried else "admissible_commands"
+        return list(info.get(key) or info.get("admissible_commands") or [FALLBACK_COMMAND])
 
     def env_action(self, index: int, legal_actions: Sequence[str]) -> str:
         return legal_actions[index]  # TextWorldEnv steps on the command text itself
