@@ -303,6 +303,53 @@ def test_smollm2_textworld_from_turn_caches_equals_reencoding(
 
 
 
+def test_a_rollout_score_pass_runs_rows_of_unlike_lengths_apart() -> None:
+    """Two short prompts and two long ones from their envs' turn caches: the short rows
+    run in a pass of their own instead of padded to the long ones, the numbers are those
+    of the prompts scored without caches, and they come back in the prompts' order."""
+    from llamagym.testing import BanditAgent
+
+    policy = tiny_agent(BanditAgent).policy
+    prompts = [[5 + (row * 7 + k) % 50 for k in range(length)]
+               for row, length in enumerate([200, 12, 190, 10])]
+    candidates = [[[1, 2, 3], [4, 5]], [[6]], [[7, 8], [9]], [[1], [2], [3]]]
+    with torch.no_grad():
+        plain, plain_values = policy.score(prompts, candidates)
+        start = policy.positions_run
+        keyed, keyed_values = policy.score(prompts, candidates, keys=["a", "b", "c", "d"])
+    ran = policy.positions_run - start
+    tails = [sum(len(c) - 1 for c in row) for row in candidates]
+    assert ran < 4 * max(len(p) + t for p, t in zip(prompts, tails, strict=True)) * 0.6
+    torch.testing.assert_close(keyed, plain, atol=TOLERANCE, rtol=0)
+    torch.testing.assert_close(keyed_values, plain_values, atol=TOLERANCE, rtol=0)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_length_groups_are_the_cheapest_split(seed: int) -> None:
+    """Against every split of the rows sorted by length into neighbouring groups."""
+    import itertools
+    import random
+
+    from llamagym.models.passes import length_groups
+
+    rng = random.Random(seed)
+    lengths = [rng.randint(1, 300) for _ in range(rng.randint(1, 7))]
+    overhead = rng.choice([0, 16, 64, 500])
+
+    def cost(groups: list[list[int]]) -> int:
+        return sum(len(g) * max(lengths[i] for i in g) + overhead for g in groups)
+
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    cheapest = min(
+        cost([order[a:b] for a, b in itertools.pairwise((0, *cuts, len(order)))])
+        for n in range(len(order))
+        for cuts in itertools.combinations(range(1, len(order)), n)
+    )
+    groups = length_groups(lengths, overhead)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    assert cost(groups) == cheapest
+
+
 def test_a_model_without_a_plain_cache_runs_every_prompt_whole() -> None:
     """A sliding-window model (Mistral's cache keeps the last window of keys only): no
     turn cache, the numbers of passes without keys."""

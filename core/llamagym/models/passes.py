@@ -65,6 +65,34 @@ def shared_prefix_length(prompts: Sequence[Sequence[int]], rows: int | None = No
     return length if length * (rows - 1) >= MIN_SHARED_TOKENS else 0
 
 
+def length_groups(lengths: Sequence[int], overhead: int = MIN_SHARED_TOKENS) -> list[list[int]]:
+    """Rows of a pass (their ``lengths``: the token positions each runs) in groups, one
+    pass each, so that the padding paid for is least: every row of a group runs as many
+    positions as its longest, and each pass beyond the first costs ``overhead``
+    positions more. Each group holds rows of neighbouring lengths, shortest first; the
+    split is the cheapest such one (a dynamic programme over the rows sorted by length).
+    """
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    if len(order) < 2:
+        return [order] if order else []
+    sorted_lengths = torch.tensor([lengths[i] for i in order], dtype=torch.float64)
+    # best[j]: the least cost of the first j sorted rows; start[j]: where its last group
+    # starts. A group of rows i..j-1 costs (j - i) * length[j - 1] + overhead.
+    best = torch.zeros(len(order) + 1, dtype=torch.float64)
+    start = [0] * (len(order) + 1)
+    for end in range(1, len(order) + 1):
+        firsts = torch.arange(end, dtype=torch.float64)
+        costs = best[:end] + (end - firsts) * sorted_lengths[end - 1] + overhead
+        at = int(torch.argmin(costs))
+        best[end], start[end] = costs[at], at
+    groups: list[list[int]] = []
+    end = len(order)
+    while end > 0:
+        groups.append(order[start[end]:end])
+        end = start[end]
+    return groups[::-1]
+
+
 def prefix_rows(prompts: Sequence[tuple[int, ...]]) -> tuple[list[int], list[tuple[int, ...]]]:
     """Rows for distinct ``prompts`` where a prompt that starts another one goes into
     that one's row (with its history, an episode's turns all fit in the row of its last

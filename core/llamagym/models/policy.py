@@ -344,17 +344,20 @@ class Policy(TurnCachePasses, nn.Module):
         """
         tails = [sum(max(len(tokens) - 1, 0) for tokens in row) for row in candidates]
         groups = self._pass_groups(prompts, tails, 0, None if reference else keys, "a score pass")
-        if len(groups) > 1:  # one pass would take too much memory: one per group
+        if len(groups) > 1:  # rows of unlike lengths, or too much memory: one pass each
             parts = [
                 self.score([prompts[i] for i in group], [candidates[i] for i in group],
                            reference, None if keys is None else [keys[i] for i in group])
                 for group in groups
             ]
             width = max(scores.shape[1] for scores, _ in parts)
+            # The groups' rows back in the order of the prompts.
+            order = torch.tensor([i for group in groups for i in group]).argsort()
             return (
                 torch.cat([nn.functional.pad(scores, (0, width - scores.shape[1]),
-                                             value=float("-inf")) for scores, _ in parts]),
-                torch.cat([values for _, values in parts]),
+                                             value=float("-inf")) for scores, _ in parts]
+                          )[order.to(self.device)],
+                torch.cat([values for _, values in parts])[order.to(self.device)],
             )
         token_logprobs, mask, _, state_hidden = self._continuations(
             prompts, _choice_pairs(candidates), reference, keys=keys

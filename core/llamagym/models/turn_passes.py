@@ -21,7 +21,13 @@ from llamagym.models.decoder import (
     prefix_cache_class,
 )
 from llamagym.models.pass_memory import pass_budget, pass_groups
-from llamagym.models.passes import BatchedPasses, LaidOutPass, padded, shared_prefix_length
+from llamagym.models.passes import (
+    BatchedPasses,
+    LaidOutPass,
+    length_groups,
+    padded,
+    shared_prefix_length,
+)
 from llamagym.models.trunk import PassLayout, TrunkStates, decoder_layers, top_layers
 from llamagym.models.turn_cache import Kept, TurnCache, stacked_past
 
@@ -83,7 +89,10 @@ class TurnCachePasses(BatchedPasses):
         """The rows of a pass over ``prompts`` in groups that each fit a pass's memory
         (models/pass_memory.py): each row runs its tokens after what its env's turn cache
         holds (``keys``; the whole prompt without) and its ``tails`` (score mode's
-        candidates), against those and ``new_tokens`` more (a generation's)."""
+        candidates), against those and ``new_tokens`` more (a generation's). A rollout's
+        score pass (turn caches, no new tokens) is first split by the rows' lengths, so
+        that little padding is run (:func:`length_groups`); the groups then hold rows in
+        another order than ``prompts``."""
         turns = self._turns() if keys is not None and not torch.is_grad_enabled() else None
         kept = (
             [turns.match(key, prompt)[1] for key, prompt in zip(keys, prompts, strict=True)]
@@ -94,7 +103,18 @@ class TurnCachePasses(BatchedPasses):
             (len(prompt) - held + tail, len(prompt) + tail + new_tokens)
             for prompt, held, tail in zip(prompts, kept, tails, strict=True)
         ]
-        return pass_groups(shapes, self.attention_heads, pass_budget(), what)
+        by_length = (
+            length_groups([queries for queries, _ in shapes])
+            if turns is not None and new_tokens == 0
+            else [list(range(len(shapes)))]
+        )
+        return [
+            [rows[i] for i in group]
+            for rows in by_length
+            for group in pass_groups(
+                [shapes[row] for row in rows], self.attention_heads, pass_budget(), what
+            )
+        ]
 
     def drop_turn_cache(self, key: Hashable) -> None:
         """Forget what the turn cache keeps for ``key`` (its env's episode ended)."""
