@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import re
 import string
-from collections import Counter
 import warnings
+from collections import Counter
 from collections.abc import Sequence
 from os import PathLike
 from pathlib import Path
