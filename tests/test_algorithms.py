@@ -349,6 +349,35 @@ def test_equal_returns_evict_the_oldest() -> None:
     assert kept == {id(newer.turns[0]), id(newest.turns[0])}
 
 
+def test_replay_per_task_keeps_each_tasks_best_episode() -> None:
+    def played(game: int, value: float) -> Episode:
+        episode = fake_episode(value)
+        episode.info = {"game_index": game, "won": value > 0}
+        return episode
+
+    buffer = ReplayBuffer(capacity=8, per="game_index")
+    buffer.offer([played(0, 3.0), played(0, 2.0), played(1, 1.0), played(2, 0.5)], top_k=8)
+    assert sorted(buffer.returns()) == [0.5, 1.0, 3.0]  # one per game, game 0's best
+    buffer.offer([played(0, 1.0), played(1, 4.0), played(2, 0.5)], top_k=8)
+    # Game 0 keeps its 3; game 1 its better 4; game 2 the newer of equals.
+    assert sorted(buffer.returns()) == [0.5, 3.0, 4.0]
+    newest = played(2, 0.5)
+    buffer.offer([newest], top_k=1)
+    assert id(newest.turns[0]) in {id(turn) for turn in buffer.turns()}
+    assert len(buffer) == 3
+    # Without it, the three best episodes of any games.
+    plain = ReplayBuffer(capacity=3)
+    plain.offer([played(0, 3.0), played(0, 2.0), played(1, 1.0), played(2, 0.5)], top_k=8)
+    assert sorted(plain.returns()) == [1.0, 2.0, 3.0]
+
+
+def test_replay_per_an_unknown_key_names_the_keys_there_are() -> None:
+    episode = fake_episode(1.0)
+    episode.info = {"game_index": 0}
+    with pytest.raises(ConfigError, match=r"replay_per='gmae_index'.*\['game_index'\]"):
+        ReplayBuffer(capacity=4, per="gmae_index").offer([episode], top_k=1)
+
+
 def write_lines(path: Path, lines: list[str]) -> Path:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path

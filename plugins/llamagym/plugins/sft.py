@@ -73,6 +73,13 @@ class WarmStartConfig(BaseModel):
     min_return: float | None = Field(
         None, description="Only episodes with a return above this enter the buffer."
     )
+    replay_per: str | None = Field(
+        None,
+        max_length=100,
+        description="An info key naming the task an episode played (TextWorld's "
+        "game_index): the buffer keeps the best episode of each task, so every game "
+        "someone won stays taught, not only the easiest.",
+    )
     steps: int = Field(1, ge=0, description="Supervised steps after each RL update.")
     batch_size: int = Field(32, ge=1, description="Turns per supervised step.")
     lr: float = Field(1e-4, gt=0, le=10, description="Learning rate of the supervised Adam.")
@@ -99,14 +106,15 @@ def episode_return(episode: Episode) -> float:
 
 
 class ReplayBuffer:
-    """The best episodes seen so far, at most ``capacity`` of them.
+    """The best episodes seen so far, at most ``capacity`` of them; with ``per`` (a key
+    of the episodes' info), only the best of each value of it (each game's best).
 
     A min-heap keyed by (return, arrival): when full, the worst episode leaves, and among
     equals the oldest, so the buffer drifts towards what the current policy does.
     """
 
-    def __init__(self, capacity: int, min_return: float | None = None):
-        self.capacity, self.min_return = capacity, min_return
+    def __init__(self, capacity: int, min_return: float | None = None, per: str | None = None):
+        self.capacity, self.min_return, self.per = capacity, min_return, per
         self._heap: list[tuple[float, int, Episode]] = []
         self._arrivals = 0
 
@@ -123,6 +131,8 @@ class ReplayBuffer:
                 continue
             if not any(turn.valid for turn in episode.turns):
                 continue  # nothing in it worth imitating
+            if self.per is not None and not self._best_of_its_task(episode, score):
+                continue
             entry = (score, self._arrivals, episode)
             self._arrivals += 1
             heapq.heappush(self._heap, entry)
@@ -131,6 +141,26 @@ class ReplayBuffer:
             heapq.heappop(self._heap)
         kept = {arrival for _, arrival, _ in self._heap}
         return sum(arrival in kept for arrival in added)
+
+    def _best_of_its_task(self, episode: Episode, score: float) -> bool:
+        """Whether ``episode`` is at least as good as the kept one of its task; if so, that
+        one leaves (the newer of equals stays)."""
+        assert self.per is not None
+        if self.per not in episode.info:
+            raise ConfigError(
+                f"algorithm.warm_start.replay_per={self.per!r}: the episodes' info has no "
+                f"such key; it has {sorted(episode.info)[:20]}. Name one of them (the "
+                "task an episode played, e.g. game_index) or unset replay_per"
+            )
+        task = episode.info[self.per]
+        for index, (kept, _, other) in enumerate(self._heap):
+            if other.info.get(self.per) == task:
+                if kept > score:
+                    return False
+                self._heap.pop(index)
+                heapq.heapify(self._heap)
+                break
+        return True
 
     def returns(self) -> list[float]:
         return sorted((score for score, _, _ in self._heap), reverse=True)
@@ -282,7 +312,7 @@ class WarmStart:
     def __init__(self, algorithm: Algorithm, config: WarmStartConfig):
         self.algorithm = algorithm
         self.config = config
-        self.buffer = ReplayBuffer(config.buffer_size, config.min_return)
+        self.buffer = ReplayBuffer(config.buffer_size, config.min_return, config.replay_per)
         # Its own Adam: the supervised loss has another scale than the RL one, and
         # sharing moment estimates would let one disturb the other's step sizes.
         self.optimizer = torch.optim.Adam(algorithm.model_parameters(), lr=config.lr)
