@@ -372,7 +372,8 @@ def _cache_rendered_texts() -> None:
     """``SequenceEngine.render_prompts`` renders every turn's conversation through the
     chat template (sandboxed and traced) although the engine's prompt cache already
     spares the native rollout that work: the same bounded cache, for the texts."""
-    from llamagym.rollout.engine import PROMPT_CACHE_TOKENS, RolloutEngine
+    from llamagym.rollout.engine import RolloutEngine
+    from llamagym.rollout.prompts import PROMPT_CACHE_TOKENS
     from llamagym.training import trl_rollout
     from llamagym.training.trl_rollout import SequenceEngine
 

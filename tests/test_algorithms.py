@@ -25,7 +25,7 @@ from llamagym.plugins.sft import ReplayBuffer, demonstration_turns, load_demonst
 from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.schedule import Control, Schedule
 from llamagym.testing import BanditAgent, action_probabilities, tiny_agent
-from llamagym.training.algorithm import nest_warm_start_keys
+from llamagym.training.algorithm_config import nest_warm_start_keys
 from llamagym.training.distributed import SingleProcess
 
 ALGORITHMS = ("ppo", "grpo", "rloo", "reinforce")

@@ -20,8 +20,7 @@ import pytest
 import yaml
 
 from llamagym import hookimpl
-from llamagym.config import ConfigError
-from llamagym.errors import EnvFailureError
+from llamagym.errors import ConfigError, EnvFailureError
 from llamagym.models.chat_template import ChatTemplateError, render_chat
 from llamagym.testing import (
     BanditAgent,
@@ -346,7 +345,7 @@ def test_an_env_that_never_ends_is_cut_at_the_turn_cap(hostile) -> None:
     assert [e.length for e in episodes] == [7, 7, 7]
     assert all(e.info["turn_cap"] == 7 and e.info["terminated"] is False for e in episodes)
     # An env registered with its own max_episode_steps keeps that limit.
-    from llamagym.rollout.engine import max_turns
+    from llamagym.rollout.env_checks import max_turns
 
     gymnasium.register("HostileLimited-v0", entry_point=HostileBandit, max_episode_steps=3)
     try:
@@ -356,7 +355,7 @@ def test_an_env_that_never_ends_is_cut_at_the_turn_cap(hostile) -> None:
 
 
 def test_the_evaluation_honours_its_time_budget(hostile, caplog) -> None:
-    from llamagym.training.trainer import evaluate_with_baselines
+    from llamagym.training.final_evaluation import evaluate_with_baselines
 
     agent = hostile("never-ends", rollout={"num_envs": 2, "max_episode_turns": 1_000_000})
     started = time.monotonic()

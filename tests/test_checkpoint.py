@@ -19,6 +19,8 @@ from llamagym import hookimpl
 from llamagym.errors import LlamaGymError
 from llamagym.testing import temporary_plugin
 from llamagym.training import checkpoint as checkpoints
+from llamagym.training.checkpoint_errors import CheckpointWriteError
+from llamagym.training.checkpoint_state import decode_state, encode_state
 from llamagym.training.run_files import read_metrics, read_transcripts
 
 # Small and single-threaded: fast, and bit-for-bit repeatable on CPU.
@@ -69,8 +71,8 @@ def test_state_encoding_round_trips_optimizer_and_random_states() -> None:
         "torch": torch.get_rng_state(),
     }
     tensors: dict = {}
-    encoded = json.loads(json.dumps(checkpoints.encode_state(state, tensors)))
-    decoded = checkpoints.decode_state(encoded, tensors)
+    encoded = json.loads(json.dumps(encode_state(state, tensors)))
+    decoded = decode_state(encoded, tensors)
 
     restored = torch.optim.Adam(layer.parameters(), lr=0.5)
     restored.load_state_dict(decoded["optimizer"])
@@ -160,7 +162,7 @@ def interrupted_write_keeps_previous_checkpoint(run_dir: Path, monkeypatch) -> N
 
     monkeypatch.setattr(safetensors.torch, "save_file", failing_save)
     counters = dict(meta["counters"], updates=meta["update"] + 1)
-    with pytest.raises(checkpoints.CheckpointWriteError, match="simulated") as failed:
+    with pytest.raises(CheckpointWriteError, match="simulated") as failed:
         checkpoints.save_training_checkpoint(
             run_dir, agent.run, counters, meta["config"], keep=1
         )

@@ -22,6 +22,12 @@ from safetensors.torch import load_file, save_file
 from llamagym import load_agent
 from llamagym.testing import model_with_its_own_code, one_error_line
 from llamagym.training import checkpoint as checkpoints
+from llamagym.training.checkpoint_errors import (
+    CheckpointError,
+    CheckpointMismatchError,
+    DamagedCheckpointError,
+    UntrustedModelError,
+)
 from llamagym.training.run_files import read_metrics
 
 FIRST, SECOND = "update-000001", "update-000002"
@@ -109,7 +115,7 @@ class LoaderSpy:
             self.calls.append({"name": name, **kwargs})
             if call_through:
                 return real(name, **kwargs)
-            raise checkpoints.CheckpointError("the loader was reached (test stand-in)")
+            raise CheckpointError("the loader was reached (test stand-in)")
 
         # Both names of the loader: its module's, and the one the run builder imported.
         monkeypatch.setattr(loading, "load_model_and_tokenizer", spy)
@@ -135,7 +141,7 @@ def test_a_tampered_model_section_runs_no_code(run_dir, tmp_path, cli) -> None:
         assert not marker.exists()
         assert snapshot(run_dir) == before
 
-    with pytest.raises(checkpoints.UntrustedModelError, match="auto_map"):
+    with pytest.raises(UntrustedModelError, match="auto_map"):
         load_agent(run_dir)
     assert not marker.exists()
     assert snapshot(run_dir) == before
@@ -164,7 +170,7 @@ def test_only_the_user_allows_model_code_and_is_warned(how, run_dir, tmp_path, m
     edit_meta(checkpoint_dir(run_dir), point_at(model, trust=False))
     spy = LoaderSpy(monkeypatch)
     if how == "load_agent":
-        with pytest.raises(checkpoints.CheckpointError, match="test stand-in"):
+        with pytest.raises(CheckpointError, match="test stand-in"):
             load_agent(run_dir, trust_remote_code=True)
     elif how == "eval":
         code, _, err = cli("eval", "blackjack", "--checkpoint", run_dir, "--trust-remote-code",
@@ -234,15 +240,15 @@ def put_inf(tensors):
 @pytest.mark.parametrize(
     ("file", "change", "error", "words"),
     [
-        (checkpoints.WEIGHTS, reshape_last, checkpoints.CheckpointMismatchError,
+        (checkpoints.WEIGHTS, reshape_last, CheckpointMismatchError,
          ["has shape", "in the checkpoint", "in the model"]),
-        (checkpoints.WEIGHTS, to_half, checkpoints.CheckpointMismatchError,
+        (checkpoints.WEIGHTS, to_half, CheckpointMismatchError,
          ["is float16 in the checkpoint, float32 in the model", "not converted",
           "--set model.dtype=float16"]),
-        (checkpoints.WEIGHTS, put_nan, checkpoints.DamagedCheckpointError, ["NaN or infinite"]),
-        (checkpoints.VALUE_HEAD, put_inf, checkpoints.DamagedCheckpointError,
+        (checkpoints.WEIGHTS, put_nan, DamagedCheckpointError, ["NaN or infinite"]),
+        (checkpoints.VALUE_HEAD, put_inf, DamagedCheckpointError,
          ["value head tensor", "NaN or infinite"]),
-        (checkpoints.VALUE_HEAD, to_half, checkpoints.CheckpointMismatchError,
+        (checkpoints.VALUE_HEAD, to_half, CheckpointMismatchError,
          ["value head tensor", "is float16 in the checkpoint"]),
     ],
     ids=["shape", "dtype", "nan", "value-head-inf", "value-head-dtype"],

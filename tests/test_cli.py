@@ -120,7 +120,7 @@ def test_every_help_text_reads_as_wrapped_prose_at_80_columns() -> None:
     import typer.main
     from typer.testing import CliRunner
 
-    from llamagym.cli import app
+    from llamagym.cli.app import app
 
     width = 80
     runner = CliRunner()

@@ -1,13 +1,27 @@
-"""Code written against LlamaGym 0.2's module layout fails with one line that names the
-new place, never with a bare ModuleNotFoundError."""
+"""One rule for names that moved: a name lives in exactly one module, every import names
+that module, and code written against an older layout fails with one line that names the
+new place, never with a bare ModuleNotFoundError or a silent re-export."""
 
 from __future__ import annotations
 
+import ast
 import importlib
+import re
+from functools import cache
+from pathlib import Path
 
 import pytest
 
-from llamagym import MOVED_MODULES
+from llamagym import MOVED_MODULES, MOVED_NAMES
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {"llamagym.plugins": ROOT / "plugins" / "llamagym" / "plugins",
+            "llamagym": ROOT / "core" / "llamagym"}
+#: Where code that imports LlamaGym lives: the package, its plugins, the env plugins,
+#: tests, benchmarks, docs (their code blocks) and the templates of `llamagym new-plugin`.
+SOURCES = ["core", "plugins", "tests", "benchmarks", "docs", *sorted(
+    path.name for path in ROOT.glob("llamagym_*") if path.is_dir())]
+FROM_IMPORT = re.compile(r"^\s*from\s+(llamagym\.[\w.]+)\s+import\s+(\([^)]*\)|.*)$", re.M)
 
 
 @pytest.mark.parametrize("old", sorted(MOVED_MODULES))
@@ -28,6 +42,23 @@ def test_an_old_module_path_names_its_new_one(old: str) -> None:
             importlib.import_module(old)
 
 
+MOVED = sorted((old, name, new) for old, homes in MOVED_NAMES.items()
+               for new, names in homes.items() for name in names)
+
+
+@pytest.mark.parametrize(("old", "name", "new"), MOVED, ids=[f"{o}.{n}" for o, n, _ in MOVED])
+def test_a_moved_name_imported_from_its_old_module_names_the_one_that_defines_it(
+    old: str, name: str, new: str
+) -> None:
+    assert name in defined_in(new)  # the new module defines it, not re-exports it
+    assert name not in defined_in(old)
+    with pytest.raises(ImportError) as raised:
+        exec(f"from {old} import {name}", {})  # the statement a plugin would have
+    assert str(raised.value) == f"{name} is not in {old}; import it from {new}"
+    with pytest.raises(AttributeError):
+        importlib.import_module(old).no_such_name  # noqa: B018
+
+
 def test_the_names_of_llamagym_itself_did_not_move() -> None:
     import llamagym
 
@@ -36,14 +67,107 @@ def test_the_names_of_llamagym_itself_did_not_move() -> None:
         assert getattr(llamagym, name) is not None
 
 
-def test_the_resolvers_names_left_in_config_and_run_point_to_config_layers() -> None:
-    import llamagym.config_layers as config_layers
-    import llamagym.run as run
+def test_no_module_offers_a_name_it_imports() -> None:
+    """``__all__`` lists what the module defines; ``import x as x`` re-exports nothing."""
+    offered = []
+    for package, folder in PACKAGES.items():
+        for path in sorted(folder.rglob("*.py")):
+            if "templates" in path.parts or path == PACKAGES["llamagym"] / "__init__.py":
+                continue  # `from llamagym import Agent`, the package's front door, stays
+            module = _module_name(package, folder, path)
+            imported = _bindings(module)[1]
+            listed = _all_of(path)
+            offered += [f"{module}.{name}" for name in listed if name in imported]
+            offered += [f"{module}.{name} (as itself)" for name in _self_aliases(path)]
+    assert offered == []
 
-    with pytest.raises(ImportError, match="import it from llamagym.config_layers"):
-        from llamagym.config import resolve_config  # noqa: F401
-    with pytest.raises(AttributeError):
-        importlib.import_module("llamagym.config").no_such_name  # noqa: B018
-    # run.py kept the names it defined before: code importing them from there still works.
-    assert run.resolve_agent_config is config_layers.resolve_agent_config
-    assert run.run_layers is config_layers.run_layers
+
+def test_every_import_of_a_llamagym_name_names_the_module_that_defines_it() -> None:
+    files = [*ROOT.glob("*.md"), *(path for top in SOURCES for path in (ROOT / top).rglob("*"))]
+    elsewhere = []
+    for path in sorted(files):
+        if path.suffix not in (".py", ".md") or any(
+            part.startswith(".") or part == "build" for part in path.relative_to(ROOT).parts
+        ):
+            continue
+        text = path.read_text(encoding="utf-8")
+        for match in FROM_IMPORT.finditer(text):
+            module = match.group(1)
+            if _source(module) is None:
+                continue  # an example's own package (docs)
+            body = re.sub(r"#[^\n]*", "", match.group(2)).strip("() \n")
+            for name in (part.split()[0] for part in body.split(",") if part.strip()):
+                if name not in defined_in(module) and not _is_submodule(module, name):
+                    line = text.count("\n", 0, match.start()) + 1
+                    elsewhere.append(f"{path.relative_to(ROOT)}:{line}: {module}.{name}")
+    assert elsewhere == []
+
+
+def defined_in(module: str) -> set[str]:
+    """The names ``module`` defines (def, class, assignment, declaration), or imports
+    as a whole module (``import tomllib``): never a name taken from another module."""
+    return _bindings(module)[0]
+
+
+def _is_submodule(package: str, name: str) -> bool:
+    return _source(f"{package}.{name}") is not None and name not in _bindings(package)[1]
+
+
+@cache
+def _bindings(module: str) -> tuple[frozenset[str], frozenset[str]]:
+    """(names defined, names taken with ``from ... import``) at the top of ``module``."""
+    source = _source(module)
+    assert source is not None, module
+    defined: set[str] = set()
+    imported: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                defined.update(n.id for t in targets for n in ast.walk(t)
+                               if isinstance(n, ast.Name))
+            elif isinstance(node, ast.Import):
+                defined.update(a.asname or a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module != module:
+                imported.update(a.asname or a.name for a in node.names)  # not own submodules
+            elif isinstance(node, (ast.If, ast.Try)):
+                visit(node.body)
+                visit(node.orelse)
+                for handler in getattr(node, "handlers", []):
+                    visit(handler.body)
+
+    visit(ast.parse(source.read_text(encoding="utf-8")).body)
+    return frozenset(defined), frozenset(imported)
+
+
+def _source(module: str) -> Path | None:
+    package = next((p for p in PACKAGES if module == p or module.startswith(p + ".")), None)
+    if package is None:
+        return None
+    path = PACKAGES[package].joinpath(*module.split(".")[package.count(".") + 1:])
+    for candidate in (path / "__init__.py", path.with_suffix(".py")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _module_name(package: str, folder: Path, path: Path) -> str:
+    parts = path.relative_to(folder).with_suffix("").parts
+    return ".".join((package, *(parts[:-1] if parts[-1] == "__init__" else parts)))
+
+
+def _all_of(path: Path) -> list[str]:
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            return list(ast.literal_eval(node.value))
+    return []
+
+
+def _self_aliases(path: Path) -> list[str]:
+    return [a.name for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.ImportFrom) for a in node.names if a.asname == a.name]

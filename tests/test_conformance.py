@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 
 from llamagym import hookimpl
 from llamagym.agent import Agent
-from llamagym.cli import app
-from llamagym.devtools import agent_checks, conformance
+from llamagym.cli.app import app
+from llamagym.devtools import agent_checks
 from llamagym.devtools.conformance import check_agent
 from llamagym.devtools.fake_model import FakePolicy, ScriptExhaustedError
 from llamagym.testing import BanditAgent, TwoArmedBandit, assert_agent_conforms
@@ -43,7 +43,7 @@ def test_builtin_agents_conform(name: str, config: dict | None) -> None:
     if name == "textworld":
         pytest.importorskip("textworld", reason="the textworld extra is not installed")
     results = assert_agent_conforms(builtin_agent(name), config, name=name, episodes=2)
-    assert [r.name for r in results if r.status == "pass"] == list(conformance.CHECK_NAMES)
+    assert [r.name for r in results if r.status == "pass"] == list(agent_checks.CHECK_NAMES)
 
 
 # -- broken agents, one flaw each ---------------------------------------------------------
@@ -206,7 +206,7 @@ def test_a_reply_prefix_field_the_agent_does_not_fill_fails_the_prompt_check() -
 
 def test_a_sound_agent_passes_every_check() -> None:
     results = check_agent(CorridorAgent, episodes=2)
-    assert [r.status for r in results] == ["pass"] * len(conformance.CHECK_NAMES)
+    assert [r.status for r in results] == ["pass"] * len(agent_checks.CHECK_NAMES)
 
 
 # -- the command ----------------------------------------------------------------------

@@ -7,7 +7,6 @@ import math
 import pytest
 
 from llamagym.rollout.trajectory import Episode
-from llamagym.training.algorithm import KLController
 from llamagym.training.credit import (
     discounted_returns,
     equal_split,
@@ -19,6 +18,7 @@ from llamagym.training.credit import (
     terminal_reward,
     turn_returns,
 )
+from llamagym.training.kl_control import KLController
 
 
 def close(actual, expected, tol: float = 1e-6) -> bool:

@@ -30,7 +30,7 @@ DISK_FULL = OSError(errno.ENOSPC, "No space left on device")
 def finished_run(tmp_path_factory) -> Path:
     from typer.testing import CliRunner
 
-    from llamagym.cli import app
+    from llamagym.cli.app import app
 
     run_dir = tmp_path_factory.mktemp("finished") / "run"
     result = CliRunner().invoke(app, ["run", "blackjack", *FAST, "-o", str(run_dir)])

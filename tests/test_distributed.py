@@ -16,7 +16,7 @@ import pytest
 from llamagym.errors import ConfigError
 from llamagym.testing import free_port
 from llamagym.training import distributed
-from llamagym.training.algorithm import minibatches
+from llamagym.training.batching import minibatches
 from llamagym.training.run_files import read_metrics
 
 FAST = [

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from llamagym import hookspecs
-from llamagym.devtools.conformance import CHECK_NAMES
+from llamagym.devtools.agent_checks import CHECK_NAMES
 from llamagym.hookspecs import all_hook_names
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -103,7 +103,7 @@ def model_above_the_lora_threshold(directory: Path) -> Path:
     large enough that the loader gives it a LoRA adapter by itself."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from llamagym.models.loading import LORA_AUTO_THRESHOLD
+    from llamagym.models.lora_choice import LORA_AUTO_THRESHOLD
 
     _, tokenizer = load_model_and_tokenizer("tiny")
     config = LlamaConfig(

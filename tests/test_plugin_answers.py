@@ -27,13 +27,8 @@ from typer.testing import CliRunner
 from llamagym import hookimpl, plugin_manager
 from llamagym.agent import Agent
 from llamagym.devtools.fake_model import ScriptedLLM, load_tiny_tokenizer
-from llamagym.plugin_manager import (
-    RefusedAnswer,
-    action_index_of,
-    get_plugins,
-    read_only,
-    reward_term,
-)
+from llamagym.plugin_answers import RefusedAnswer, action_index_of, read_only, reward_term
+from llamagym.plugin_manager import get_plugins
 from llamagym.plugins import parsers
 from llamagym.testing import temporary_plugin, tiny_agent
 
@@ -680,7 +675,7 @@ def test_the_plugins_json_parses_with_a_plugin_printing_in_process(monkeypatch) 
     monkeypatch.setattr(plugin_manager.importlib.metadata, "entry_points", entry_points)
     plugin_manager.reset_plugins()
     try:
-        from llamagym.cli import app
+        from llamagym.cli.app import app
 
         for command in (["plugins"], ["models", "--json"]):
             result = CliRunner().invoke(app, command)

@@ -22,8 +22,8 @@ from typer.testing import CliRunner
 
 import llamagym
 from llamagym import hookimpl
-from llamagym.cli import app
-from llamagym.devtools import conformance
+from llamagym.cli.app import app
+from llamagym.devtools.agent_checks import CHECK_NAMES
 from llamagym.devtools.conformance import check_agent
 from llamagym.devtools.scaffold import write_plugin
 from llamagym.plugin_manager import get_plugins
@@ -122,7 +122,7 @@ def test_check_reports_the_options_in_use(icy_registered) -> None:
         icy_registered,
         {"agent": {"is_slippery": value}},
         episodes=1,
-        skip=[n for n in conformance.CHECK_NAMES if n != "options"],
+        skip=[n for n in CHECK_NAMES if n != "options"],
     )
     options = results[0]
     assert options.name == "options" and options.status == "pass", options.lines()
@@ -166,9 +166,9 @@ def test_options_that_cannot_work_fail_the_options_check(config_class, says, fix
     from llamagym.testing import BanditAgent
 
     agent_class = type("OptionsAgent", (BanditAgent,), {"Config": config_class})
-    others = list(conformance.CHECK_NAMES[1:])
+    others = list(CHECK_NAMES[1:])
     results = {result.name: result for result in check_agent(agent_class, skip=others)}
-    assert list(results) == list(conformance.CHECK_NAMES)
+    assert list(results) == list(CHECK_NAMES)
     assert results["options"].failed, results["options"].lines()
     assert says in results["options"].detail and fix in results["options"].fix
     if config_class is NoDefault:  # the agent cannot be made: the rest wait for options
@@ -180,7 +180,7 @@ def test_options_that_cannot_work_fail_the_options_check(config_class, says, fix
 def test_an_agent_without_options_passes_the_options_check() -> None:
     from llamagym.testing import BanditAgent
 
-    [options] = check_agent(BanditAgent, skip=list(conformance.CHECK_NAMES[1:]))[:1]
+    [options] = check_agent(BanditAgent, skip=list(CHECK_NAMES[1:]))[:1]
     assert options.status == "pass" and "declares no Config" in options.detail
 
 
@@ -196,6 +196,7 @@ def test_new_plugin_dir_is_the_folder_that_receives_the_package(tmp_path) -> Non
 def stub_trainer(monkeypatch, output_dir: Path) -> list:
     """Replace the trainer with one that trains nothing; returns the trainers made."""
     from llamagym.training import trainer as training
+    from llamagym.training.run_state import RunSummary
 
     made: list = []
 
@@ -205,7 +206,7 @@ def stub_trainer(monkeypatch, output_dir: Path) -> list:
             made.append(self)
 
         def run(self) -> Any:
-            return training.RunSummary(self.output_dir, 0, 0, 0, 0.0)
+            return RunSummary(self.output_dir, 0, 0, 0, 0.0)
 
     monkeypatch.setattr(training, "Trainer", StubTrainer)
     return made

@@ -107,7 +107,7 @@ def test_register_commands() -> None:
 
 def test_register_models() -> None:
     from llamagym.models import registry as model_registry
-    from llamagym.models.registry import ModelEntry
+    from llamagym.specs import ModelEntry
 
     def register_models(register):
         register(
@@ -125,7 +125,7 @@ def test_register_models() -> None:
         entry = model_registry.get_model_entry("me/my-model")
         assert entry is not None and entry.lora_target_modules == ("q_proj", "v_proj")
     runner = CliRunner()
-    from llamagym.cli import app
+    from llamagym.cli.app import app
 
     result = runner.invoke(app, ["models"])
     assert result.exit_code == 0 and "qwen2.5-0.5b" in result.output.lower()

@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 from llamagym import hookimpl, plugin_manager
 from llamagym.agent import Agent
 from llamagym.errors import PluginError
-from llamagym.models.registry import LLAMA_LIKE_TARGETS, ModelEntry, get_model_entry
+from llamagym.models.registry import LLAMA_LIKE_TARGETS, get_model_entry
 from llamagym.plugin_manager import get_plugins
-from llamagym.specs import AgentSpec, AlgorithmSpec, RunContext
+from llamagym.specs import AgentSpec, AlgorithmSpec, ModelEntry, RunContext
 from llamagym.testing import BanditAgent, temporary_plugin
 
 
@@ -319,7 +319,7 @@ def test_a_wrongly_typed_registration_is_a_problem_not_a_crash() -> None:
         assert set(plugins.agents()) >= {"fine", "blackjack"}
         assert "agent-as-algorithm" not in plugins.algorithms()
         assert get_model_entry("tiny") is not None
-        from llamagym.cli import app
+        from llamagym.cli.app import app
 
         listing = CliRunner().invoke(app, ["list"])
         problems = [p for p in plugins.problems if "'sloppy'" in p]

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from llamagym.cli import app
+from llamagym.cli.app import app
 from llamagym.cli.run_commands import resolve_run_config
 from llamagym.training.report import EVALUATION_FIELDS, UPDATE_FIELDS
 from llamagym.training.run_files import read_metrics

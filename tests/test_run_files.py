@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 
 from llamagym.testing import one_error_line
 from llamagym.training import checkpoint as checkpoints
+from llamagym.training.checkpoint_errors import DamagedCheckpointError
 
 FIRST, SECOND = "update-000001", "update-000002"
 EVAL = ["-n", "2", "--num-envs", "2"]
@@ -312,7 +313,7 @@ def test_checkpoint_counters_of_the_wrong_type_are_a_typed_error_from_python(run
     from llamagym import load_agent
 
     damage_counters(run_dir, "episodes-many")
-    with pytest.raises(checkpoints.DamagedCheckpointError, match="field 'episodes'"):
+    with pytest.raises(DamagedCheckpointError, match="field 'episodes'"):
         load_agent(run_dir / checkpoints.CHECKPOINTS / SECOND)
 
 

@@ -22,7 +22,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 from typer.testing import CliRunner
 
-from llamagym.cli import app
+from llamagym.cli.app import app
 from llamagym.devtools.scaffold import (
     ScaffoldError,
     llamagym_requirement,

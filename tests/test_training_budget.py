@@ -20,6 +20,7 @@ from llamagym.training import checkpoint as checkpoints
 from llamagym.training import run_state, update_metrics
 from llamagym.training import trainer as training
 from llamagym.training.algorithm import Algorithm
+from llamagym.training.checkpoint_state import decode_state
 from llamagym.training.progress import format_stats
 from llamagym.training.report import format_speed
 from llamagym.training.run_files import read_metrics
@@ -48,7 +49,7 @@ def saved_state(checkpoint: Path) -> dict:
 
     meta = checkpoints.read_meta(checkpoint)
     tensors = load_file(str(checkpoint / checkpoints.STATE_TENSORS))
-    return checkpoints.decode_state(meta["state"], tensors)
+    return decode_state(meta["state"], tensors)
 
 
 def test_speeds_below_ten_keep_their_decimals() -> None:

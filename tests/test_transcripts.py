@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from llamagym.testing import BanditAgent, TwoArmedBandit, tiny_agent
 from llamagym.training import transcripts
+from llamagym.training.run_files import read_transcripts
 from llamagym.training.trainer import Trainer
-from llamagym.training.transcripts import TRANSCRIPTS, read_transcripts
+from llamagym.training.transcripts import TRANSCRIPTS
 
 STEPS: list[tuple[int | None, int, float]] = []  # (seed, action, reward) as the env saw them
 

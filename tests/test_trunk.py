@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from llamagym.models.loading import add_lora_adapter, load_model_and_tokenizer
-from llamagym.models.policy import MIN_SHARED_TOKENS, Policy
+from llamagym.models.passes import MIN_SHARED_TOKENS
+from llamagym.models.policy import Policy
 from llamagym.models.trunk import TrunkStates, decoder_layers, first_trained_layer
 
 

@@ -32,7 +32,7 @@ logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_without_cpu_kernel
 _LAZY = {
     "Agent": "llamagym.agent",
     "Algorithm": "llamagym.training.algorithm",
-    "AlgorithmConfig": "llamagym.training.algorithm",
+    "AlgorithmConfig": "llamagym.training.algorithm_config",
     "RunConfig": "llamagym.config",
     "Episode": "llamagym.rollout.trajectory",
     "Turn": "llamagym.rollout.trajectory",
@@ -76,18 +76,84 @@ MOVED_MODULES = {
 }
 
 
-def moved_name(package: str, name: str) -> Any:
-    """``__getattr__`` of the packages that took an old module's name (``models``,
-    ``training``): ``from llamagym.models import load_model_and_tokenizer`` fails with one
-    line naming the module it is in now; any other missing name is an AttributeError."""
-    new = MOVED_MODULES[package]
-    if (
+#: Names that a module offered in LlamaGym 0.3.0 but that another module defines now:
+#: old module -> the module to import them from -> the names. A module holds only the
+#: names it defines (its ``__all__`` lists just those), so importing one of these from
+#: the old module fails with one line naming the new one (:func:`moved_name`).
+MOVED_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
+    "llamagym.config": {
+        "llamagym.config_layers": (
+            "AlgorithmClass", "Layer", "ResolvedConfig", "agent_config_class",
+            "config_descriptions", "format_validation_error", "leaf_keys",
+            "model_descriptions", "render_config_yaml", "resolve_config",
+        ),
+    },
+    "llamagym.run": {"llamagym.config_layers": ("defaults_for_model", "run_layers")},
+    "llamagym.session": {"llamagym.training.algorithm": ("Algorithm",)},
+    "llamagym.plugin_manager": {
+        "llamagym.plugin_isolation": ("DEFAULT_TIMEOUT_SECONDS", "TIMEOUT_VARIABLE"),
+    },
+    "llamagym.testing": {
+        "llamagym.devtools.fake_model": (
+            "FakePolicy", "ScriptExhaustedError", "TurnBudgetExceededError",
+        ),
+    },
+    "llamagym.devtools.conformance": {"llamagym.testing": ("assert_agent_conforms",)},
+    "llamagym.models.loading": {
+        "llamagym.models.lora_choice": ("LORA_AUTO_THRESHOLD", "trains_through_lora"),
+    },
+    "llamagym.models.policy": {
+        "llamagym.models.passes": ("MIN_SHARED_TOKENS", "padded", "prefix_rows"),
+        "llamagym.models.generation": ("JsonClosed", "closes_json", "json_closed_at"),
+    },
+    "llamagym.models.sources": {
+        "llamagym.models.gguf_conversion": (
+            "CHECK_SAMPLE", "GGUF_SUFFIX", "conversion_damage", "dtype_keyword",
+            "gguf_digest", "prepare_gguf", "save_model_files", "single_gguf_in",
+        ),
+    },
+    "llamagym.rollout.engine": {
+        "llamagym.rollout.prompts": ("PROMPT_CACHE_TOKENS", "fill_reply_prefix", "reply_closing"),
+    },
+    "llamagym.training.algorithm": {
+        "llamagym.training.algorithm_config": (
+            "check_adaptive_kl", "check_group_divides_batch", "microbatch_size_field",
+            "nest_warm_start_keys", "warmup_steps_field",
+        ),
+        "llamagym.training.batching": ("seed_groups",),
+    },
+    "llamagym.training.checkpoint": {
+        "llamagym.training.checkpoint_errors": ("CheckpointMismatchError", "UntrustedModelError"),
+        "llamagym.training.checkpoint_trust": ("check_model_source", "untrusted_config"),
+    },
+    "llamagym.training.trainer": {
+        "llamagym.training.final_evaluation": ("evaluate_with_baselines",),
+        "llamagym.training.update_metrics": ("SANE_UPDATE_KL",),
+    },
+}
+
+
+def moved_name(module: str, name: str) -> Any:
+    """``__getattr__`` of a module that lost names (:data:`MOVED_NAMES`), and of the
+    packages that took an old module's name (``models``, ``training``): ``from
+    llamagym.training.algorithm import seed_groups`` fails with one line naming the module
+    that defines it now; any other missing name is an AttributeError."""
+    new = next((new for new, names in MOVED_NAMES.get(module, {}).items() if name in names),
+               None)
+    if new is None and module in MOVED_MODULES and _in_moved_module(module, name):
+        new = MOVED_MODULES[module]
+    if new is not None:
+        raise ImportError(f"{name} is not in {module}; import it from {new}", name=module)
+    raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+
+def _in_moved_module(package: str, name: str) -> bool:
+    """Whether ``name`` is in the module that moved out of ``package``'s name."""
+    return (
         not name.startswith("_")
         and importlib.util.find_spec(f"{package}.{name}") is None  # not a submodule
-        and hasattr(importlib.import_module(new), name)
-    ):
-        raise ImportError(f"{name} is not in {package}; import it from {new}", name=package)
-    raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        and hasattr(importlib.import_module(MOVED_MODULES[package]), name)
+    )
 
 
 class _MovedModuleFinder(importlib.abc.MetaPathFinder):

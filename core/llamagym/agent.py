@@ -30,8 +30,13 @@ from llamagym.plugin_answers import RefusedAnswer, action_index_of
 from llamagym.plugin_manager import Plugins, get_plugins
 
 if TYPE_CHECKING:
-    # The machinery's types, as the session module names them (one way up, see session).
-    from llamagym.session import Algorithm, Control, RolloutEngine, Run, Session
+    # The machinery an agent's session holds, named for annotations only (pyproject.toml
+    # lets these upward imports through the floors).
+    from llamagym.rollout.engine import RolloutEngine
+    from llamagym.schedule import Control
+    from llamagym.session import Session
+    from llamagym.training.algorithm import Algorithm
+    from llamagym.training.run_state import Run
 
 logger = logging.getLogger(__name__)
 

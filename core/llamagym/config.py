@@ -16,11 +16,12 @@ import copy
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
+from llamagym import moved_name as _moved_name
 from llamagym.errors import ConfigError
 
 #: Seeds are what numpy's seeding takes: 0 to 2**32 - 1.
@@ -402,18 +403,6 @@ def chosen_value(layers: Sequence[Mapping[str, Any]], section: str, key: str) ->
     return chosen
 
 
-#: Names that were defined here before LlamaGym 0.3 and live in config_layers.py now.
-_MOVED_TO_CONFIG_LAYERS = frozenset({
-    "AlgorithmClass", "Layer", "ResolvedConfig", "agent_config_class", "config_descriptions",
-    "format_validation_error", "leaf_keys", "model_descriptions", "render_config_yaml",
-    "resolve_config",
-})
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED_TO_CONFIG_LAYERS:
-        raise ImportError(
-            f"{name} is not in llamagym.config; import it from llamagym.config_layers",
-            name="llamagym.config",
-        )
-    raise AttributeError(f"module 'llamagym.config' has no attribute {name!r}")
+if not TYPE_CHECKING:  # to a type checker a moved name is missing, as it is
+    def __getattr__(name: str) -> object:
+        return _moved_name(__name__, name)

@@ -50,17 +50,15 @@ import sys
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import pluggy
 
 from llamagym import __version__, agent_hooks, hookspecs
+from llamagym import moved_name as _moved_name
 from llamagym.plugin_answers import RefusedAnswer, action_index_of, read_only, reward_term
 from llamagym.plugin_isolation import (
     AGENT_METHODS,
-    DEFAULT_TIMEOUT_SECONDS,
-    REGISTRATION_HOOKS,
-    TIMEOUT_VARIABLE,
     Isolation,
     answering_plugin,
     legal_actions_of_call,
@@ -558,19 +556,15 @@ def reset_plugins() -> None:
 
 
 __all__ = [
-    "BUILTIN_DISTRIBUTION",
-    "DEFAULT_TIMEOUT_SECONDS",
     "ENTRY_POINT_GROUP",
-    "REGISTRATION_HOOKS",
-    "TIMEOUT_VARIABLE",
     "PluginInfo",
     "Plugins",
-    "RefusedAnswer",
-    "action_index_of",
     "get_plugins",
     "plugin_output_to_stderr",
-    "read_only",
     "reset_plugins",
-    "reward_term",
 ]
 
+
+if not TYPE_CHECKING:  # to a type checker a moved name is missing, as it is
+    def __getattr__(name: str) -> object:
+        return _moved_name(__name__, name)

@@ -25,12 +25,9 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from safetensors.torch import load_file
 
+from llamagym import moved_name as _moved_name
 from llamagym.config import RunConfig, check_generation_memory, deep_merge
-from llamagym.config_layers import (  # defined here before config_layers.py: the names stay
-    defaults_for_model as defaults_for_model,
-)
 from llamagym.config_layers import resolve_agent_config
-from llamagym.config_layers import run_layers as run_layers
 from llamagym.errors import ConfigError, LlamaGymError
 from llamagym.models.loading import add_lora_adapter, load_model_and_tokenizer
 from llamagym.models.lora_choice import LORA_AUTO_THRESHOLD, trains_through_lora
@@ -41,8 +38,9 @@ from llamagym.rollout.engine import RolloutEngine
 from llamagym.schedule import Control, Schedule
 from llamagym.training import checkpoint as checkpoints
 from llamagym.training import distributed
+from llamagym.training.checkpoint_trust import check_model_source, untrusted_config
 from llamagym.training.export import RUN_EXPORT, VALUE_HEAD, read_export_meta
-from llamagym.training.run_state import Run as Run  # its parts' types are the training's
+from llamagym.training.run_state import Run  # its parts' types are the training's
 
 if TYPE_CHECKING:
     from llamagym.agent import Agent
@@ -222,12 +220,12 @@ def load_agent(
     layer = deep_merge(layer, dict(overrides or {}))
     if trust_remote_code:
         layer = deep_merge(layer, {"model": {"trust_remote_code": True}})
-    base = checkpoints.untrusted_config(meta)
+    base = untrusted_config(meta)
     resolved = resolve_agent_config(
         agent_class, [("overrides", layer)], base=base, plugins=plugins
     )
     model = resolved.config.model
-    checkpoints.check_model_source(meta, model.name, model.trust_remote_code, directory)
+    check_model_source(meta, model.name, model.trust_remote_code, directory)
     loaded = agent_class(config=resolved, plugins=plugins)
     if exported is not None:
         _load_exported_weights(loaded.policy, directory, exported["weights"])
@@ -256,3 +254,8 @@ def _load_exported_weights(policy: Policy, directory: Path, weights: str) -> Non
                 f"{unexpected[0]!r}); it was exported from another model or LoRA setting"
             )
     policy.value_head.load_state_dict(load_file(str(directory / VALUE_HEAD)))
+
+
+if not TYPE_CHECKING:  # to a type checker a moved name is missing, as it is
+    def __getattr__(name: str) -> object:
+        return _moved_name(__name__, name)

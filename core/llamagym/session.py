@@ -13,19 +13,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from llamagym import moved_name as _moved_name
 from llamagym.errors import LlamaGymError
 from llamagym.rollout.engine import RolloutEngine
 from llamagym.rollout.slots import Slot
 from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.run import build_run, load_policy, make_engine
 from llamagym.schedule import Control, Schedule
-from llamagym.training.algorithm import Algorithm
 from llamagym.training.run_state import Run
 
 if TYPE_CHECKING:
     from llamagym.agent import Agent
 
-__all__ = ["Algorithm", "Control", "RolloutEngine", "Run", "Session"]
+__all__ = ["Session"]
 
 
 class Session:
@@ -118,3 +118,8 @@ class Session:
         slot.episode.turns += turn.training_turns(include_retries)
         slot.episode.length += 1
         slot.history += turn.context_messages()
+
+
+if not TYPE_CHECKING:  # to a type checker a moved name is missing, as it is
+    def __getattr__(name: str) -> object:
+        return _moved_name(__name__, name)

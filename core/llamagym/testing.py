@@ -37,20 +37,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pytest
 
-from llamagym.devtools.conformance import (
-    CheckResult,
-    assert_agent_conforms,
-    check_agent,
-    format_results,
-)
-from llamagym.devtools.fake_model import (
-    FakePolicy,
-    Script,
-    ScriptedLLM,
-    ScriptExhaustedError,
-    TurnBudgetExceededError,
-    load_tiny_tokenizer,
-)
+from llamagym import moved_name as _moved_name
+from llamagym.devtools.conformance import CheckResult, check_agent, format_results
+from llamagym.devtools.fake_model import Script, ScriptedLLM, load_tiny_tokenizer
 from llamagym.errors import LlamaGymError
 from llamagym.models.registry import get_model_entry
 from llamagym.models.sources import SourceUnreachableError, fetch_model
@@ -65,18 +54,11 @@ if TYPE_CHECKING:
 __all__ = [
     "FAST_SETTINGS",
     "BanditAgent",
-    "CheckResult",
-    "FakePolicy",
-    "ScriptExhaustedError",
-    "ScriptedLLM",
     "TinyModel",
-    "TurnBudgetExceededError",
     "TwoArmedBandit",
     "action_probabilities",
     "assert_agent_conforms",
-    "check_agent",
     "fake_llm",
-    "format_results",
     "model_with_its_own_code",
     "one_error_line",
     "register_plugin",
@@ -142,7 +124,27 @@ def __getattr__(name: str) -> Any:
         if "BanditAgent" not in globals():  # define once: every lookup gets the same class
             globals().update(_define_bandit())
         return globals()[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _moved_name(__name__, name)
+
+
+def assert_agent_conforms(
+    agent_class: type[Agent],
+    config: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> list[CheckResult]:
+    """Run the checks of ``llamagym check`` (:func:`~llamagym.devtools.conformance.check_agent`)
+    and raise ``AssertionError`` listing every failure.
+
+    Returns the results, so a test can also look at what was skipped.
+    """
+    results = check_agent(agent_class, config, **options)
+    failures = [result for result in results if result.failed]
+    if failures:
+        raise AssertionError(
+            f"{agent_class.__name__} fails {len(failures)} conformance check(s):\n"
+            + format_results(failures)
+        )
+    return results
 
 
 FAST_SETTINGS: Mapping[str, Any] = {

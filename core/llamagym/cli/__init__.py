@@ -26,7 +26,7 @@ from llamagym.errors import LlamaGymError
 from llamagym.paths import path_problem
 from llamagym.plugin_manager import get_plugins
 
-__all__ = ["app", "main"]
+__all__ = ["main"]
 
 
 def main() -> None:

@@ -215,8 +215,8 @@ def run_command(
     ),
 ) -> None:
     """Train AGENT online, then evaluate it beside its baselines and write a report."""
-    from llamagym.training import checkpoint as checkpoints
     from llamagym.training import distributed
+    from llamagym.training.checkpoint_trust import check_model_source
 
     _check_num_processes(num_processes)
     run_arguments = command_words(context, leave_out={"num_processes"})
@@ -237,7 +237,7 @@ def run_command(
     if resume_meta is not None and config.model.name == (base or {}).get("model", {}).get("name"):
         # The model the checkpoint names (another one is refused when the run starts).
         assert resume_checkpoint is not None  # it came with its metadata
-        checkpoints.check_model_source(
+        check_model_source(
             resume_meta, config.model.name, config.model.trust_remote_code, resume_checkpoint
         )
     trl = config.training.backend == "trl"
@@ -308,13 +308,14 @@ def _resumed(
     if resume is None:
         return None, None, None
     from llamagym.training import checkpoint as checkpoints
+    from llamagym.training.checkpoint_trust import untrusted_config
     from llamagym.training.trl_backend import trl_checkpoint, trl_run_dir
 
     trl_resume = trl_checkpoint(resume)
     if trl_resume is not None:
         # A TRL-backend run: TRL's checkpoint, and the run's config.yaml.
         run_dir = trl_run_dir(trl_resume)
-        base = checkpoints.untrusted_config({"config": read_config_file(run_dir / "config.yaml")})
+        base = untrusted_config({"config": read_config_file(run_dir / "config.yaml")})
         if output is None:
             flags["output.dir"] = run_dir
         return base, trl_resume, None
@@ -327,7 +328,7 @@ def _resumed(
         # Continue in the directory the checkpoint belongs to, wherever it now is.
         flags["output.dir"] = checkpoints.run_dir_of(checkpoint)
     # The checkpoint's config, but never its model.trust_remote_code: only the flag can.
-    return checkpoints.untrusted_config(meta), checkpoint, meta
+    return untrusted_config(meta), checkpoint, meta
 
 
 def _replaced_budget(

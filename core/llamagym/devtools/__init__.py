@@ -7,5 +7,6 @@
 * :mod:`~llamagym.devtools.fake_model`: the scripted fake language model those checks
   and the ``fake_llm`` fixture of :mod:`llamagym.testing` play with.
 
-Plugin authors' tests import these through :mod:`llamagym.testing`.
+Plugin authors' tests reach these through the fixtures and helpers of
+:mod:`llamagym.testing`; the fake model's errors are imported from ``fake_model``.
 """

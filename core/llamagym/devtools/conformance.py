@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import llamagym
+from llamagym import moved_name as _moved_name
 from llamagym.devtools.agent_checks import CHECK_NAMES, CHECKS, options_contract
 from llamagym.devtools.check_context import CheckContext, CheckFailure, CheckSkipped
 
@@ -143,20 +144,6 @@ def check_agent(
     return results
 
 
-def assert_agent_conforms(
-    agent_class: type[Agent],
-    config: Mapping[str, Any] | None = None,
-    **options: Any,
-) -> list[CheckResult]:
-    """Run :func:`check_agent` and raise ``AssertionError`` listing every failure.
-
-    Returns the results, so a test can also look at what was skipped.
-    """
-    results = check_agent(agent_class, config, **options)
-    if any(result.failed for result in results):
-        failures = [result for result in results if result.failed]
-        raise AssertionError(
-            f"{agent_class.__name__} fails {len(failures)} conformance check(s):\n"
-            + format_results(failures)
-        )
-    return results
+if not TYPE_CHECKING:  # to a type checker a moved name is missing, as it is
+    def __getattr__(name: str) -> object:
+        return _moved_name(__name__, name)

@@ -33,13 +33,14 @@ from pathlib import Path
 from typing import Any
 
 from llamagym.errors import ModelLoadError
-from llamagym.models.registry import ModelEntry, list_model_entries
+from llamagym.models.registry import list_model_entries
 from llamagym.paths import (
     discard_directory,
     models_cache_dir,
     publish_directory,
     remove_stale_temp_dirs,
 )
+from llamagym.specs import ModelEntry
 
 # The name these messages had before this module was split from sources.py: a filter or
 # a log level set for it still applies.

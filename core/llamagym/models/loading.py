@@ -25,21 +25,20 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 from transformers.integrations import is_deepspeed_zero3_enabled
 
+from llamagym import moved_name as _moved_name
 from llamagym.errors import ModelLoadError
 from llamagym.models import sources as model_sources
-from llamagym.models.gguf_conversion import dtype_keyword
-from llamagym.models.lora_choice import LORA_AUTO_THRESHOLD as LORA_AUTO_THRESHOLD
+from llamagym.models.gguf_conversion import GGUF_SUFFIX, dtype_keyword, prepare_gguf, single_gguf_in
 from llamagym.models.lora_choice import count_parameters, uses_lora_by_default
-from llamagym.models.lora_choice import trains_through_lora as trains_through_lora
 from llamagym.models.registry import (
     GENERIC_CHAT_TEMPLATE,
     LLAMA_LIKE_TARGETS,
     PHI3_TARGETS,
     PHI_TARGETS,
-    ModelEntry,
     get_model_entry,
 )
 from llamagym.paths import CACHE_ENV_VAR, expand_user
+from llamagym.specs import ModelEntry
 
 if TYPE_CHECKING:
     from peft import LoraConfig, PeftModel
@@ -162,16 +161,16 @@ def _resolve_source(name_or_path: str, seed: int) -> tuple[str, ModelEntry | Non
         return str(path), get_model_entry(TINY_MODEL_NAME), True
 
     local = expand_user(name_or_path)
-    if local.is_file() and local.suffix.lower() == model_sources.GGUF_SUFFIX:
-        directory, entry = model_sources.prepare_gguf(local)
+    if local.is_file() and local.suffix.lower() == GGUF_SUFFIX:
+        directory, entry = prepare_gguf(local)
         return str(directory), entry, True
     if local.is_dir():
-        gguf = model_sources.single_gguf_in(local)
+        gguf = single_gguf_in(local)
         if gguf is not None:
-            directory, entry = model_sources.prepare_gguf(gguf)
+            directory, entry = prepare_gguf(gguf)
             return str(directory), entry, True
         return str(local), get_model_entry(name_or_path), True
-    if name_or_path.lower().endswith(model_sources.GGUF_SUFFIX):
+    if name_or_path.lower().endswith(GGUF_SUFFIX):
         raise ModelLoadError(f"could not load model {name_or_path!r}: no such file")
     if _looks_like_path(name_or_path):
         raise ModelLoadError(f"could not load model {name_or_path!r}: no such directory")
@@ -525,3 +524,8 @@ def _model_keywords(
         # partitioned instead, which a device map would refuse.
         model_kwargs["device_map"] = {"": device}
     return model_kwargs
+
+
+if not TYPE_CHECKING:  # to a type checker a moved name is missing, as it is
+    def __getattr__(name: str) -> object:
+        return _moved_name(__name__, name)

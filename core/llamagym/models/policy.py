@@ -17,12 +17,13 @@ import contextlib
 import copy
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from transformers import LogitsProcessorList, StoppingCriteriaList
 
+from llamagym import moved_name as _moved_name
 from llamagym.models.decoder import (
     cache_keyword,
     checkpointable_layers,
@@ -35,39 +36,20 @@ from llamagym.models.decoder import (
     uses_additive_mask,
 )
 from llamagym.models.generation import (
-    JsonClosed,
     chosen_logprobs,
-    closes_json,
     cut_replies,
     first_output,
-    json_closed_at,
     reply_prefixes,
     sampling_processors,
     stopping_criteria,
 )
 from llamagym.models.pass_memory import attention_heads
-from llamagym.models.passes import MIN_SHARED_TOKENS, padded, prefix_rows, shared_prefix_length
+from llamagym.models.passes import shared_prefix_length
 from llamagym.models.trunk import TrunkStates, first_trained_layer
 from llamagym.models.turn_cache import TurnCache
 from llamagym.models.turn_passes import Start, TurnCachePasses
 
-# The module's own names, then names that moved to generation.py and passes.py and that
-# other modules and plugins still import from here.
-__all__ = [
-    "Evaluation",
-    "Policy",
-    "Replies",
-    "name_tokens",
-    "MIN_SHARED_TOKENS",
-    "JsonClosed",
-    "closes_json",
-    "json_closed_at",
-    "padded",
-    "prefix_rows",
-    "reply_prefixes",
-    "sampling_processors",
-    "shared_prefix_length",
-]
+__all__ = ["Evaluation", "Policy", "Replies", "name_tokens"]
 
 
 @dataclass
@@ -611,3 +593,8 @@ class Policy(TurnCachePasses, nn.Module):
                 dim=1,
             )
         return input_ids, attention_mask, cache
+
+
+if not TYPE_CHECKING:  # to a type checker a moved name is missing, as it is
+    def __getattr__(name: str) -> object:
+        return _moved_name(__name__, name)

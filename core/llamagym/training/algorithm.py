@@ -24,11 +24,11 @@ share each epoch), the target-KL stop (:meth:`Algorithm.sync_target_kl_stop`, on
 largest KL of all processes) and the adaptive KL weight (:meth:`Algorithm.sync_adapt_kl`).
 With one process all of this is exactly the single-process computation.
 
-The pieces have modules of their own, and every name they define is importable from
-here too (``__all__``): the config and the fields the built-in configs share
-(``algorithm_config``), how an update groups and cuts its batch (``batching``), the loss
-terms (``losses``), the adaptive KL weight (``kl_control``) and how turns are scored
-under the policy (``turn_scoring``, a base class of :class:`Algorithm`).
+The pieces have modules of their own, and their names are imported from there: the
+config and the fields the built-in configs share (``algorithm_config``), how an update
+groups and cuts its batch (``batching``), the loss terms (``losses``), the adaptive KL
+weight (``kl_control``) and how turns are scored under the policy (``turn_scoring``, a
+base class of :class:`Algorithm`).
 """
 
 from __future__ import annotations
@@ -42,66 +42,39 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 import torch
 
+from llamagym import moved_name as _moved_name
 from llamagym.config import RolloutSettings
 from llamagym.models.policy import Policy
 from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.schedule import Control, Schedule
 from llamagym.training import distributed
 from llamagym.training.algorithm_config import (
-    FLAT_WARM_START_KEYS,
     AlgorithmConfig,
     ClippedSettings,
-    check_adaptive_kl,
-    check_group_divides_batch,
-    microbatch_size_field,
-    nest_warm_start_keys,
-    warmup_steps_field,
 )
-from llamagym.training.batching import history_groups, minibatches, prompt_pieces, seed_groups
+from llamagym.training.batching import history_groups, minibatches, prompt_pieces
 from llamagym.training.kl_control import KLController
 from llamagym.training.losses import (
     LossTerm,
-    Surrogate,
     clipped_surrogate,
     masked_mean,
     reference_kl,
     zero_metrics,
 )
-from llamagym.training.turn_scoring import TurnScoring, chosen_actions
+from llamagym.training.turn_scoring import TurnScoring
 
 if TYPE_CHECKING:
     from typing import Self
 
 __all__ = [
-    "FLAT_WARM_START_KEYS",
     "TARGET_KL_TOLERANCE",
     "Algorithm",
-    "AlgorithmConfig",
-    "ClippedSettings",
-    "KLController",
-    "LossTerm",
     "Optimisation",
     "Stateful",
     "Supervised",
-    "Surrogate",
-    "TurnScoring",
-    "check_adaptive_kl",
-    "check_group_divides_batch",
-    "chosen_actions",
-    "clipped_surrogate",
-    "history_groups",
-    "masked_mean",
-    "microbatch_size_field",
-    "minibatches",
-    "nest_warm_start_keys",
-    "prompt_pieces",
-    "reference_kl",
     "rng_state",
     "rollout_metrics",
-    "seed_groups",
     "set_rng_state",
-    "warmup_steps_field",
-    "zero_metrics",
 ]
 
 #: An update's remaining epochs stop once KL(rollout || current) passes this x target_kl.
@@ -564,3 +537,8 @@ def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         "invalid_rate": sum(e.invalid_replies for e in episodes) / max(1, turns),
         "episode_length": turns / max(1, len(episodes)),
     }
+
+
+if not TYPE_CHECKING:  # to a type checker a moved name is missing, as it is
+    def __getattr__(name: str) -> object:
+        return _moved_name(__name__, name)

@@ -20,10 +20,10 @@ optimizer it goes into (name, shape, dtype, finite values) before any is copied,
 run directory whose newest checkpoint is damaged falls back to its newest intact one.
 
 This module writes, finds and reads checkpoints; its pieces have modules of their own,
-and every name callers had from here is still importable from here (``__all__``):
-the errors (``checkpoint_errors``), the training state as JSON and named tensors
-(``checkpoint_state``), the checks on tensors before they load (``checkpoint_tensors``)
-and on the model a checkpoint names (``checkpoint_trust``).
+and their names are imported from there: the errors (``checkpoint_errors``), the
+training state as JSON and named tensors (``checkpoint_state``), the checks on tensors
+before they load (``checkpoint_tensors``) and on the model a checkpoint names
+(``checkpoint_trust``).
 """
 
 from __future__ import annotations
@@ -37,22 +37,21 @@ import tempfile
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import safetensors.torch
 import torch
 from safetensors import SafetensorError, safe_open
 
 from llamagym import __version__
+from llamagym import moved_name as _moved_name
 from llamagym.errors import LlamaGymError
 from llamagym.paths import check_own_entry, write_failure, write_failure_text
 from llamagym.training.algorithm_config import nest_warm_start_keys
 from llamagym.training.checkpoint_errors import (
     CheckpointError,
-    CheckpointMismatchError,
     CheckpointWriteError,
     DamagedCheckpointError,
-    UntrustedModelError,
     damaged,
     first_line,
 )
@@ -64,16 +63,12 @@ from llamagym.training.checkpoint_state import (
     tensor_names,
 )
 from llamagym.training.checkpoint_tensors import (
-    PARAMETER_SHAPED_MOMENTS,
     check_optimizer_state,
     check_tensors,
     load_tensors,
 )
 from llamagym.training.checkpoint_trust import (
-    TRUST_HINT,
-    check_model_source,
     dotted,
-    untrusted_config,
 )
 from llamagym.training.run_files import CheckpointMeta, check, read_json_file
 
@@ -83,24 +78,13 @@ __all__ = [
     "FORMAT_VERSION",
     "IDENTITY_FIELDS",
     "META",
-    "PARAMETER_SHAPED_MOMENTS",
     "STATE_TENSORS",
-    "TRUST_HINT",
     "VALUE_HEAD",
     "WEIGHTS",
-    "CheckpointError",
-    "CheckpointMismatchError",
-    "CheckpointWriteError",
-    "DamagedCheckpointError",
-    "UntrustedModelError",
-    "capture_global_rng",
     "check_compatible",
     "check_format",
     "check_intact",
-    "check_model_source",
     "checkpoint_name",
-    "decode_state",
-    "encode_state",
     "find_checkpoint",
     "how_to_continue",
     "is_newer_format",
@@ -108,13 +92,11 @@ __all__ = [
     "load_checkpoint",
     "prune_checkpoints",
     "read_meta",
-    "restore_global_rng",
     "restore_training_checkpoint",
     "run_dir_of",
     "save_checkpoint",
     "save_training_checkpoint",
     "trainable_state",
-    "untrusted_config",
     "write_atomically",
 ]
 
@@ -246,7 +228,7 @@ def save_training_checkpoint(
     keep: int | None = None,
     plugins: list[dict[str, Any]] | None = None,
 ) -> Path:
-    """Checkpoint a training run (a :class:`llamagym.run.Run`) after update
+    """Checkpoint a training run (a :class:`llamagym.training.run_state.Run`) after update
     ``counters["updates"]``; keep the last ``keep`` checkpoints of ``run_dir``.
     ``plugins`` lists the plugins that answered per-step hooks so far.
 
@@ -536,7 +518,7 @@ def load_checkpoint(policy: Any, directory: Path) -> dict[str, Any]:
 
 def restore_training_checkpoint(directory: Path, run: Any) -> dict[str, Any]:
     """Load weights, optimizer, algorithm, engine and global RNG state into ``run`` (a
-    :class:`llamagym.run.Run`); return the saved counters. Everything is read and
+    :class:`llamagym.training.run_state.Run`); return the saved counters. Everything is read and
     checked before anything is loaded."""
     directory = Path(directory)
     meta = read_meta(directory)
@@ -573,3 +555,8 @@ def restore_training_checkpoint(directory: Path, run: Any) -> dict[str, Any]:
             directory, f"its training state does not fit this run ({first_line(error)})"
         ) from None
     return dict(meta["counters"])
+
+
+if not TYPE_CHECKING:  # to a type checker a moved name is missing, as it is
+    def __getattr__(name: str) -> object:
+        return _moved_name(__name__, name)

@@ -165,7 +165,7 @@ class EvaluationProgress:
     """A bar over an evaluation's episodes: the agent's, then each baseline's on the
     same seeds. Use it as a context manager and call it with ``(policy, episodes
     finished, episodes in all)``, as
-    :func:`llamagym.training.trainer.evaluate_with_baselines` does.
+    :func:`llamagym.training.final_evaluation.evaluate_with_baselines` does.
 
     It draws on a terminal only, and is gone once the evaluation ends (the table comes
     next): a log file or a pipe gets no bar lines, and output on stdout (``llamagym eval

@@ -22,8 +22,8 @@ from llamagym.models.policy import Policy
 from llamagym.rollout.engine import RolloutEngine
 from llamagym.rollout.evaluation import EvalResult
 from llamagym.schedule import Schedule
-from llamagym.training import checkpoint as checkpoints
 from llamagym.training.algorithm import Algorithm
+from llamagym.training.checkpoint_state import capture_global_rng, restore_global_rng
 
 if TYPE_CHECKING:
     from llamagym.agent import Agent
@@ -164,12 +164,12 @@ class RandomState:
     def capture(cls, engine: Any) -> RandomState:
         return cls(
             copy.deepcopy(engine.state_dict()),
-            checkpoints.capture_global_rng(),
+            capture_global_rng(),
             engine.stats.env_steps,
             engine.stats.env_failures,
         )
 
     def restore(self, engine: Any) -> None:
         engine.load_state_dict(self.engine)
-        checkpoints.restore_global_rng(self.global_rng)
+        restore_global_rng(self.global_rng)
         engine.stats.env_steps, engine.stats.env_failures = self.env_steps, self.env_failures

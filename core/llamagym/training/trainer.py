@@ -42,8 +42,9 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from llamagym import moved_name as _moved_name
 from llamagym.agent import Agent
 from llamagym.errors import EnvFailureError, LlamaGymError, TrainingDivergedError, WriteError
 from llamagym.paths import write_atomically
@@ -60,9 +61,6 @@ from llamagym.training.budget import (
     stop_cause,
 )
 from llamagym.training.final_evaluation import evaluate_run
-from llamagym.training.final_evaluation import (
-    evaluate_with_baselines as evaluate_with_baselines,
-)
 from llamagym.training.report import METRICS, append_record, write_report
 from llamagym.training.run_directory import (
     OWN_TEMPORARIES,
@@ -93,7 +91,6 @@ from llamagym.training.transcripts import (
     TranscriptLog,
     transcript,
 )
-from llamagym.training.update_metrics import SANE_UPDATE_KL as SANE_UPDATE_KL
 from llamagym.training.update_metrics import count_update, warn_if_first_update_moved_far
 
 logger = logging.getLogger(__name__)
@@ -585,3 +582,8 @@ class Trainer:
         return evaluate_run(
             self.agent, self.config, self.progress, self._transcripts, self.output_dir, counters
         )
+
+
+if not TYPE_CHECKING:  # to a type checker a moved name is missing, as it is
+    def __getattr__(name: str) -> object:
+        return _moved_name(__name__, name)

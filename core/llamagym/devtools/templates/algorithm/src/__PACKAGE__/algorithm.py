@@ -16,7 +16,9 @@ import torch
 from llamagym.config import RolloutSettings
 from llamagym.models.policy import Policy
 from llamagym.rollout.trajectory import Episode, Turn
-from llamagym.training.algorithm import Algorithm, AlgorithmConfig, minibatches, rollout_metrics
+from llamagym.training.algorithm import Algorithm, rollout_metrics
+from llamagym.training.algorithm_config import AlgorithmConfig
+from llamagym.training.batching import minibatches
 from pydantic import Field
 
 
