@@ -91,7 +91,7 @@ def greedy_curve(run_dir: Path, updates: list[dict[str, Any]], episodes: int,
         update = int(meta.get("update", 0))
         agent = load_agent(directory, agent="cartpole")
         # Seed 7: other episodes than the final evaluation (seed = the run's seed).
-        result = evaluate_agent(agent, episodes, seed=7, greedy=True)
+        result = evaluate_agent(agent.evaluation_engine(), episodes, seed=7, greedy=True)
         curve.append({
             "update": update,
             "seconds": seconds_at.get(update, float("nan")),

@@ -199,7 +199,9 @@ def work(spec: dict[str, Any]) -> dict[str, Any]:
             checkpoints.load_checkpoint(agent.policy, path)
         sampled = None
         if item["episodes"]:
-            sampled = evaluate_agent(agent, item["episodes"], seed=spec["seed"]).as_dict()
+            sampled = evaluate_agent(
+                agent.evaluation_engine(), item["episodes"], seed=spec["seed"]
+            ).as_dict()
         results.append({"checkpoint": str(path), "exact": exact_greedy_value(agent),
                         "sampled": sampled})
     return {"evaluations": results}

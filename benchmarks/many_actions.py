@@ -251,10 +251,12 @@ def train(spec: Mapping[str, Any]) -> dict[str, Any]:
             seed,
         )
         agent = agent_class(config=resolve_agent_config(agent_class, [("row", layers)]))
-        summary = Trainer(agent).run()
+        summary = Trainer(agent, agent.session).run()
         evaluated = time.perf_counter()
         played: list[Any] = []
-        evaluation = evaluate_agent(agent, eval_episodes, seed=seed, examples=played)
+        evaluation = evaluate_agent(
+            agent.evaluation_engine(), eval_episodes, seed=seed, examples=played
+        )
         baselines = play_baselines(agent, evaluation_seeds(seed, eval_episodes), seed)
     wall = time.perf_counter() - started
     updates = update_records(run_dir)

@@ -324,13 +324,17 @@ def with_demonstrations(
     if setup.demonstrations is None:
         return dict(layers), None
     plain = agent_class(config=resolve_agent_config(agent_class, [("row", layers)]))
-    recording = record_demonstrations(
-        plain,
-        setup.demonstrations,
-        episodes,
-        run_dir.parent / f"{run_dir.name}-demonstrations.jsonl",
-        seed=seed,
-    )
+    engine = plain.evaluation_engine(1)
+    try:
+        recording = record_demonstrations(
+            engine,
+            setup.demonstrations,
+            episodes,
+            run_dir.parent / f"{run_dir.name}-demonstrations.jsonl",
+            seed=seed,
+        )
+    finally:
+        engine.close()
     moved = {"algorithm": {"warm_start": {"demonstrations": str(recording.path)}}}
     return deep_merge(dict(layers), moved), recording
 

@@ -291,7 +291,7 @@ def train(spec: Mapping[str, Any]) -> dict[str, Any]:
             )
             resolved = resolve_agent_config(SparseLakeAgent, [("row", layers)])
             agent = SparseLakeAgent(config=resolved)
-            summary = Trainer(agent).run()
+            summary = Trainer(agent, agent.session).run()
     wall = time.perf_counter() - started
     updates = update_records(run_dir)
     evaluation = summary.evaluation

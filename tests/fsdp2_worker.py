@@ -109,9 +109,9 @@ def main(output: Path) -> None:
             assert weights is not None and before is not None
             changed = any(not torch.equal(weights[k], before[k]) for k in weights)
             agent.use_policy(Policy(trained, tokenizer))
-            alone = evaluate_agent(agent, episodes=6, greedy=True)
+            alone = evaluate_agent(agent.evaluation_engine(), episodes=6, greedy=True)
             export = export_agent(
-                agent, output / "model", training={"updates": 1}, weights=weights
+                agent, agent.policy, output / "model", training={"updates": 1}, weights=weights
             )
             result.update(
                 weights_changed=changed,

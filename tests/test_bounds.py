@@ -322,7 +322,7 @@ def test_every_failing_step_counts_toward_max_env_failures(how, hostile, tmp_pat
     )
     started = time.monotonic()
     with pytest.raises(EnvFailureError) as raised:
-        Trainer(agent).run()
+        Trainer(agent, agent.session).run()
     assert time.monotonic() - started < 60
     message = str(raised.value)
     assert "6 times in a row" in message and "training.max_env_failures = 5" in message
@@ -359,7 +359,7 @@ def test_the_evaluation_honours_its_time_budget(hostile, caplog) -> None:
 
     agent = hostile("never-ends", rollout={"num_envs": 2, "max_episode_turns": 1_000_000})
     started = time.monotonic()
-    result, baselines = evaluate_with_baselines(agent, 100, 0, seconds=2.0)
+    result, baselines = evaluate_with_baselines(agent.evaluation_engine(), 100, 0, seconds=2.0)
     assert time.monotonic() - started < 30  # the baselines play only what the agent did
     assert result.episodes == 0 and all(b.episodes == 0 for b in baselines)
     assert any("ran out after 0 of 100 episodes" in r.getMessage() for r in caplog.records)

@@ -195,7 +195,7 @@ def test_sigterm_stops_cleanly_with_a_checkpoint(tmp_path) -> None:
     )
     previous_handler = signal.getsignal(signal.SIGTERM)
     with temporary_plugin(SignalAt(1, signal.SIGTERM), "terminate"):
-        summary = Trainer(agent).run()
+        summary = Trainer(agent, agent.session).run()
     assert summary.interrupted == "SIGTERM"
     assert summary.updates == 1 and summary.evaluation is None
     assert summary.checkpoint == tmp_path / "checkpoints" / "update-000001"

@@ -51,7 +51,7 @@ def trained_run(tmp_path_factory) -> Path:
         training={"episodes": 16, "threads": 1},
         output={"dir": str(run_dir), "quiet": True, "checkpoint_every": 1, "report": False},
     )
-    Trainer(agent).run()
+    Trainer(agent, agent.session).run()
     assert [p.name for p in checkpoints.list_checkpoints(run_dir)] == [FIRST, SECOND]
     return run_dir
 

@@ -91,7 +91,7 @@ def identical_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 def test_blackjack_names_win_draw_loss_by_the_sign_of_each_return() -> None:
     agent = tiny_agent(BlackjackAgent, rollout={"num_envs": 8})
     played: list = []
-    result = evaluate_agent(agent, 60, seed=2, examples=played)
+    result = evaluate_agent(agent.evaluation_engine(), 60, seed=2, examples=played)
     returns = np.array([e.env_return for e in played])
     assert list(result.outcomes) == ["win", "draw", "loss"]
     assert result.outcomes["win"] == pytest.approx(np.mean(returns > 0))
@@ -121,7 +121,7 @@ def test_a_return_of_zero_is_what_the_agent_says_it_is() -> None:
 
 def test_an_agent_that_names_no_outcomes_has_no_outcome_column() -> None:
     agent = tiny_agent(BanditAgent, rollout={"num_envs": 4})
-    result = evaluate_agent(agent, 16)
+    result = evaluate_agent(agent.evaluation_engine(), 16)
     baselines = [evaluate_baseline(agent, name, 16) for name in agent.baselines]
     assert result.outcomes == {} and all(b.outcomes == {} for b in baselines)
     text = render(evaluation_table(result, baselines))
@@ -144,7 +144,9 @@ def test_an_outcome_the_agent_does_not_list_is_refused() -> None:
 def test_evaluations_report_progress_episode_by_episode() -> None:
     agent = lake_agent()
     calls: list[tuple[int, int]] = []
-    result = evaluate_agent(agent, 10, on_progress=lambda done, total: calls.append((done, total)))
+    result = evaluate_agent(
+        agent.evaluation_engine(), 10, on_progress=lambda done, total: calls.append((done, total))
+    )
     assert calls == [(k, 10) for k in range(result.episodes + 1)]
 
     calls.clear()
@@ -152,7 +154,9 @@ def test_evaluations_report_progress_episode_by_episode() -> None:
     assert calls == [(k, 7) for k in range(8)]
 
     seen: list[tuple[str, int, int]] = []
-    evaluate_with_baselines(agent, 3, seed=0, on_progress=lambda *call: seen.append(call))
+    evaluate_with_baselines(
+        agent.evaluation_engine(), 3, seed=0, on_progress=lambda *call: seen.append(call)
+    )
     assert [name for name, done, _ in seen if done == 3] == ["agent", "route", "random"]
 
 
@@ -180,7 +184,7 @@ def lake_run(tmp_path_factory) -> tuple[Path, str]:
         output={"dir": str(run_dir)},
     )
     screen = Console(file=io.StringIO(), force_terminal=True, width=120)
-    Trainer(agent, progress=RunProgress(screen)).run()
+    Trainer(agent, agent.session, progress=RunProgress(screen)).run()
     return run_dir, screen.file.getvalue()  # type: ignore[attr-defined]
 
 
@@ -230,7 +234,7 @@ def test_eval_command_shows_progress_outcomes_and_identical_episodes(
 def test_a_deterministic_env_played_greedily_warns_once(caplog) -> None:
     agent = lake_agent()
     with caplog.at_level(logging.WARNING):
-        result = evaluate_agent(agent, 12, seed=4)
+        result = evaluate_agent(agent.evaluation_engine(), 12, seed=4)
     assert result.episodes == 12 and result.distinct_episodes == 1 and result.identical
     (message,) = identical_warnings(caplog)
     assert "all 12 evaluation episodes" in message and "reset(seed=...)" in message
@@ -242,7 +246,7 @@ def test_a_deterministic_env_played_greedily_warns_once(caplog) -> None:
 def test_a_stochastic_env_does_not_warn(caplog) -> None:
     agent = tiny_agent(BlackjackAgent, rollout={"num_envs": 8})
     with caplog.at_level(logging.WARNING):
-        result = evaluate_agent(agent, 40, seed=1)
+        result = evaluate_agent(agent.evaluation_engine(), 40, seed=1)
         baseline = evaluate_baseline(agent, "basic-strategy", 40, seed=1)
     assert not identical_warnings(caplog)
     assert result.distinct_episodes is not None and result.distinct_episodes > 1

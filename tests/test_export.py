@@ -220,7 +220,7 @@ def lora_run(tmp_path_factory) -> Path:
         training={"episodes": 8, "threads": 1, "eval_episodes": 0},
         output={"dir": str(run_dir), "quiet": True, "report": False},
     )
-    Trainer(agent).run()
+    Trainer(agent, agent.session).run()
     return run_dir
 
 

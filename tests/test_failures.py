@@ -106,7 +106,7 @@ def test_too_many_failures_in_a_row_stop_with_a_checkpoint(tmp_path) -> None:
         output={"dir": str(tmp_path / "run"), "quiet": True},
     )
     with pytest.raises(EnvFailureError) as raised:
-        Trainer(agent).run()
+        Trainer(agent, agent.session).run()
     message = str(raised.value)
     assert "simulator went away" in message and "--resume" in message
     assert list((tmp_path / "run" / "checkpoints").iterdir())
@@ -120,7 +120,7 @@ def test_non_finite_loss_skips_the_update_and_stops_after_a_few(tmp_path) -> Non
     )
     before = {n: p.detach().clone() for n, p in agent.policy.named_parameters()}
     with pytest.raises(TrainingDivergedError, match="2 updates in a row"):
-        Trainer(agent).run()
+        Trainer(agent, agent.session).run()
     for name, parameter in agent.policy.named_parameters():
         assert torch.equal(before[name], parameter.detach()), f"{name} was corrupted"
     assert agent.algorithm.skipped_updates > 0

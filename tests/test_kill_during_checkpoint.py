@@ -34,7 +34,7 @@ SCRIPT = textwrap.dedent(
         training={"episodes": 32},
         output={"dir": str(run_dir), "quiet": True, "checkpoint_every": 1},
     )
-    Trainer(agent).run()
+    Trainer(agent, agent.session).run()
     """
 )
 

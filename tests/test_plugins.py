@@ -207,7 +207,7 @@ def test_shaping_and_lifecycle_hooks_in_a_run(tmp_path) -> None:
         agent = tiny_agent(
             rollout={"reward_shaping": True}, output={"dir": str(tmp_path), "quiet": True}
         )
-        Trainer(agent).run()
+        Trainer(agent, agent.session).run()
     assert len(seen["episodes"]) == 32 and len(seen["shaped"]) == 32
     assert [u for u, _ in seen["updates"]] == [1, 2]
     # The shaping term reaches the learner's reward, not the env's return.
@@ -226,7 +226,8 @@ def test_shaping_is_off_unless_configured(tmp_path) -> None:
             return 1.0
 
     with temporary_plugin(Shaper(), "shaper"):
-        Trainer(tiny_agent(output={"dir": str(tmp_path), "quiet": True})).run()
+        agent = tiny_agent(output={"dir": str(tmp_path), "quiet": True})
+        Trainer(agent, agent.session).run()
     assert calls == []
 
 

@@ -339,7 +339,7 @@ def test_a_4bit_model_evaluates_trains_and_scores_again(mode: str) -> None:
     )
     assert agent.policy.uses_adapter
     assert bool(agent.policy.checkpointed_layers) == (mode == "generate")
-    evaluate_agent(agent, 16)
+    evaluate_agent(agent.evaluation_engine(), 16)
     envs = [agent.make_env() for _ in range(8)]
     batch = agent.engine.collect(envs, 16)
     trainable = dict(agent.policy.named_parameters())
@@ -347,7 +347,7 @@ def test_a_4bit_model_evaluates_trains_and_scores_again(mode: str) -> None:
     agent.algorithm.update(batch)
     changed = {n for n, value in before.items() if not torch.equal(trainable[n], value)}
     assert changed and all("lora_" in n or "value_head" in n for n in changed)
-    evaluate_agent(agent, 16)
+    evaluate_agent(agent.evaluation_engine(), 16)
     assert len(agent.engine.collect(envs, 16)) == 16
 
 
@@ -379,19 +379,3 @@ def test_a_model_object_given_to_the_classic_api_follows_the_lora_rule() -> None
         assert not whole.policy.uses_adapter
     finally:
         models.LORA_AUTO_THRESHOLD = original
-
-
-def test_names_that_moved_out_of_the_policy_module_still_import_from_it() -> None:
-    """Plugins and other modules import these from llamagym.models.policy, where they
-    were before generation.py and passes.py took them: the same objects, from both."""
-    from llamagym.models import generation, passes, policy
-
-    moved = {
-        generation: ["JsonClosed", "closes_json", "json_closed_at", "reply_prefixes",
-                     "sampling_processors"],
-        passes: ["MIN_SHARED_TOKENS", "padded", "prefix_rows", "shared_prefix_length"],
-    }
-    for home, names in moved.items():
-        for name in names:
-            assert name in policy.__all__
-            assert getattr(policy, name) is getattr(home, name), name

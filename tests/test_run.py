@@ -59,7 +59,7 @@ def test_evaluation_episodes_reach_no_training_observer(tmp_path) -> None:
     )
     observer = EpisodeObserver()
     with temporary_plugin(observer, "observer"):
-        summary = Trainer(agent).run()
+        summary = Trainer(agent, agent.session).run()
     assert summary.evaluation is not None and summary.evaluation.episodes == 24
     assert len(observer.calls) == summary.episodes == 16
     assert not any(evaluation for _, evaluation in observer.calls)
@@ -85,7 +85,7 @@ def test_run_directory_names_the_plugins_that_answered(tmp_path) -> None:
         output={"dir": str(run_dir)},
     )
     with temporary_plugin(Narrator(), "narrator"):
-        Trainer(agent).run()
+        Trainer(agent, agent.session).run()
     answered = {p["name"]: p for p in json.loads((run_dir / "plugins.json").read_text())}
     assert answered["narrator"]["hooks"] == ["llamagym_format_observation"]
     # The agent's own methods answered the system prompt; the narrator's None parses
@@ -120,11 +120,11 @@ def test_resume_with_other_plugins_says_so(tmp_path, caplog) -> None:
     run_dir = tmp_path / "run"
     settings = {"output": {"dir": str(run_dir), "report": False}}
     with temporary_plugin(Narrator(), "narrator"):
-        Trainer(tiny_agent(BanditAgent, training={"episodes": 16, "eval_episodes": 0},
-                           **settings)).run()
+        first = tiny_agent(BanditAgent, training={"episodes": 16, "eval_episodes": 0}, **settings)
+        Trainer(first, first.session).run()
     resumed = tiny_agent(BanditAgent, training={"episodes": 32, "eval_episodes": 0}, **settings)
     with caplog.at_level(logging.WARNING, logger="llamagym"):
-        Trainer(resumed, resume_from=run_dir).run()
+        Trainer(resumed, resumed.session, resume_from=run_dir).run()
     warnings = [r.getMessage() for r in caplog.records if "per-step hooks differ" in r.message]
     assert len(warnings) == 1 and "gone narrator" in warnings[0]
 
@@ -142,7 +142,7 @@ def test_load_agent_acts_with_the_trained_weights(tmp_path) -> None:
         training={"episodes": 16, "eval_episodes": 0},
         output={"dir": str(run_dir), "report": False},
     )
-    Trainer(agent).run()
+    Trainer(agent, agent.session).run()
     with temporary_plugin(BanditRegistration(), "bandit-plugin"):
         loaded = load_agent(run_dir)
     assert type(loaded) is BanditAgent and loaded.config == agent.config.model_copy(
@@ -173,11 +173,11 @@ def test_evaluating_a_loaded_agent_never_trains_it(tmp_path) -> None:
         training={"episodes": 16, "eval_episodes": 0},
         output={"dir": str(run_dir), "report": False},
     )
-    Trainer(agent).run()
+    Trainer(agent, agent.session).run()
     with temporary_plugin(BanditRegistration(), "bandit-plugin"):
         loaded = load_agent(run_dir)
     before = {n: p.detach().clone() for n, p in loaded.policy.model.named_parameters()}
-    evaluate_agent(loaded, 4)
+    evaluate_agent(loaded.evaluation_engine(), 4)
     changed = [n for n, p in loaded.policy.model.named_parameters()
                if not torch.equal(p, before[n])]
     assert changed == []

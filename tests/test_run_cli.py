@@ -228,7 +228,7 @@ def test_wandb_is_never_imported_without_wandb_project(tmp_path) -> None:
             algorithm={{"episodes_per_update": 8, "minibatch_size": 8, "epochs": 1}},
             output={{"dir": {str(run_dir)!r}, "quiet": True}},
         )
-        Trainer(agent).run()
+        Trainer(agent, agent.session).run()
         print("wandb" in sys.modules)
         """
     )

@@ -57,7 +57,7 @@ def trained_run(tmp_path_factory) -> Path:
         training={"episodes": 16, "threads": 1, "eval_episodes": 2},
         output={"dir": str(run_dir), "quiet": True, "checkpoint_every": 1, "report": False},
     )
-    Trainer(agent).run()
+    Trainer(agent, agent.session).run()
     for name in ("metrics.jsonl", "transcripts.jsonl", "plugins.json", "config.yaml"):
         assert (run_dir / name).is_file()
     return run_dir

@@ -77,7 +77,7 @@ def test_time_budget_stops_inside_the_first_collection(tmp_path, caplog) -> None
     initial_engine = agent.engine.state_dict()
     initial_weights = {k: v.clone() for k, v in checkpoints.trainable_state(agent.policy).items()}
     with caplog.at_level(logging.WARNING, logger="llamagym"):
-        summary = training.Trainer(agent).run()
+        summary = training.Trainer(agent, agent.session).run()
 
     assert summary.interrupted is None  # a budget end, not a signal
     assert summary.updates == 0 and summary.episodes == 0 and summary.env_steps == 0
@@ -224,7 +224,7 @@ def test_sigterm_during_an_update_ends_it_at_a_minibatch_boundary(
     monkeypatch.setattr(Algorithm, "apply_gradients", terminate.wrap(Algorithm.apply_gradients))
     previous_handler = signal.getsignal(signal.SIGTERM)
     with temporary_plugin(terminate, "terminate"):
-        summary = training.Trainer(agent).run()
+        summary = training.Trainer(agent, agent.session).run()
 
     assert summary.interrupted == "SIGTERM"
     assert summary.updates == 2 and summary.evaluation is None
@@ -253,7 +253,7 @@ def test_the_time_budget_ends_the_first_update_at_a_minibatch_boundary(
     deadline = AfterSteps(update=1, after=3, action=lambda: setattr(clock, "offset", 1e9))
     monkeypatch.setattr(Algorithm, "apply_gradients", deadline.wrap(Algorithm.apply_gradients))
     with temporary_plugin(deadline, "deadline"):
-        summary = training.Trainer(agent).run()
+        summary = training.Trainer(agent, agent.session).run()
 
     assert summary.interrupted is None and summary.updates == 1 and summary.episodes == 16
     assert summary.evaluation is not None and summary.evaluation.episodes == 8
@@ -328,7 +328,7 @@ def test_a_long_generation_stops_between_tokens(stop, tmp_path, monkeypatch, cap
     # No reply closes its JSON object or says the end-of-turn token: each runs 4,096 tokens.
     monkeypatch.setattr(generation, "closes_json", lambda text: False)
     agent.policy.eos_id = len(agent.policy.tokenizer) + 1000
-    trainer = training.Trainer(agent)
+    trainer = training.Trainer(agent, agent.session)
     if stop == "SIGINT":
         interrupt = threading.Timer(1.2, os.kill, (os.getpid(), signal.SIGINT))
         interrupt.start()
@@ -357,7 +357,7 @@ def test_signal_during_a_collection_drops_the_batch_and_skips_the_evaluation(tmp
         output={"dir": str(tmp_path), "quiet": True},
     )
     with temporary_plugin(AtEpisode(2, 5, lambda: os.kill(os.getpid(), signal.SIGINT)), "ctrl-c"):
-        summary = training.Trainer(agent).run()
+        summary = training.Trainer(agent, agent.session).run()
     assert summary.interrupted == "SIGINT" and summary.evaluation is None
     assert summary.updates == 1 and summary.episodes == 16
     assert summary.dropped_episodes == 8  # two 4-env steps of one-step episodes

@@ -36,7 +36,7 @@ def train(run_dir, mode: str, updates: int) -> None:
         training={"episodes": 8 * updates, "eval_episodes": 4},
         output={"dir": str(run_dir)},
     )
-    Trainer(agent).run()
+    Trainer(agent, agent.session).run()
 
 
 def test_a_transcript_is_what_the_env_received_and_returned(tmp_path) -> None:

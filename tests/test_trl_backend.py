@@ -206,7 +206,7 @@ def recorded_run(tmp_path_factory):
     initial, _ = load_model_and_tokenizer("tiny", lora=False)
     before = {name: p.detach().clone() for name, p in initial.named_parameters()}
     try:
-        summary = TRLTrainer(agent).run()
+        summary = TRLTrainer(agent, agent.session).run()
     finally:
         monkeypatch.undo()
     return summary, recorder, before
@@ -308,7 +308,7 @@ def test_a_run_resumes_from_its_trl_checkpoint(recorded_run, tmp_path) -> None:
         output={"checkpoint_every": 1, "dir": str(run)},
         rollout={"invalid_action": {"policy": "random"}},
     )
-    resumed = TRLTrainer(agent, resume_from=run).run()
+    resumed = TRLTrainer(agent, agent.session, resume_from=run).run()
     # 2 updates x 2 minibatches x 2 epochs
     assert resumed.resumed_from.name == "checkpoint-8"
     assert resumed.updates == 3 and resumed.episodes == 48
@@ -461,7 +461,7 @@ def test_deepspeed_with_the_native_backend_points_to_trl(monkeypatch) -> None:
 )
 def test_vllm_colocate_generation_when_vllm_is_installed(tmp_path) -> None:
     agent = small_agent(tmp_path, trl={"use_vllm": True, "vllm_mode": "colocate"})
-    summary = TRLTrainer(agent).run()
+    summary = TRLTrainer(agent, agent.session).run()
     assert summary.updates == 2
 
 

@@ -38,7 +38,7 @@ _LAZY = {
     "Turn": "llamagym.rollout.trajectory",
     "Policy": "llamagym.models.policy",
     "load_model_and_tokenizer": "llamagym.models.loading",
-    "load_agent": "llamagym.run",
+    "load_agent": "llamagym.agent",
     "build_run": "llamagym.run",
     "RunContext": "llamagym.specs",
     "get_plugins": "llamagym.plugin_manager",
@@ -88,7 +88,12 @@ MOVED_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
             "model_descriptions", "render_config_yaml", "resolve_config",
         ),
     },
-    "llamagym.run": {"llamagym.config_layers": ("defaults_for_model", "run_layers")},
+    "llamagym.agent": {"llamagym.task": ("Baseline",)},
+    "llamagym.run": {
+        "llamagym.config_layers": ("defaults_for_model", "run_layers"),
+        "llamagym.agent": ("load_agent",),
+        "llamagym.training.run_state": ("make_engine",),
+    },
     "llamagym.session": {"llamagym.training.algorithm": ("Algorithm",)},
     "llamagym.plugin_manager": {
         "llamagym.plugin_isolation": ("DEFAULT_TIMEOUT_SECONDS", "TIMEOUT_VARIABLE"),

@@ -10,231 +10,43 @@
     action = agent.act(observation); agent.assign_reward(reward)
     stats = agent.terminate_episode()                  # trains when a batch is full
 
-Env plugins register subclasses that also declare ``env_id``, ``defaults`` and
-``baselines``; ``llamagym run`` then drives many envs at once through the same engine.
+An ``Agent`` is a :class:`~llamagym.task.Task` (the env, prompts, actions, parsing,
+options) that acts: its session holds the policy and the run. Env plugins register
+subclasses that also declare ``env_id``, ``defaults`` and ``baselines``; ``llamagym run``
+then drives many envs at once through the same engine.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
-import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
-from llamagym.config import RunConfig
-from llamagym.config_layers import Layer, ResolvedConfig, resolve_agent_config
-from llamagym.errors import ConfigError, LlamaGymError
-from llamagym.plugin_answers import RefusedAnswer, action_index_of
+from llamagym import moved_name as _moved_name
 from llamagym.plugin_manager import Plugins, get_plugins
+from llamagym.task import Task
 
 if TYPE_CHECKING:
-    # The machinery an agent's session holds, named for annotations only (pyproject.toml
-    # lets these upward imports through the floors).
     from llamagym.rollout.engine import RolloutEngine
     from llamagym.schedule import Control
     from llamagym.session import Session
     from llamagym.training.algorithm import Algorithm
     from llamagym.training.run_state import Run
 
-logger = logging.getLogger(__name__)
-
-Baseline = Callable[[Any, dict, Sequence[str], Any], str]
-"""A baseline policy: ``(observation, info, legal_actions, rng) -> action name``."""
-
-# Keys of the original LlamaGym's ``ppo_config_dict`` / ``generate_config_dict``, and
-# where they live now.
-_LEGACY_PPO_KEYS = {
-    "batch_size": "episodes_per_update",
-    "mini_batch_size": "minibatch_size",
-    "learning_rate": "lr",
-    "ppo_epochs": "epochs",
-    "gamma": "gamma",
-    "lam": "gae_lambda",
-    "cliprange": "clip_range",
-    "vf_coef": "value_coef",
-    "init_kl_coef": "kl_coef",
-    "target_kl": "target_kl",
-    "max_grad_norm": "max_grad_norm",
-}
-_LEGACY_GENERATE_KEYS = {
-    "max_new_tokens": "max_new_tokens",
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "do_sample": None,  # always sampled when training, greedy when evaluating
-}
+__all__ = ["Agent", "load_agent"]
 
 
-class Agent:
-    """An LLM agent for one kind of environment. Subclasses say how to talk to it.
+class Agent(Task):
+    """An LLM agent for one kind of environment: the task, and the classic loop on it.
+    Subclasses say how to talk to the environment (see :class:`~llamagym.task.Task`)."""
 
-    To have evaluations count named outcomes (win / draw / loss), list them in
-    ``outcome_names`` and override :meth:`outcome`; an agent that does neither is
-    evaluated by its return alone, with no outcome column."""
-
-    name: ClassVar[str] = ""
-    description: ClassVar[str] = ""
-    env_id: ClassVar[str | None] = None
-    env_kwargs: ClassVar[Mapping[str, Any]] = {}
-    action_names: ClassVar[Sequence[str] | None] = None
-    defaults: ClassVar[Mapping[str, Any]] = {}
-    baselines: ClassVar[Mapping[str, Baseline]] = {}
-    #: The outcomes :meth:`outcome` names, in the order evaluations show them (e.g.
-    #: ``("win", "draw", "loss")``); empty: the agent names none.
-    outcome_names: ClassVar[Sequence[str]] = ()
-    #: The checkpoint directory a trained agent was loaded from, and that checkpoint's
-    #: metadata (:func:`llamagym.run.load_agent`); None for an agent built otherwise.
-    checkpoint: Path | None = None
-    checkpoint_meta: dict[str, Any] | None = None
-
-    def __init__(
-        self,
-        model: Any = None,
-        tokenizer: Any = None,
-        device: Any = None,
-        generate_config_dict: Mapping[str, Any] | None = None,
-        ppo_config_dict: Mapping[str, Any] | None = None,
-        *,
-        env: Any = None,
-        config: ResolvedConfig | RunConfig | Mapping[str, Any] | None = None,
-        plugins: Plugins | None = None,
-    ):
-        self.plugins = plugins or get_plugins()
-        #: The validated config and the settings objects made from it (one resolver).
-        self.resolved = self._resolve_config(config, generate_config_dict, ppo_config_dict, model)
-        self.config = self.resolved.config
-        #: The agent's own options: an instance of its ``Config``, if it declares one.
-        self.options = self.resolved.agent_options
-        self.env = env
-        self._model, self._tokenizer, self._device = model, tokenizer, device
-        self._session: Session | None = None
-
-    @property
-    def device(self) -> Any:
-        """The device the agent was made with (the original API's third argument, or in
-        a run of several processes each process's own), or None: ``model.device``.
-        Read when the model loads."""
-        return self._device
-
-    @device.setter
-    def device(self, value: Any) -> None:
-        self._device = value
-
-    # -- what subclasses override -----------------------------------------------------
-    def get_system_prompt(self) -> str:
-        return "You are an agent acting in an environment. Reply with the action to take."
-
-    def format_observation(self, observation: Any) -> str:
-        return str(observation)
-
-    def extract_action(self, response: str) -> Any:
-        """Return the action in ``response`` (an action index, or an action name), or None."""
-        return None
-
-    def episode_context(self, observation: Any, info: Mapping[str, Any]) -> str | None:
-        """What holds for a whole episode, read from its first observation and info (a
-        game's objective), or None. The engine adds it to that episode's system prompt,
-        so it is said once, not in every turn, and a model that keeps each episode's
-        key/value cache computes it once per episode. Default: None."""
-        return None
-
-    def reply_fields(self, observation: Any) -> Mapping[str, Any]:
-        """Values a generate-mode ``rollout.reply_prefix`` can name as ``$name``: with
-        ``{"sum": $sum, "action": "`` and ``{"sum": 15}`` here, the reply starts with
-        ``{"sum": 15, "action": "``. A prefix that restates the part of the observation
-        the choice depends on puts it right before the model's first reply token.
-        Default: none (a prefix with no ``$`` needs none; ``$$`` is a dollar sign)."""
-        return {}
-
-    def outcome(self, episode_return: float, info: Mapping[str, Any]) -> str | None:
-        """The named outcome of an episode that returned ``episode_return`` and whose last
-        step gave ``info`` (the env's JSON-friendly values: TextWorld's ``won``): one of
-        ``outcome_names``, or None for an episode that fits none of them.
-
-        Evaluations (the trained agent's and every baseline's, at the end of a run and
-        in ``llamagym eval``) show the share of episodes with each outcome beside the
-        mean return, in ``outcome_names`` order; ``metrics.jsonl`` keeps the shares in
-        each evaluation's ``outcomes``. Blackjack says ``win`` / ``draw`` / ``loss`` by
-        the sign of the return; a maze might say ``goal`` for a return of 1 and
-        ``no goal`` otherwise; TextWorld says ``won`` / ``lost`` by its game's state,
-        which a return shaped by step penalties no longer tells. An override may take
-        the return alone (``outcome(self, episode_return)``). The default names no
-        outcome, and an agent that names none gets no outcome column: a return's sign
-        means different things in different envs (a return of 0 is a draw in
-        Blackjack, a hole in FrozenLake)."""
-        return None
-
-    def legal_actions(self, observation: Any, info: Mapping[str, Any]) -> Sequence[str] | None:
-        """Names of the actions allowed now. Default: ``action_names``, else the env's
-        ``admissible_commands``, else the indices of a ``Discrete`` action space (of the
-        ``env=`` given), else None: the actions are not known.
-
-        Not knowing them is how the original LlamaGym worked, and still works in
-        generate mode: the model replies, ``extract_action`` turns the reply into the
-        value given to ``env.step`` as it is, and that must be an action for every
-        reply (an agent that cannot name its actions has no invalid-action fallback;
-        ``None`` stops with an error that says so). Score mode ranks the legal actions,
-        so it needs them named."""
-        if self.action_names is not None:
-            return self.action_names
-        if "admissible_commands" in info:
-            return info["admissible_commands"]
-        space = getattr(self.env, "action_space", None)
-        if space is not None and hasattr(space, "n"):
-            return [str(i) for i in range(int(space.n))]
-        return None
-
-    def named_actions(self, observation: Any, info: Mapping[str, Any]) -> Sequence[str]:
-        """:meth:`legal_actions`, for what needs the actions named (score mode,
-        baselines, checks): an agent that names none is told how to."""
-        names = self.legal_actions(observation, info)
-        if names is None:
-            raise LlamaGymError(
-                f"{type(self).__name__} does not know its legal actions: set "
-                "action_names = [...] on the class, pass env=..., or override legal_actions()"
-            )
-        return names
-
-    def env_action(self, index: int, legal_actions: Sequence[str]) -> Any:
-        """The value passed to ``env.step`` for the chosen legal action."""
-        if self.action_names is not None or legal_actions == [
-            str(i) for i in range(len(legal_actions))
-        ]:
-            return index  # a Discrete space: actions are numbered in order
-        return legal_actions[index]
-
-    def make_env(self) -> Any:
-        """A new environment for this agent (default: ``gymnasium.make(env_id)``)."""
-        import gymnasium
-
-        if self.env_id is None:
-            raise LlamaGymError(f"{type(self).__name__} sets no env_id; override make_env()")
-        self.plugins.register_envs()
-        return gymnasium.make(self.env_id, **self.env_kwargs)
-
-    # -- how the engine talks to the subclass -------------------------------------------
-    def observation_text(self, observation: Any, info: dict) -> str:
-        if _takes_info(type(self).format_observation):
-            return self.format_observation(observation, info)  # type: ignore[call-arg]
-        return self.format_observation(observation)
-
-    def action_index(self, value: Any, legal_actions: Sequence[str]) -> int | None:
-        """Map what ``extract_action`` returned to an index into ``legal_actions``: an
-        integer (Python or numpy) in range, an integral float, or an action name
-        (case-insensitive); anything else is ``None``. ``legal_actions`` is the tuple
-        every parser is handed: read it, never change it."""
-        try:
-            return action_index_of(value, legal_actions)
-        except RefusedAnswer:
-            return None
+    _session: Session | None = None
 
     # -- the classic loop, through the agent's session ---------------------------------
     @property
     def session(self) -> Session:
         """The policy, run and open episode this agent acts with (:mod:`llamagym.session`),
-        made on first use: the one way from the task up to the machinery."""
+        made on first use: the one way from an agent to the machinery."""
         if self._session is None:
             from llamagym.session import Session
 
@@ -289,47 +101,40 @@ class Agent:
     def algorithm(self) -> Algorithm:
         return self.session.run.algorithm
 
-    # -- configuration -------------------------------------------------------------
-    def _resolve_config(
-        self,
-        config: ResolvedConfig | RunConfig | Mapping[str, Any] | None,
-        generate_config: Mapping[str, Any] | None,
-        ppo_config: Mapping[str, Any] | None,
-        model: Any = None,
-    ) -> ResolvedConfig:
-        legacy: dict[str, Any] = {}
-        for key, value in (generate_config or {}).items():
-            if key not in _LEGACY_GENERATE_KEYS:
-                raise ConfigError(
-                    f"generate_config_dict key {key!r} is not supported; "
-                    f"allowed: {', '.join(_LEGACY_GENERATE_KEYS)}"
-                )
-            if _LEGACY_GENERATE_KEYS[key]:
-                legacy.setdefault("rollout", {})[_LEGACY_GENERATE_KEYS[key]] = value
-        for key, value in (ppo_config or {}).items():
-            if key not in _LEGACY_PPO_KEYS:
-                raise ConfigError(
-                    f"ppo_config_dict key {key!r} is not supported; "
-                    f"allowed: {', '.join(_LEGACY_PPO_KEYS)}"
-                )
-            legacy.setdefault("algorithm", {})[_LEGACY_PPO_KEYS[key]] = value
-        if isinstance(config, ResolvedConfig) and not legacy:
-            return config
-        later: list[Layer] = [("generate_config_dict/ppo_config_dict", legacy)]
-        if isinstance(config, (ResolvedConfig, RunConfig)):
-            # A whole config stands in for the defaults, as a checkpoint's does.
-            whole = config.config if isinstance(config, ResolvedConfig) else config
-            return resolve_agent_config(
-                type(self), later, base=whole.model_dump(mode="json"), plugins=self.plugins
-            )
-        return resolve_agent_config(
-            type(self), [("config", dict(config or {})), *later], model=model,
-            plugins=self.plugins,
-        )
+
+def load_agent(
+    path: Path | str,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    agent: str | None = None,
+    plugins: Plugins | None = None,
+    trust_remote_code: bool = False,
+) -> Agent:
+    """A trained agent, ready to ``act``: ``path`` is a run directory (its newest intact
+    checkpoint; a damaged newer one is skipped with a warning), one checkpoint, or an
+    export. The agent class comes from the registry (the plugin that trained it must be
+    installed), the config from the checkpoint with ``overrides`` over it, and the
+    weights from the checkpoint. ``agent`` checks the checkpoint's agent name.
+
+    A checkpoint is data: its ``model.trust_remote_code`` is never used. Only
+    ``trust_remote_code=True`` (or an override setting it) lets the model run code of
+    its own, with a warning naming the model; without it, a checkpoint naming a local
+    model directory that maps classes to its own Python code is refused
+    (:func:`llamagym.run.read_trained`)."""
+    from llamagym.run import load_trained_weights, read_trained  # torch: loading only
+
+    plugins = plugins or get_plugins()
+    trained = read_trained(
+        path, overrides=overrides, agent=agent, plugins=plugins,
+        trust_remote_code=trust_remote_code,
+    )
+    loaded: Agent = trained.agent_class(config=trained.resolved, plugins=plugins)
+    load_trained_weights(loaded.policy, trained)
+    loaded.checkpoint = trained.directory
+    loaded.checkpoint_meta = trained.meta
+    return loaded
 
 
-@functools.cache
-def _takes_info(method: Callable) -> bool:
-    parameters = list(inspect.signature(method).parameters.values())[1:]
-    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return len(positional) >= 2 or any(p.name == "info" for p in parameters)
+if not TYPE_CHECKING:  # to a type checker a moved name is missing, as it is
+    def __getattr__(name: str) -> object:
+        return _moved_name(__name__, name)

@@ -1,6 +1,6 @@
-"""A run: what one training run is made of, built in one place.
+"""A run: what one training run is made of, built in one place (the composition root).
 
-An :class:`~llamagym.Agent` describes a task (env, prompts, legal actions, parsing,
+A :class:`~llamagym.task.Task` describes a task (env, prompts, legal actions, parsing,
 defaults, baselines, its options). A run adds the machinery: the policy (model, tokenizer,
 value head), the rollout engine, the algorithm and the schedule they read. Everything
 here is built by :func:`build_run` from a resolved config, each part getting what it needs
@@ -9,16 +9,18 @@ as constructor arguments; nothing is assigned into a part after it is built.
     resolved = resolve_agent_config(AgentClass, [("--set", {...})])   # config_layers.py
     agent = AgentClass(config=resolved)
     run = build_run(agent, load_policy(resolved.config), control)      # what Trainer does
-    agent = load_agent("runs/blackjack-.../")                          # a trained agent
+    trained = read_trained("runs/blackjack-.../")                      # what load_agent reads
 
-The classic ``act`` / ``assign_reward`` / ``terminate_episode`` API, the trainer, the
-evaluation and ``load_agent`` all go through these functions: one code path.
+The classic ``act`` / ``assign_reward`` / ``terminate_episode`` API (an agent's session),
+the CLI and ``load_agent`` all build through these functions: one code path. What runs
+below (the trainer, the evaluation, the export) is handed the parts it needs.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -27,24 +29,25 @@ from safetensors.torch import load_file
 
 from llamagym import moved_name as _moved_name
 from llamagym.config import RunConfig, check_generation_memory, deep_merge
-from llamagym.config_layers import resolve_agent_config
+from llamagym.config_layers import ResolvedConfig, resolve_agent_config
 from llamagym.errors import ConfigError, LlamaGymError
 from llamagym.models.loading import add_lora_adapter, load_model_and_tokenizer
 from llamagym.models.lora_choice import LORA_AUTO_THRESHOLD, trains_through_lora
 from llamagym.models.policy import Policy
 from llamagym.models.trunk_precision import lower_trunk_precision
 from llamagym.plugin_manager import get_plugins
-from llamagym.rollout.engine import RolloutEngine
 from llamagym.schedule import Control, Schedule
 from llamagym.training import checkpoint as checkpoints
-from llamagym.training import distributed
+from llamagym.training import (
+    distributed,
+    run_state,  # a run's parts: their types are the training's
+)
 from llamagym.training.checkpoint_trust import check_model_source, untrusted_config
 from llamagym.training.export import RUN_EXPORT, VALUE_HEAD, read_export_meta
-from llamagym.training.run_state import Run  # its parts' types are the training's
 
 if TYPE_CHECKING:
-    from llamagym.agent import Agent
     from llamagym.plugin_manager import Plugins
+    from llamagym.task import Task
     from llamagym.training.algorithm import Algorithm
     from llamagym.training.algorithm_config import AlgorithmConfig
 
@@ -113,30 +116,7 @@ def _choose_threads(policy: Policy, threads: int | None) -> None:
         torch.set_num_threads(1)
 
 
-def make_engine(
-    agent: Agent,
-    policy: Policy,
-    config: RunConfig,
-    schedule: Schedule,
-    *,
-    num_envs: int | None = None,
-    observe: bool = True,
-) -> RolloutEngine:
-    rollout = config.rollout
-    if num_envs is not None:
-        rollout = rollout.model_copy(update={"num_envs": num_envs})
-    return RolloutEngine(
-        agent,
-        policy,
-        rollout,
-        seed=config.training.seed,
-        schedule=schedule,
-        max_failures_in_a_row=config.training.max_env_failures,
-        observe=observe,
-    )
-
-
-def build_run(agent: Agent, policy: Policy, control: Control | None = None) -> Run:
+def build_run(agent: Task, policy: Policy, control: Control | None = None) -> run_state.Run:
     """Policy -> schedule -> engine -> algorithm, from ``agent.resolved``. ``control``
     carries the trainer's stop request and epoch display into the algorithm; without it
     (the classic API) an update never stops early.
@@ -149,7 +129,7 @@ def build_run(agent: Agent, policy: Policy, control: Control | None = None) -> R
     if resolved.algorithm_class is None or resolved.algorithm is None:
         raise LlamaGymError(f"agent {agent.name!r}: the config names no algorithm")
     schedule = Schedule(config.rollout)
-    engine = make_engine(agent, policy, config, schedule)
+    engine = run_state.make_engine(agent, policy, config, schedule)
     # The registry holds Algorithm subclasses, and their Config validated the section
     # (the resolver, a layer below, reads only the Config).
     algorithm_class = cast("type[Algorithm]", resolved.algorithm_class)
@@ -165,27 +145,35 @@ def build_run(agent: Agent, policy: Policy, control: Control | None = None) -> R
     if warm_start:
         logger.info("warm start: %s", ", ".join(f"{k} {v:.4g}" for k, v in warm_start.items()))
     algorithm.freeze_reference()
-    return Run(agent, config, policy, engine, algorithm, schedule)
+    return run_state.Run(agent, config, policy, engine, algorithm, schedule)
 
 
-def load_agent(
+@dataclass(frozen=True)
+class Trained:
+    """A trained agent's checkpoint or export, read and checked: what
+    :func:`llamagym.agent.load_agent` builds the agent from."""
+
+    #: the agent class from the registry (a plugin's :class:`~llamagym.Agent` subclass)
+    agent_class: Any
+    resolved: ResolvedConfig
+    directory: Path
+    meta: dict[str, Any]
+    #: an export's ``weights`` ("adapter", ...); None: a checkpoint
+    exported: str | None
+
+
+def read_trained(
     path: Path | str,
     *,
     overrides: Mapping[str, Any] | None = None,
     agent: str | None = None,
     plugins: Plugins | None = None,
     trust_remote_code: bool = False,
-) -> Agent:
-    """A trained agent, ready to ``act``: ``path`` is a run directory (its newest intact
-    checkpoint; a damaged newer one is skipped with a warning) or one checkpoint. The
-    agent class comes from the registry (the plugin that trained it must be installed),
-    the config from the checkpoint with ``overrides`` over it, and the weights from the
-    checkpoint. ``agent`` checks the checkpoint's agent name.
-
-    A checkpoint is data: its ``model.trust_remote_code`` is never used. Only
-    ``trust_remote_code=True`` (or an override setting it) lets the model run code of
-    its own, with a warning naming the model; without it, a checkpoint naming a local
-    model directory that maps classes to its own Python code is refused."""
+) -> Trained:
+    """The checkpoint or export at ``path`` (a run directory: its newest intact
+    checkpoint), its agent class and its config with ``overrides`` over it; ``agent``
+    checks the checkpoint's agent name. The checkpoint's ``model.trust_remote_code`` is
+    never used: only ``trust_remote_code=True`` (or an override) turns it on."""
     plugins = plugins or get_plugins()
     path = Path(path)
     if read_export_meta(path) is None and read_export_meta(path / RUN_EXPORT) is not None:
@@ -226,16 +214,18 @@ def load_agent(
     )
     model = resolved.config.model
     check_model_source(meta, model.name, model.trust_remote_code, directory)
-    loaded = agent_class(config=resolved, plugins=plugins)
-    if exported is not None:
-        _load_exported_weights(loaded.policy, directory, exported["weights"])
-        loaded.checkpoint = directory
-        loaded.checkpoint_meta = meta
-        return loaded
-    checkpoints.load_checkpoint(loaded.policy, directory)
-    loaded.checkpoint = directory
-    loaded.checkpoint_meta = meta
-    return loaded
+    return Trained(
+        agent_class, resolved, directory, meta,
+        None if exported is None else str(exported["weights"]),
+    )
+
+
+def load_trained_weights(policy: Policy, trained: Trained) -> None:
+    """The trained weights of ``trained`` into ``policy`` (loaded from its config)."""
+    if trained.exported is not None:
+        _load_exported_weights(policy, trained.directory, trained.exported)
+    else:
+        checkpoints.load_checkpoint(policy, trained.directory)
 
 
 def _load_exported_weights(policy: Policy, directory: Path, weights: str) -> None:

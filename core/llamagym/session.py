@@ -1,6 +1,7 @@
 """The classic loop's machinery: what an :class:`~llamagym.Agent` acts with.
 
-The Agent is the task (env, prompts, actions, parsing, options). Its session holds what
+The Agent is a task (:class:`~llamagym.task.Task`: env, prompts, actions, parsing,
+options) that acts. Its session holds what
 ``act`` / ``assign_reward`` / ``terminate_episode`` need on top: the policy (loaded on
 first use), the run built over it (:func:`llamagym.run.build_run`: engine, algorithm,
 schedule), the episode being played and the episodes waiting for an update.
@@ -18,21 +19,22 @@ from llamagym.errors import LlamaGymError
 from llamagym.rollout.engine import RolloutEngine
 from llamagym.rollout.slots import Slot
 from llamagym.rollout.trajectory import Episode, Turn
-from llamagym.run import build_run, load_policy, make_engine
+from llamagym.run import build_run, load_policy
 from llamagym.schedule import Control, Schedule
-from llamagym.training.run_state import Run
+from llamagym.training.run_state import Run, make_engine
 
 if TYPE_CHECKING:
-    from llamagym.agent import Agent
+    from llamagym.task import Task
 
 __all__ = ["Session"]
 
 
 class Session:
-    """One agent's policy, run and open episode, each built on first use."""
+    """One task's policy, run and open episode, each built on first use. It is the
+    :class:`~llamagym.training.run_state.RunParts` a trainer builds its run with."""
 
-    def __init__(self, agent: Agent, model: Any = None, tokenizer: Any = None):
-        self.agent = agent
+    def __init__(self, task: Task, model: Any = None, tokenizer: Any = None):
+        self.task = task
         #: What the classic API's constructor was given: objects, a name, or None.
         self._model, self._tokenizer = model, tokenizer
         self._policy: Any = None
@@ -44,7 +46,7 @@ class Session:
     @property
     def policy(self) -> Any:
         if self._policy is None:
-            config, device = self.agent.config, self.agent.device
+            config, device = self.task.config, self.task.device
             self._policy = load_policy(config, self._model, self._tokenizer, device)
         return self._policy
 
@@ -58,14 +60,14 @@ class Session:
         return self._run
 
     def start_run(self, control: Control | None = None) -> Run:
-        self._run = build_run(self.agent, self.policy, control)
+        self._run = build_run(self.task, self.policy, control)
         return self._run
 
     def evaluation_engine(self, num_envs: int | None = None) -> RolloutEngine:
-        config = self.agent.config
+        config = self.task.config
         schedule = self._run.schedule if self._run is not None else Schedule(config.rollout)
         return make_engine(
-            self.agent, self.policy, config, schedule, num_envs=num_envs, observe=False
+            self.task, self.policy, config, schedule, num_envs=num_envs, observe=False
         )
 
     # -- the classic loop ---------------------------------------------------------------
@@ -81,7 +83,7 @@ class Session:
         self._pending_turn = turn
         if turn.action_index is None:  # actions not named: extract_action's value as it is
             return turn.env_action
-        return self.agent.env_action(turn.action_index, turn.legal_actions)
+        return self.task.env_action(turn.action_index, turn.legal_actions)
 
     def assign_reward(self, reward: float) -> None:
         slot = self._slot
@@ -104,7 +106,7 @@ class Session:
         if not episode.turns:
             return {}
         self._finished.append(episode)
-        self.agent.plugins.episode_end(self.agent, episode)
+        self.task.plugins.episode_end(self.task, episode)
         algorithm = self.run.algorithm
         if len(self._finished) < algorithm.episodes_per_update:
             return {}
@@ -114,7 +116,7 @@ class Session:
     def _commit_turn(self, slot: Slot, turn: Turn) -> None:
         """Add the pending ``turn`` to ``slot``'s episode and conversation."""
         self._pending_turn = None
-        include_retries = self.agent.config.rollout.invalid_action.train_on_reprompts
+        include_retries = self.task.config.rollout.invalid_action.train_on_reprompts
         slot.episode.turns += turn.training_turns(include_retries)
         slot.episode.length += 1
         slot.history += turn.context_messages()

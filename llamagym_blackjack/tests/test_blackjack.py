@@ -151,7 +151,7 @@ def test_greedy_evaluation_reuses_decisions_and_plays_the_same_episodes(mode: st
 
     agent = BlackjackAgent(config={"rollout": {"mode": mode, "num_envs": 16}})
     policy = agent.policy
-    result = evaluate_agent(agent, 300, seed=3)
+    result = evaluate_agent(agent.evaluation_engine(), 300, seed=3)
     memo_positions = policy.head_positions
     envs = [agent.make_env() for _ in range(16)]
     with torch.no_grad():

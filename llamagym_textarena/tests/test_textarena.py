@@ -187,7 +187,7 @@ def test_short_training_run_changes_every_trainable_parameter(tmp_path) -> None:
         output={"dir": str(tmp_path), "quiet": True},
     )
     before = {n: p.detach().clone() for n, p in agent.policy.named_parameters() if p.requires_grad}
-    summary = Trainer(agent).run()
+    summary = Trainer(agent, agent.session).run()
     assert summary.updates == 1
     unchanged = [
         name

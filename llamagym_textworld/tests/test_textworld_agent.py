@@ -317,7 +317,7 @@ def test_evaluations_count_games_won_from_the_game_state_not_the_return() -> Non
     assert walkthrough.mean < 1.0  # won, with a return below the quest's 1
     # The trained agent's evaluation reads each episode's last info the same way.
     examples: list = []
-    result = evaluate_agent(agent, 4, examples=examples)
+    result = evaluate_agent(agent.evaluation_engine(), 4, examples=examples)
     won = sum(episode.info.get("won") is True for episode in examples) / 4
     assert result.outcomes == {"won": won, "lost": 1 - won}
 
@@ -354,7 +354,7 @@ def test_short_training_run_changes_every_trainable_parameter(tmp_path) -> None:
         output={"dir": str(tmp_path), "quiet": True},
     )
     before = {n: p.detach().clone() for n, p in agent.policy.named_parameters() if p.requires_grad}
-    summary = Trainer(agent).run()
+    summary = Trainer(agent, agent.session).run()
     assert summary.updates == 1
     unchanged = [
         name

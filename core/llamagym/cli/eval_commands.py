@@ -33,7 +33,7 @@ def _agent_to_evaluate(
     """The agent ``llamagym eval`` plays: a checkpoint's, or ``model`` untrained as a run
     would start it; with the heading line and the JSON key that say which. ``given`` is
     ``assignments`` (the ``--set`` lines) parsed."""
-    from llamagym.run import load_agent
+    from llamagym.agent import load_agent
 
     if model is not None:
         flags = {
@@ -127,7 +127,8 @@ def eval_command(
     display = contextlib.nullcontext() if quiet else EvaluationProgress(status)
     with display as progress:
         result, baselines = evaluate_with_baselines(
-            agent_object, episodes, seed, greedy=greedy, on_progress=progress
+            agent_object.evaluation_engine(), episodes, seed, greedy=greedy,
+            on_progress=progress,
         )
     if as_json:
         typer.echo(json.dumps({

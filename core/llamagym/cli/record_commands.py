@@ -27,16 +27,23 @@ def record_command(
     """Play one of the agent's baselines and write each decision as a demonstration:
     the conversation the model sees in generate mode, answered with the baseline's
     action. Train on it first with `--set algorithm.warm_start.demonstrations=FILE`."""
-    from llamagym.rollout.demonstrations import record_demonstrations
+    from llamagym.rollout.demonstrations import check_recording, record_demonstrations
 
     check_seed(seed, "--seed")
     check_episode_memory(episodes, "--episodes")  # every demonstration is held until written
     # Generate mode: the prompts keep room for a reply, as when the file is trained on.
     flags = {"rollout.mode": "generate"}
     agent_class, resolved = resolve_run_config(agent, config_file, assignments, flags)
-    recording = record_demonstrations(
-        agent_class(config=resolved), baseline, episodes, output, seed=seed, outcomes=outcome
-    )
+    task = agent_class(config=resolved)
+    check_recording(task, baseline, outcome)
+    # An engine that only renders prompts: no run, no algorithm, no warm start.
+    engine = task.evaluation_engine(1)
+    try:
+        recording = record_demonstrations(
+            engine, baseline, episodes, output, seed=seed, outcomes=outcome
+        )
+    finally:
+        engine.close()
     kept = f"{recording.kept_episodes:,} of " if outcome else ""
     typer.echo(
         f"{recording.demonstrations:,} demonstrations from {kept}{recording.episodes:,} "

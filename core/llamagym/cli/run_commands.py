@@ -377,7 +377,9 @@ def _train(
         from llamagym.training.trl_backend import TRLTrainer
 
         trainer_class = TRLTrainer
-    trainer = trainer_class(agent_object, progress=progress, resume_from=resume_checkpoint)
+    trainer = trainer_class(
+        agent_object, agent_object.session, progress=progress, resume_from=resume_checkpoint
+    )
     processes = distributed.world_size()
     # Names may come from a resumed checkpoint's config: shown, never read as markup.
     console.print(

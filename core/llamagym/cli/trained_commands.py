@@ -37,7 +37,7 @@ def export_command(
     """Write a trained agent as a directory plain transformers (and peft) load: the LoRA
     adapter or the whole model, the tokenizer with its chat template, the run's sampling
     settings, the value head, and a model card with its evaluation beside the baselines."""
-    from llamagym.run import load_agent
+    from llamagym.agent import load_agent
     from llamagym.training import checkpoint as checkpoints
     from llamagym.training.export import check_export_target, export_agent
     from llamagym.training.report import METRICS
@@ -66,6 +66,7 @@ def export_command(
     ]
     directory = export_agent(
         agent,
+        agent.policy,
         to,
         merge=merge,
         evaluation=evaluations[-1] if evaluations else None,
@@ -98,8 +99,8 @@ def play_command(
     one warning."""
     import torch
 
+    from llamagym.agent import load_agent
     from llamagym.rollout.evaluation import evaluation_seeds
-    from llamagym.run import load_agent
 
     console = Console()
     if kept:

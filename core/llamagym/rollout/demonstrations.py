@@ -29,8 +29,9 @@ from llamagym.rollout.evaluation import outcome_reader, play_baseline
 from llamagym.rollout.prompts import fill_reply_prefix, reply_closing
 
 if TYPE_CHECKING:
-    from llamagym.agent import Agent
+    from llamagym.rollout.engine import RolloutEngine
     from llamagym.rollout.slots import Slot
+    from llamagym.task import Task
 
 RECORD_SEED_OFFSET = 2_000_003  # recorded episodes never reuse training or evaluation seeds
 
@@ -45,18 +46,9 @@ class Recording:
     kept_episodes: int
 
 
-def record_demonstrations(
-    agent: Agent,
-    baseline: str,
-    episodes: int,
-    output: Path,
-    seed: int = 0,
-    outcomes: Sequence[str] = (),
-) -> Recording:
-    """Play ``baseline`` for ``episodes`` episodes and write its decisions to ``output``;
-    with ``outcomes`` (``["won"]``), only the decisions of episodes that ended so (the
-    agent's :meth:`~llamagym.Agent.outcome`): random play filtered to its wins teaches
-    what winning looks like, at no model pass."""
+def check_recording(agent: Task, baseline: str, outcomes: Sequence[str] = ()) -> None:
+    """Refuse a ``baseline`` or an outcome ``agent`` does not name, before any model
+    loads (:func:`record_demonstrations` checks again)."""
     if baseline not in agent.baselines:
         known = ", ".join(sorted(agent.baselines)) or "none"
         raise ConfigError(
@@ -69,7 +61,23 @@ def record_demonstrations(
             f"agent {agent.name!r} has no outcome {', '.join(map(repr, unknown))}; "
             f"its outcomes: {named}"
         )
-    engine = agent.engine
+
+
+def record_demonstrations(
+    engine: RolloutEngine,
+    baseline: str,
+    episodes: int,
+    output: Path,
+    seed: int = 0,
+    outcomes: Sequence[str] = (),
+) -> Recording:
+    """Play the ``baseline`` of ``engine``'s task for ``episodes`` episodes and write its
+    decisions to ``output``, each prompt rendered by ``engine`` (one that needs no run:
+    an agent's ``evaluation_engine(1)``); with ``outcomes`` (``["won"]``), only the
+    decisions of episodes that ended so (the task's :meth:`~llamagym.task.Task.outcome`):
+    random play filtered to its wins teaches what winning looks like, at no model pass."""
+    agent = engine.agent
+    check_recording(agent, baseline, outcomes)
     outcome_of = outcome_reader(agent)
     seeds = [RECORD_SEED_OFFSET + seed * 100_003 + k for k in range(episodes)]
     records: list[dict[str, Any]] = []

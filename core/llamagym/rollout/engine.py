@@ -44,7 +44,7 @@ from llamagym.rollout.trajectory import Episode, Turn, info_summary
 from llamagym.schedule import Schedule
 
 if TYPE_CHECKING:
-    from llamagym.agent import Agent
+    from llamagym.task import Task
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class RolloutEngine(PromptRendering):
 
     def __init__(
         self,
-        agent: Agent,
+        agent: Task,
         policy: RolloutPolicy,
         settings: RolloutSettings,
         seed: int = 0,

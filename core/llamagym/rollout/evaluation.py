@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from llamagym.errors import EnvFailureError, LlamaGymError
+from llamagym.rollout.engine import RolloutEngine
 from llamagym.rollout.env_checks import checked_reset, checked_step, max_turns
 from llamagym.rollout.trajectory import Episode, info_summary
 
@@ -158,7 +159,7 @@ def evaluation_seeds(seed: int, episodes: int) -> list[int]:
 
 
 def evaluate_agent(
-    agent: Any,
+    engine: RolloutEngine,
     episodes: int,
     seed: int = 0,
     greedy: bool = True,
@@ -166,9 +167,11 @@ def evaluate_agent(
     on_progress: Progress | None = None,
     seconds: float | None = None,
 ) -> EvalResult:
-    """Run the agent's policy (greedy by default) on ``episodes`` seeded episodes, with
-    an engine of its own: these episodes reach no training observer (``episode_end``)
-    and leave the training engine's random streams where they were. ``examples``, when
+    """Run the policy of ``engine`` (greedy by default) on ``episodes`` seeded episodes.
+    The engine is the evaluation's own (``make_engine(..., observe=False)``, or an
+    agent's ``evaluation_engine()``), closed at the end: these episodes reach no
+    training observer (``episode_end``) and leave the training engine's random streams
+    where they were. ``examples``, when
     given, receives the episodes played (in seed order), e.g. for transcripts;
     ``on_progress`` is told ``(finished, episodes)`` at the start and after each episode.
     With ``seconds``, the evaluation stops after that long with the episodes finished
@@ -177,8 +180,8 @@ def evaluate_agent(
     Outcomes are the agent's own (:meth:`llamagym.Agent.outcome`). When every episode
     turns out the same, one warning says why and how to fix it, and the result's
     ``identical`` is true."""
-    engine = agent.evaluation_engine()
-    policy = agent.policy
+    agent = engine.agent
+    policy: Any = engine.policy  # a model's (train / eval); the protocol names neither
     was_training = policy.training
     policy.eval()
     try:

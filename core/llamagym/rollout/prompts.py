@@ -20,7 +20,7 @@ from llamagym.rollout.rollout_policy import RolloutPolicy
 from llamagym.rollout.slots import Slot
 
 if TYPE_CHECKING:
-    from llamagym.agent import Agent
+    from llamagym.task import Task
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def reply_closing(prefix: str) -> str:
     return '"}' if prefix.rstrip().endswith('"') else "}"
 
 
-def fill_reply_prefix(template: str, agent: Agent, observation: Any) -> str:
+def fill_reply_prefix(template: str, agent: Task, observation: Any) -> str:
     """``template`` (a ``rollout.reply_prefix``) with its ``$name`` fields filled from
     ``agent.reply_fields(observation)``; ``$$`` is a dollar sign."""
     try:
@@ -66,7 +66,7 @@ class PromptRendering:
     :data:`PROMPT_CACHE_TOKENS`), reply prefixes' tokens and candidates' tokens.
     """
 
-    agent: Agent
+    agent: Task
     plugins: Plugins
     policy: RolloutPolicy
     settings: RolloutSettings
@@ -233,7 +233,7 @@ class PromptRendering:
 
     def reply_prefixes(self, slots: Sequence[Slot]) -> list[str]:
         """Each slot's reply prefix: ``rollout.reply_prefix`` with the ``$name`` fields
-        of the agent's :meth:`~llamagym.agent.Agent.reply_fields` filled in."""
+        of the agent's :meth:`~llamagym.task.Task.reply_fields` filled in."""
         template = self.settings.reply_prefix
         if "$" not in template:
             return [template] * len(slots)

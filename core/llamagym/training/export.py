@@ -45,7 +45,8 @@ from llamagym.paths import write_failure, write_failure_text
 from llamagym.training.run_files import ExportMeta, check, read_json_file
 
 if TYPE_CHECKING:
-    from llamagym.agent import Agent
+    from llamagym.models.policy import Policy
+    from llamagym.task import Task
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +122,8 @@ def _check_parents(directory: Path) -> None:
 
 
 def export_agent(
-    agent: Agent,
+    agent: Task,
+    policy: Policy,
     directory: Path,
     *,
     merge: bool = False,
@@ -130,7 +132,8 @@ def export_agent(
     overwrite: bool = False,
     weights: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write ``agent``'s trained model into ``directory`` (see the module docstring).
+    """Write ``policy``, trained on ``agent``'s task, into ``directory`` (see the module
+    docstring).
     ``evaluation`` is the run's last evaluation record (with its baselines) and
     ``training`` its counters (updates, episodes, seconds), for the model card.
     ``weights``, a state dict of the policy's model gathered from the processes of a
@@ -149,7 +152,7 @@ def export_agent(
             f"({str(error.filename or target.parent)!r}); choose another --to"
         ) from None
     try:
-        kind = _write_export(agent, staging, merge, evaluation, training, weights)
+        kind = _write_export(agent, policy, staging, merge, evaluation, training, weights)
         _move_into(staging, target)
     except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)
@@ -192,7 +195,8 @@ def _move_into(staging: Path, target: Path) -> None:
 
 
 def _write_export(
-    agent: Agent,
+    agent: Task,
+    policy: Policy,
     directory: Path,
     merge: bool,
     evaluation: Mapping[str, Any] | None,
@@ -201,8 +205,7 @@ def _write_export(
 ) -> str:
     """Write every file of the export into the empty ``directory``; returns its kind
     (``adapter``, ``merged`` or ``full``)."""
-    policy = agent.policy
-    model = policy.model
+    model: Any = policy.model  # its adapter methods are peft's, unknown to torch's types
     adapter = hasattr(model, "peft_config")
     if adapter and merge:
         model = model.merge_and_unload()
@@ -212,7 +215,7 @@ def _write_export(
             "adapter); the export holds the whole model"
         )
     if adapter and not merge:
-        base = _base_model_id(agent)
+        base = _base_model_id(agent, policy)
         for settings in model.peft_config.values():
             settings.base_model_name_or_path = base
     with warnings.catch_warnings():
@@ -246,19 +249,19 @@ def _write_export(
         "config": agent.config.model_dump(mode="json"),
     }
     (directory / EXPORT_META).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
-    card = model_card(agent, weights, evaluation, training)
+    card = model_card(agent, policy, weights, evaluation, training)
     (directory / "README.md").write_text(card, encoding="utf-8")
     return weights
 
 
-def _base_model_id(agent: Agent) -> str:
+def _base_model_id(agent: Task, policy: Policy) -> str:
     """What an adapter's config names as its base: the registry's Hub id for a
     registry name, else the directory the base model was loaded from."""
     name = agent.config.model.name
     entry = get_model_entry(name)
     if entry is not None and entry.hub_id:
         return entry.hub_id
-    loaded_from = getattr(getattr(agent.policy.model, "config", None), "_name_or_path", "")
+    loaded_from = getattr(getattr(policy.model, "config", None), "_name_or_path", "")
     return str(loaded_from or name)
 
 
@@ -287,7 +290,8 @@ def read_export_meta(directory: Path) -> dict[str, Any] | None:
 
 
 def model_card(
-    agent: Agent,
+    agent: Task,
+    policy: Policy,
     weights: str,
     evaluation: Mapping[str, Any] | None,
     training: Mapping[str, Any] | None,
@@ -295,7 +299,7 @@ def model_card(
     config = agent.config
     name = config.agent.name
     env = agent.env_id or type(agent).__name__
-    base = _base_model_id(agent)
+    base = _base_model_id(agent, policy)
     library = "peft" if weights == "adapter" else "transformers"
     lines = [
         "---",
@@ -334,7 +338,7 @@ def model_card(
     return "\n".join(lines)
 
 
-def _how_it_acts(agent: Agent) -> list[str]:
+def _how_it_acts(agent: Task) -> list[str]:
     """The model card's section on the prompt and how a reply becomes an action."""
     rollout = agent.config.rollout
     return [

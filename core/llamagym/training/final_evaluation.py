@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from llamagym.config import check_episode_memory
+from llamagym.rollout.engine import RolloutEngine
 from llamagym.rollout.evaluation import EvalResult, evaluate_agent, evaluate_baseline
 from llamagym.training.report import METRICS, append_record
 from llamagym.training.run_state import Counters
@@ -17,14 +18,15 @@ from llamagym.training.transcripts import PER_UPDATE, TranscriptLog, transcript
 
 
 def evaluate_run(
-    agent: Any,
+    engine: RolloutEngine,
     config: Any,
     progress: Any,
     transcripts: TranscriptLog,
     output_dir: Path,
     counters: Counters,
 ) -> tuple[EvalResult, list[EvalResult], dict]:
-    """The final evaluation of a run that stands at ``counters``, beside the baselines,
+    """The final evaluation of a run that stands at ``counters`` on ``engine`` (one of
+    its own, closed at the end), beside the baselines,
     shown on ``progress`` when it can show one; its record is appended to the run's
     metrics and returned with the results."""
     started = time.perf_counter()
@@ -33,7 +35,7 @@ def evaluate_run(
     display = getattr(progress, "evaluation", None)
     with display() if display is not None else contextlib.nullcontext() as on_progress:
         result, baselines = evaluate_with_baselines(
-            agent,
+            engine,
             config.training.eval_episodes,
             config.training.seed,
             greedy=config.training.eval_greedy,
@@ -43,7 +45,7 @@ def evaluate_run(
             seconds=60 * config.training.minutes if config.training.minutes else None,
         )
     transcripts.add(
-        transcript(agent, episode, "evaluation", counters.updates)
+        transcript(engine.agent, episode, "evaluation", counters.updates)
         for episode in played[:PER_UPDATE]
     )
     record = {
@@ -60,7 +62,7 @@ def evaluate_run(
 
 
 def evaluate_with_baselines(
-    agent: Any,
+    engine: RolloutEngine,
     episodes: int,
     seed: int,
     greedy: bool = True,
@@ -68,7 +70,8 @@ def evaluate_with_baselines(
     on_progress: Callable[[str, int, int], None] | None = None,
     seconds: float | None = None,
 ) -> tuple[EvalResult, list[EvalResult]]:
-    """The agent and each of its baselines on the same ``episodes`` seeded episodes
+    """The policy on ``engine`` (one of its own, closed at the end) and each of its
+    task's baselines on the same ``episodes`` seeded episodes
     (``examples`` receives the agent's episodes). ``on_progress`` is told ``(policy,
     finished, episodes)`` as each one plays, ``policy`` being ``"agent"`` or the
     baseline's name (e.g. :class:`llamagym.training.progress.EvaluationProgress`).
@@ -82,8 +85,9 @@ def evaluate_with_baselines(
         return lambda finished, total: report(name, finished, total)
 
     played: list = []
+    agent = engine.agent
     result = evaluate_agent(
-        agent,
+        engine,
         episodes,
         seed=seed,
         greedy=greedy,

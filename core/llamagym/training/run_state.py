@@ -1,6 +1,7 @@
-"""What a run carries: its parts (:class:`Run`, built by :func:`llamagym.run.build_run`),
-its counters (saved in every checkpoint), the loop's state between updates, the summary
-it ends with, and the random streams it draws from."""
+"""What a run carries: its parts (:class:`Run`, built by :func:`llamagym.run.build_run`;
+a trainer is handed :class:`RunParts` to build it with), its counters (saved in every
+checkpoint), the loop's state between updates, the summary it ends with, and the random
+streams it draws from."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -21,12 +22,12 @@ from llamagym.config import RunConfig
 from llamagym.models.policy import Policy
 from llamagym.rollout.engine import RolloutEngine
 from llamagym.rollout.evaluation import EvalResult
-from llamagym.schedule import Schedule
+from llamagym.schedule import Control, Schedule
 from llamagym.training.algorithm import Algorithm
 from llamagym.training.checkpoint_state import capture_global_rng, restore_global_rng
 
 if TYPE_CHECKING:
-    from llamagym.agent import Agent
+    from llamagym.task import Task
 
 MOVING_AVERAGE_EPISODES = 500
 
@@ -53,6 +54,8 @@ class RunSummary:
     curve: Path | None = None
     resumed_from: Path | None = None
     greedy: bool = True
+    #: the trained policy (the TRL backend's is a new one, made from TRL's model)
+    policy: Policy | None = None
 
 
 @dataclass
@@ -70,11 +73,46 @@ class Counters:
         return dict(vars(self))
 
 
+class RunParts(Protocol):
+    """What a trainer is handed to build its run on (an agent's session is one): the
+    policy, loaded on first use, and a new run over it."""
+
+    @property
+    def policy(self) -> Policy: ...
+
+    def start_run(self, control: Control | None = None) -> Run: ...
+
+
+def make_engine(
+    agent: Task,
+    policy: Policy,
+    config: RunConfig,
+    schedule: Schedule,
+    *,
+    num_envs: int | None = None,
+    observe: bool = True,
+) -> RolloutEngine:
+    """The engine of a run over ``policy``: ``config.rollout`` with ``num_envs`` over it;
+    ``observe=False`` for one whose episodes reach no training observer (evaluation)."""
+    rollout = config.rollout
+    if num_envs is not None:
+        rollout = rollout.model_copy(update={"num_envs": num_envs})
+    return RolloutEngine(
+        agent,
+        policy,
+        rollout,
+        seed=config.training.seed,
+        schedule=schedule,
+        max_failures_in_a_row=config.training.max_env_failures,
+        observe=observe,
+    )
+
+
 @dataclass
 class Run:
     """The parts of one run. Its state is the sum of its parts' ``state_dict()``s."""
 
-    agent: Agent
+    agent: Task
     config: RunConfig
     policy: Policy
     engine: RolloutEngine

@@ -45,12 +45,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llamagym import moved_name as _moved_name
-from llamagym.agent import Agent
 from llamagym.errors import EnvFailureError, LlamaGymError, TrainingDivergedError, WriteError
 from llamagym.paths import write_atomically
+from llamagym.rollout.engine import RolloutEngine
 from llamagym.rollout.evaluation import EvalResult
 from llamagym.schedule import Control, run_budgets
 from llamagym.specs import RunContext
+from llamagym.task import Task
 from llamagym.training import checkpoint as checkpoints
 from llamagym.training import distributed
 from llamagym.training.budget import (
@@ -79,9 +80,11 @@ from llamagym.training.run_state import (
     Counters,
     RandomState,
     Run,
+    RunParts,
     RunSummary,
     Training,
     isolated_rng,
+    make_engine,
     reseed_process,
     seed_everything,
 )
@@ -97,13 +100,19 @@ logger = logging.getLogger(__name__)
 
 
 class Trainer:
-    """Trains ``agent`` with its configured algorithm; ``resume_from`` is a checkpoint
+    """Trains ``agent`` with its configured algorithm, on the policy and run ``parts``
+    builds (``Trainer(agent, agent.session)``); ``resume_from`` is a checkpoint
     directory or a run directory (its newest checkpoint)."""
 
     def __init__(
-        self, agent: Agent, progress: Any = None, resume_from: Path | str | None = None
+        self,
+        agent: Task,
+        parts: RunParts,
+        progress: Any = None,
+        resume_from: Path | str | None = None,
     ):
         self.agent = agent
+        self.parts = parts
         self.config = agent.config
         self.progress = progress
         directory = self.config.output.dir or default_output_dir(self.config.agent.name)
@@ -359,7 +368,7 @@ class Trainer:
         if distributed.is_main():
             check_writable(self.output_dir, resume_checkpoint is not None, create=False)
         make_first_env(agent)
-        agent.policy  # noqa: B018  (loads the model, drawing from the streams as it always has)
+        policy = self.parts.policy  # loads the model, drawing from the streams as it always has
         self._prepare_output_dir(resume_checkpoint)
         # Rank 0 keeps the transcripts; the others keep theirs in memory only.
         self._transcripts = TranscriptLog(
@@ -369,7 +378,7 @@ class Trainer:
 
         # Every process starts from rank 0's weights; then the run's parts are built
         # around them, the algorithm told how to stop and show its epochs.
-        distributed.broadcast_parameters(agent.policy.trainable_parameters())
+        distributed.broadcast_parameters(policy.trainable_parameters())
         agent.plugins.reset_participants()  # this run's, not an earlier one's in the process
         several = distributed.world_size() > 1
         control = Control(
@@ -378,7 +387,7 @@ class Trainer:
             should_stop=(lambda: False) if several else self._stop_requested,
             on_epoch=self._show_epoch,
         )
-        run = agent.start_run(control)  # with its warm start, if any
+        run = self.parts.start_run(control)  # with its warm start, if any
         counters = Counters()
         history: list[dict[str, Any]] = []
         if resume_checkpoint is not None:
@@ -558,11 +567,14 @@ class Trainer:
             resumed_from=training.resume_checkpoint,
             greedy=config.training.eval_greedy,
             dropped_episodes=training.dropped,
+            policy=training.run.policy,
         )
         if not distributed.is_main():
             return summary
         if self.stop_signal is None and config.training.eval_episodes:
-            summary.evaluation, summary.baselines, record = self._evaluate(counters)
+            run = training.run
+            engine = make_engine(run.agent, run.policy, config, run.schedule, observe=False)
+            summary.evaluation, summary.baselines, record = self._evaluate(counters, engine)
             training.history.append(record)
         self._report(summary, training.history)
         return summary
@@ -577,10 +589,14 @@ class Trainer:
         except Exception as error:  # a failed picture must not lose a finished run
             logger.warning("could not write the report: %s: %s", type(error).__name__, error)
 
-    def _evaluate(self, counters: Counters) -> tuple[EvalResult, list[EvalResult], dict]:
-        """The final evaluation beside the baselines, recorded in the run directory."""
+    def _evaluate(
+        self, counters: Counters, engine: RolloutEngine
+    ) -> tuple[EvalResult, list[EvalResult], dict]:
+        """The final evaluation beside the baselines, on ``engine`` (one of its own:
+        :func:`~llamagym.training.run_state.make_engine` with ``observe=False``),
+        recorded in the run directory."""
         return evaluate_run(
-            self.agent, self.config, self.progress, self._transcripts, self.output_dir, counters
+            engine, self.config, self.progress, self._transcripts, self.output_dir, counters
         )
 
 

@@ -25,8 +25,8 @@ from llamagym.paths import write_atomically
 from llamagym.training.run_files import read_transcripts
 
 if TYPE_CHECKING:
-    from llamagym.agent import Agent
     from llamagym.rollout.trajectory import Episode
+    from llamagym.task import Task
 
 TRANSCRIPTS = "transcripts.jsonl"
 MAX_TRANSCRIPTS = 100
@@ -40,7 +40,7 @@ def _plain(value: Any) -> Any:
     return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
 
 
-def transcript(agent: Agent, episode: Episode, kind: str, update: int) -> dict[str, Any]:
+def transcript(agent: Task, episode: Episode, kind: str, update: int) -> dict[str, Any]:
     """One episode as a transcript record (``kind``: ``training`` or ``evaluation``)."""
     turns = []
     for turn in episode.turns:

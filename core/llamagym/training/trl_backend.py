@@ -54,6 +54,7 @@ from llamagym.models import loading
 from llamagym.models.lora_choice import trains_through_lora
 from llamagym.models.policy import Policy
 from llamagym.paths import check_own_entry
+from llamagym.schedule import Schedule
 from llamagym.training import distributed
 from llamagym.training.checkpoint import CHECKPOINTS
 from llamagym.training.export import RUN_EXPORT, export_agent
@@ -71,6 +72,7 @@ from llamagym.training.run_state import (
     Counters,
     RunSummary,
     isolated_rng,
+    make_engine,
     seed_everything,
 )
 from llamagym.training.sharded import full_state_dict, whole_model
@@ -287,13 +289,16 @@ class TRLTrainer(Trainer):
         """The main process's end of a run: the greedy evaluation, the export to
         ``RUN/model`` (from ``weights`` when the model was sharded) and the report."""
         agent, config = self.agent, self.config
-        agent.use_policy(Policy(trained, tokenizer))
+        # The trained policy goes back to the caller on the summary.
+        policy = summary.policy = Policy(trained, tokenizer)
         record = None
         if self.stop_signal is None and config.training.eval_episodes:
-            summary.evaluation, summary.baselines, record = self._evaluate(counters)
+            engine = make_engine(agent, policy, config, Schedule(config.rollout), observe=False)
+            summary.evaluation, summary.baselines, record = self._evaluate(counters, engine)
             history.append(record)
         summary.checkpoint = export_agent(
             agent,
+            policy,
             self.output_dir / RUN_EXPORT,
             evaluation=record,
             training=counters.as_dict(),
