@@ -31,12 +31,7 @@ from llamagym.rollout.env_checks import (
     max_turns,
 )
 from llamagym.rollout.env_failures import EnvFailures
-from llamagym.rollout.invalid_replies import (
-    apply_fallback,
-    ask_again,
-    take_retries,
-    unnamed_action,
-)
+from llamagym.rollout.invalid_replies import apply_fallback, ask_again, take_retries, unnamed_action
 from llamagym.rollout.prompts import PromptRendering
 from llamagym.rollout.rollout_policy import RolloutPolicy
 from llamagym.rollout.slots import Lockstep, Slot

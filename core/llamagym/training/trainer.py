@@ -104,13 +104,8 @@ class Trainer:
     builds (``Trainer(agent, agent.session)``); ``resume_from`` is a checkpoint
     directory or a run directory (its newest checkpoint)."""
 
-    def __init__(
-        self,
-        agent: Task,
-        parts: RunParts,
-        progress: Any = None,
-        resume_from: Path | str | None = None,
-    ):
+    def __init__(self, agent: Task, parts: RunParts, progress: Any = None,
+                 resume_from: Path | str | None = None):
         self.agent = agent
         self.parts = parts
         self.config = agent.config
