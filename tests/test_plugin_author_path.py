@@ -201,7 +201,8 @@ def stub_trainer(monkeypatch, output_dir: Path) -> list:
     made: list = []
 
     class StubTrainer:
-        def __init__(self, agent: Any, progress: Any = None, resume_from: Any = None):
+        def __init__(self, agent: Any, parts: Any, progress: Any = None,
+                     resume_from: Any = None):
             self.agent, self.output_dir = agent, output_dir
             made.append(self)
 
