@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -80,6 +81,19 @@ def train_command(seed: int, minutes: float, output: Path, settings: dict[str, A
     for assignment in extra:
         line += ["--set", assignment]
     return line
+
+
+def run_measured(line: list[str]) -> tuple[int, str, float]:
+    """Run the training command; its exit code, its stderr and its peak resident set
+    size in GB (the training process's own, from the kernel's accounting of it)."""
+    with tempfile.TemporaryFile(mode="w+") as stderr:
+        process = subprocess.Popen(line, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)
+        stderr.seek(0)
+        # Linux counts ru_maxrss in KiB, macOS in bytes.
+        scale = 1024**3 if sys.platform == "darwin" else 1024**2
+        return process.returncode, stderr.read(), usage.ru_maxrss / scale
 
 
 def load_trained_agent(run_dir: Path) -> Any:
@@ -206,10 +220,9 @@ def main() -> None:
         line = train_command(seed, minutes, output, settings, extra, args.model)
         print("$", " ".join(line), flush=True)
         run_started = time.perf_counter()
-        completed = subprocess.run(line, capture_output=True, text=True)
-        if completed.returncode != 0:
-            raise RuntimeError(f"seed {seed} failed ({completed.returncode}):\n"
-                               f"{completed.stderr[-2000:]}")
+        returncode, stderr, peak_rss_gb = run_measured(line)
+        if returncode != 0:
+            raise RuntimeError(f"seed {seed} failed ({returncode}):\n{stderr[-2000:]}")
         train_wall = time.perf_counter() - run_started
         metrics = output / "metrics.jsonl"  # absent when the budget ended inside update 1
         lines = metrics.read_text().splitlines() if metrics.exists() else []
@@ -229,6 +242,7 @@ def main() -> None:
             "env_steps": int(updates[-1]["env_steps"]) if updates else 0,
             "train_seconds": float(updates[-1]["seconds"]) if updates else 0.0,
             "wall_seconds": train_wall,
+            "train_peak_rss_gb": peak_rss_gb,
             # Mean return of the sampled training episodes, batch by batch (the games
             # give 1 point, for the win, so without a progress reward or other shaping a
             # batch's mean return is its win rate).
@@ -269,7 +283,8 @@ def main() -> None:
         shutil.rmtree(runs_dir, ignore_errors=True)
 
     for run in runs:
-        print(f"seed {run['seed']}: {run['episodes']} episodes in {run['train_seconds']:.0f}s; "
+        print(f"seed {run['seed']}: {run['episodes']} episodes in {run['train_seconds']:.0f}s "
+              f"(peak RSS {run['train_peak_rss_gb']:.2f} GB); "
               + ", ".join(f"{run['success'][pool]:.0%} on {pool} games" for pool in pools))
     for pool in pools:
         print(f"{pool:>8} games: agent {summary[pool]:.0%}, random "
