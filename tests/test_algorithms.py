@@ -18,15 +18,15 @@ from pydantic import ValidationError
 
 from llamagym.config_layers import format_validation_error
 from llamagym.errors import ConfigError
-from llamagym.plugins.grpo import GRPO
-from llamagym.plugins.ppo import PPO
-from llamagym.plugins.rloo import REINFORCE, RLOO
-from llamagym.plugins.sft import ReplayBuffer, demonstration_turns, load_demonstrations
 from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.schedule import Control, Schedule
 from llamagym.testing import BanditAgent, action_probabilities, tiny_agent
 from llamagym.training.algorithm_config import nest_warm_start_keys
 from llamagym.training.distributed import SingleProcess
+from llamagym_builtins.grpo import GRPO
+from llamagym_builtins.ppo import PPO
+from llamagym_builtins.rloo import REINFORCE, RLOO
+from llamagym_builtins.sft import ReplayBuffer, demonstration_turns, load_demonstrations
 
 ALGORITHMS = ("ppo", "grpo", "rloo", "reinforce")
 GROUPED = {"grpo": {"group_size": 4}, "rloo": {"group_size": 4}}

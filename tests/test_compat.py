@@ -15,7 +15,7 @@ import pytest
 from llamagym import MOVED_MODULES, MOVED_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {"llamagym.plugins": ROOT / "plugins" / "llamagym" / "plugins",
+PACKAGES = {"llamagym_builtins": ROOT / "plugins" / "llamagym_builtins",
             "llamagym": ROOT / "core" / "llamagym"}
 #: Where code that imports LlamaGym lives: the package, its plugins, the env plugins,
 #: tests, benchmarks, docs (their code blocks) and the templates of `llamagym new-plugin`.

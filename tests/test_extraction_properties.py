@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from llamagym.agent import Agent
 from llamagym.plugin_manager import get_plugins
-from llamagym.plugins.parsers import MAX_CHARS
+from llamagym_builtins.parsers import MAX_CHARS
 
 DISCRETE = ["stick", "hit"]
 COMMANDS = ["go north", "open wooden door", "take key from table", "inventory", "look"]

@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = [REPO / "core" / "llamagym", REPO / "plugins" / "llamagym"]
+PACKAGES = [REPO / "core" / "llamagym", REPO / "plugins" / "llamagym_builtins"]
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
 

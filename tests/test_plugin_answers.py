@@ -29,8 +29,8 @@ from llamagym.agent import Agent
 from llamagym.devtools.fake_model import ScriptedLLM, load_tiny_tokenizer
 from llamagym.plugin_answers import RefusedAnswer, action_index_of, read_only, reward_term
 from llamagym.plugin_manager import get_plugins
-from llamagym.plugins import parsers
 from llamagym.testing import temporary_plugin, tiny_agent
+from llamagym_builtins import parsers
 
 CARDS = ("stick", "hit")  # sorting the names would swap them
 COMMANDS = (("look", "go north", "take key"), ("inventory", "go south"), ("open door", "look"))

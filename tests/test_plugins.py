@@ -60,7 +60,7 @@ def test_register_agents_and_algorithms() -> None:
         register("bandit", "llamagym.testing:BanditAgent", description="two levers")
 
     def register_algorithms(register):
-        register("copy-of-ppo", "llamagym.plugins.ppo:PPO", description="the same PPO")
+        register("copy-of-ppo", "llamagym_builtins.ppo:PPO", description="the same PPO")
 
     plugin = module_plugin(
         llamagym_register_agents=register_agents,

@@ -11,8 +11,8 @@ from llamagym_blackjack.agent import BlackjackAgent, basic_strategy
 from llamagym_blackjack.exact import reachable_states
 
 from llamagym.config import RunConfig
-from llamagym.plugins.sft import load_demonstrations
 from llamagym.rollout.evaluation import evaluate_baseline
+from llamagym_builtins.sft import load_demonstrations
 
 OBSERVATION = re.compile(r"Sum (\d+), dealer (\d+), usable ace (yes|no)\.")
 

@@ -31,7 +31,7 @@ def bandit() -> Agent:
 # -- no silent shadowing --------------------------------------------------------------
 def test_a_third_party_ppo_does_not_shadow_the_builtin() -> None:
     def register_algorithms(register):
-        register("ppo", "llamagym.plugins.grpo:GRPO", description="not PPO")
+        register("ppo", "llamagym_builtins.grpo:GRPO", description="not PPO")
 
     plugin = module_plugin(llamagym_register_algorithms=register_algorithms)
     with temporary_plugin(plugin, name="shadow") as plugins:
@@ -46,7 +46,7 @@ def test_a_third_party_ppo_does_not_shadow_the_builtin() -> None:
 
 def test_override_replaces_the_builtin_with_a_warning_naming_both() -> None:
     def register_algorithms(register):
-        register(AlgorithmSpec("ppo", "llamagym.plugins.grpo:GRPO", "GRPO as ppo"), override=True)
+        register(AlgorithmSpec("ppo", "llamagym_builtins.grpo:GRPO", "GRPO as ppo"), override=True)
 
     plugin = module_plugin(llamagym_register_algorithms=register_algorithms)
     with temporary_plugin(plugin, name="mine") as plugins:
@@ -287,7 +287,7 @@ def test_observers_with_and_without_the_run_argument(tmp_path) -> None:
 
 
 def test_loggers_write_nothing_without_a_run_dir(tmp_path) -> None:
-    from llamagym.plugins.loggers import TensorBoardLogger
+    from llamagym_builtins.loggers import TensorBoardLogger
 
     logger = TensorBoardLogger()
     agent = types.SimpleNamespace(config=None)

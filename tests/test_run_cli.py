@@ -175,8 +175,8 @@ class FakeWandbRun:
 
 def test_wandb_logs_only_when_its_project_is_set(tmp_path, monkeypatch) -> None:
     from llamagym.config import RunConfig
-    from llamagym.plugins.loggers import WandbLogger
     from llamagym.specs import RunContext
+    from llamagym_builtins.loggers import WandbLogger
 
     calls: list = []
     fake = types.ModuleType("wandb")

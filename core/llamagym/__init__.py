@@ -73,6 +73,9 @@ MOVED_MODULES = {
     "llamagym.training.schedule": "llamagym.schedule",
     "llamagym.rollout.transcripts": "llamagym.training.transcripts",
     "llamagym.models.export": "llamagym.training.export",
+    # 0.4: the built-in plugins are a package of their own (plugins/llamagym_builtins), so
+    # `llamagym.plugins.ppo` fails at its first step, naming where `ppo` is now.
+    "llamagym.plugins": "llamagym_builtins",
 }
 
 

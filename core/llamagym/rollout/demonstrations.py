@@ -7,7 +7,7 @@ with the baseline's action as the assistant's reply, written as the model would 
 after the agent's ``rollout.reply_prefix`` and closed (``{"action": "hit"}``), so a
 model fine-tuned on the file, here or with another tool, learns the format the prompt
 asks for. ``algorithm.warm_start.demonstrations``
-reads the file back (``llamagym.plugins.sft.load_demonstrations``).
+reads the file back (``llamagym_builtins.sft.load_demonstrations``).
 
 What a demonstration teaches depends on the baseline. The ``random`` baseline carries no
 strategy at all, only the reply format: a model warm-started on it answers with a legal

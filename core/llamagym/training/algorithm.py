@@ -88,7 +88,7 @@ class Stateful(Protocol):
 
 class Supervised(Stateful, Protocol):
     """An algorithm's supervised steps, as the update calls them (the SFT warm-start of
-    ``llamagym.plugins.sft`` is one)."""
+    ``llamagym_builtins.sft`` is one)."""
 
     def train_on_demonstrations(self) -> dict[str, float]: ...
     def after_update(self, episodes: Sequence[Episode]) -> dict[str, float]: ...

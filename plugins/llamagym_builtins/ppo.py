@@ -1,7 +1,7 @@
 """PPO over turns: clipped surrogate on the action/response tokens, a value head on the
 policy's hidden state, GAE across turns, optional KL to the reference policy (the same
 weights with the LoRA adapter switched off) with a fixed or adaptive weight, an enforced
-target-KL early stop, and the optional SFT warm-start (``llamagym.plugins.sft``). The
+target-KL early stop, and the optional SFT warm-start (``llamagym_builtins.sft``). The
 epochs are the shared clipped-policy-gradient loop (``Algorithm.optimise``) with the
 value loss as an extra term.
 """
@@ -13,8 +13,6 @@ from pydantic import Field
 
 from llamagym.config import RolloutSettings
 from llamagym.models.policy import Evaluation, Policy
-from llamagym.plugins.clipped_config import ClippedConfig
-from llamagym.plugins.sft import WarmStart
 from llamagym.rollout.trajectory import Episode
 from llamagym.schedule import Control, Schedule
 from llamagym.training import distributed
@@ -22,6 +20,8 @@ from llamagym.training.algorithm import Algorithm
 from llamagym.training.credit import CREDIT_RULES, gae, turn_returns
 from llamagym.training.kl_control import KLController
 from llamagym.training.losses import LossTerm
+from llamagym_builtins.clipped_config import ClippedConfig
+from llamagym_builtins.sft import WarmStart
 
 
 class PPOConfig(ClippedConfig):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from llamagym.plugins.grpo import GRPO, STD_EPS, CriticFreeConfig
 from llamagym.rollout.trajectory import Episode
 from llamagym.training.algorithm_config import check_group_divides_batch
 from llamagym.training.credit import (
@@ -25,6 +24,7 @@ from llamagym.training.credit import (
     leave_one_out,
     minus_batch_mean,
 )
+from llamagym_builtins.grpo import GRPO, STD_EPS, CriticFreeConfig
 
 
 class RLOOConfig(CriticFreeConfig):

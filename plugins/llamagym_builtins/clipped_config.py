@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from llamagym.plugins.sft import WarmStartConfig
 from llamagym.training.algorithm_config import (
     AlgorithmConfig,
     check_adaptive_kl,
@@ -15,6 +14,7 @@ from llamagym.training.algorithm_config import (
     warmup_steps_field,
 )
 from llamagym.training.credit import CreditRule
+from llamagym_builtins.sft import WarmStartConfig
 
 
 class ClippedConfig(AlgorithmConfig):

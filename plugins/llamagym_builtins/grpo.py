@@ -28,8 +28,6 @@ from pydantic import Field, field_validator
 
 from llamagym.config import RolloutSettings
 from llamagym.models.policy import Policy
-from llamagym.plugins.clipped_config import ClippedConfig
-from llamagym.plugins.sft import WarmStart
 from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.schedule import Control, Schedule
 from llamagym.training import distributed
@@ -43,6 +41,8 @@ from llamagym.training.credit import (
     turn_returns,
 )
 from llamagym.training.kl_control import KLController
+from llamagym_builtins.clipped_config import ClippedConfig
+from llamagym_builtins.sft import WarmStart
 
 logger = logging.getLogger(__name__)
 

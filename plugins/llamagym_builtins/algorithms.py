@@ -12,22 +12,22 @@ from llamagym.specs import AlgorithmSpec
 ALGORITHMS: tuple[AlgorithmSpec, ...] = (
     AlgorithmSpec(
         "ppo",
-        "llamagym.plugins.ppo:PPO",
+        "llamagym_builtins.ppo:PPO",
         "PPO: value head, GAE over turns, KL to the adapter-off reference, target-KL stop",
     ),
     AlgorithmSpec(
         "grpo",
-        "llamagym.plugins.grpo:GRPO",
+        "llamagym_builtins.grpo:GRPO",
         "GRPO: returns normalised within groups of episodes from one seed, no value head",
     ),
     AlgorithmSpec(
         "rloo",
-        "llamagym.plugins.rloo:RLOO",
+        "llamagym_builtins.rloo:RLOO",
         "RLOO: leave-one-out baseline over K episodes from one seed, no value head",
     ),
     AlgorithmSpec(
         "reinforce",
-        "llamagym.plugins.rloo:REINFORCE",
+        "llamagym_builtins.rloo:REINFORCE",
         "REINFORCE with a batch-mean baseline, no value head",
     ),
 )
