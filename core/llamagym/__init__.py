@@ -16,7 +16,7 @@ from typing import Any
 
 from llamagym.hookspecs import hookimpl
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 
 def _without_cpu_kernel_notice(record: logging.LogRecord) -> bool:
