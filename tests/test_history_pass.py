@@ -153,7 +153,7 @@ def test_one_pass_over_an_episode_equals_a_pass_per_turn(
     # The layout: with the whole history, a row per episode; with a window, the turns
     # whose prompts still start one another share a row.
     prompts = [turn.prompt_tokens for turn in turns]
-    rows = policy._lay_out(prompts, _choice_pairs([[[1]]] * len(turns))).layout.prompts
+    rows = policy.passes.lay_out(prompts, _choice_pairs([[[1]]] * len(turns))).layout.prompts
     if history is None:
         assert len(rows) == 2
         assert whole_positions < 0.6 * sum(len(p) for p in prompts)

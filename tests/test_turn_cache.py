@@ -248,7 +248,7 @@ def test_the_update_finds_the_trunk_states_of_the_prompts_a_cached_rollout_ran(
     prompts = [t.prompt_tokens for t in turns]
     candidates = [t.candidates for t in turns]
     chosen = [t.action_index for t in turns]
-    assert policy.trunk.holds(policy._lay_out(prompts, _choice_pairs(candidates)).layout)
+    assert policy.trunk.holds(policy.passes.lay_out(prompts, _choice_pairs(candidates)).layout)
     with torch.no_grad():
         kept = policy.evaluate_choices(prompts, candidates, chosen)
         trunk, policy.trunk = policy.trunk, None

@@ -2,18 +2,30 @@
 end-of-turn token, or the close of the JSON object it opened), a stop asked for between
 tokens, the rollout's own sampling (temperature, top-k, top-p, then one draw from the
 caller's generator), and the replies and log-probabilities read back from its output.
-:meth:`Policy.generate <llamagym.models.policy.Policy.generate>` puts them together.
+:class:`Generation` runs one ``generate`` pass with them, for
+:meth:`Policy.generate <llamagym.models.policy.Policy.generate>`.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import nn
-from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers import (
+    LogitsProcessorList,
+    StoppingCriteriaList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from llamagym.models.decoder import cache_keyword, decoder_and_head, new_cache
+from llamagym.models.passes import BatchedPasses, shared_prefix_length
+from llamagym.models.turn_cache import TurnCache
+from llamagym.models.turn_passes import Start, TurnCachePasses
 
 
 def closes_json(text: str) -> bool:
@@ -159,3 +171,117 @@ def cut_replies(
                 break
         replies.append(json_closed_at(tokenizer, reply, opened))
     return replies
+
+
+class Generation:
+    """Generate mode's pass: transformers' ``generate`` over a batch of prompts, each row
+    started from its env's turn cache (``turn_passes``) or after the prompts' shared
+    prefix, run once. It holds the tokenizer and its end-of-turn token, and the batched
+    passes (``passes``: the model, its device, the padding token, the counters)."""
+
+    def __init__(
+        self, passes: BatchedPasses, turn_passes: TurnCachePasses, tokenizer: Any, eos_id: int
+    ):
+        self.passes = passes
+        self.turn_passes = turn_passes
+        self.tokenizer = tokenizer
+        self.eos_id = eos_id
+
+    def run(
+        self,
+        prompts: Sequence[Sequence[int]],
+        prefixes: list[str],
+        keys: Sequence[Hashable] | None,
+        max_new_tokens: int,
+        processors: list[Any],
+        should_stop: Callable[[], bool] | None,
+    ) -> tuple[list[list[int]], list[list[float]], torch.Tensor]:
+        """One pass over ``prompts``, sampled through ``processors``: each row's reply,
+        its tokens' log-probabilities, and the prompts' last hidden states (what each
+        value is read from)."""
+        passes = self.passes
+        input_ids, attention_mask, cache, turns, rows = self._inputs(prompts, keys)
+        width = input_ids.shape[1]
+        decoder, _ = decoder_and_head(passes.model)
+        with first_output(decoder) as states:  # the prompts' last states, for the values
+            # transformers' method: torch's stubs type module attributes Tensor | Module.
+            output = passes.model.generate(  # type: ignore[operator]
+                input_ids=input_ids.to(passes.device),
+                attention_mask=attention_mask.to(passes.device),
+                max_new_tokens=max_new_tokens,
+                **{cache_keyword(decoder): cache},
+                # HF's greedy step picks the one token the sampling processor leaves
+                # standing; with sampling off, HF adds no temperature/top-k/top-p warpers.
+                do_sample=False,
+                logits_processor=LogitsProcessorList(processors),
+                pad_token_id=passes.pad_id,
+                eos_token_id=self.eos_id,
+                stopping_criteria=StoppingCriteriaList(
+                    stopping_criteria(self.tokenizer, width, prefixes, should_stop)
+                ),
+                return_dict_in_generate=True,
+                output_logits=True,  # before any processor: the policy's own
+                # Each process generates on its own: a sharded model's parameters are
+                # gathered for the whole rollout first (training/sharded.py), where
+                # transformers would otherwise step every process together.
+                synced_gpus=False,
+            )
+        new_tokens = output.sequences[:, width:]
+        # A row's last position, per step.
+        passes.counts.head_positions += new_tokens.shape[0] * len(output.logits)
+        passes.counts.positions_run += new_tokens.shape[0] * (new_tokens.shape[1] - 1)
+        token_logprobs = chosen_logprobs(output.logits, new_tokens)
+        replies = cut_replies(self.tokenizer, self.eos_id, new_tokens.tolist(), prefixes)
+        if turns is not None:
+            assert keys is not None and cache is not None
+            self.turn_passes.keep_turns(turns, keys, prompts, replies, rows, cache, width,
+                                        new_tokens.shape[1])
+        logprobs = [row[: len(r)] for row, r in zip(token_logprobs, replies, strict=True)]
+        return replies, logprobs, states[0]
+
+    def _inputs(
+        self, prompts: Sequence[Sequence[int]], keys: Sequence[Hashable] | None
+    ) -> tuple[torch.Tensor, torch.Tensor, Any, TurnCache | None, list[Start]]:
+        """``generate``'s input ids, attention mask and cache: from the rows' turn caches
+        where ``keys`` names their envs and the model keeps a plain cache
+        (``TurnCachePasses.turn_inputs``), else after the prompts' shared prefix
+        (:meth:`_shared_prefix_inputs`). Also the turn cache read (None: none) and each
+        row's start in it. Counts the positions generate's first call will run: every
+        row's columns after the cache it starts from."""
+        turns = self.turn_passes.turns() if keys is not None else None
+        rows: list[Start] = []
+        if turns is not None:
+            assert keys is not None
+            input_ids, attention_mask, cache, rows = self.turn_passes.turn_inputs(
+                prompts, keys, turns
+            )
+        else:
+            input_ids, attention_mask, cache = self._shared_prefix_inputs(prompts)
+        past_length = cache.get_seq_length() if cache is not None else 0
+        self.passes.counts.positions_run += len(prompts) * (input_ids.shape[1] - past_length)
+        return input_ids, attention_mask, cache, turns, rows
+
+    def _shared_prefix_inputs(
+        self, prompts: Sequence[Sequence[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """``generate``'s inputs without turn caches: the tokens all prompts share run
+        once (their cache copied to every row), then each row's own tokens after its
+        padding. The cache is None where the prompts share too little, or the model
+        keeps none (then the whole prompts run as rows)."""
+        passes = self.passes
+        shared, cache = shared_prefix_length(prompts), None
+        if shared:
+            prefix = torch.tensor([prompts[0][:shared]])
+            cache = new_cache(passes.model(input_ids=prefix.to(passes.device), use_cache=True))
+            passes.counts.positions_run += shared
+        input_ids, attention_mask = passes.left_padded(
+            [prompt[shared if cache is not None else 0 :] for prompt in prompts]
+        )
+        if cache is not None:
+            cache.batch_repeat_interleave(len(prompts))
+            input_ids = torch.cat([prefix.expand(len(prompts), -1), input_ids], dim=1)
+            attention_mask = torch.cat(
+                [torch.ones(len(prompts), shared, dtype=attention_mask.dtype), attention_mask],
+                dim=1,
+            )
+        return input_ids, attention_mask, cache

@@ -20,7 +20,13 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from llamagym.models.decoder import cache_keyword, cache_layers, new_cache, prefix_cache_class
+from llamagym.models.decoder import (
+    cache_keyword,
+    cache_layers,
+    new_cache,
+    prefix_cache_class,
+    uses_additive_mask,
+)
 from llamagym.models.trunk import PassLayout, TrunkStates, top_layers
 
 if TYPE_CHECKING:
@@ -149,6 +155,27 @@ def block_causal_mask(
     return torch.cat([prefix, allowed], dim=2)[:, None]
 
 
+def row_tails(
+    rows: int, unique: Sequence[tuple[int, Sequence[int]]], owners: Sequence[Sequence[int]]
+) -> tuple[list[list[int]], list[list[int]], list[list[int]], list[int]]:
+    """What follows each of ``rows`` prompts in a pass: each distinct continuation's
+    tokens but the last (which is only predicted), side by side after its row's prompt
+    (``unique``: row, tokens; ``owners``: each one's prompt). Per row: the tokens, which
+    continuation each column holds (its segment) and the columns' positions; and per
+    continuation, where it starts in its row's tail."""
+    tails: list[list[int]] = [[] for _ in range(rows)]
+    segments: list[list[int]] = [[] for _ in range(rows)]
+    positions: list[list[int]] = [[] for _ in range(rows)]
+    starts = []
+    for k, (row, tokens) in enumerate(unique):
+        n = max(len(tokens) - 1, 0)
+        starts.append(len(tails[row]))
+        tails[row] += tokens[:n]
+        segments[row] += [k] * n
+        positions[row] += range(len(owners[k]), len(owners[k]) + n)
+    return tails, segments, positions, starts
+
+
 # Positions whose vocabulary-wide log-softmax is computed at once (see _head_logprobs).
 HEAD_CHUNK = 256
 
@@ -170,34 +197,48 @@ class LaidOutPass:
     pair_unique: list[int]
 
 
-class BatchedPasses:
-    """The passes of :class:`~llamagym.models.policy.Policy` over (prompt, continuation)
-    pairs: :meth:`_lay_out` lays one out, :meth:`_hidden` runs the decoder over it and
-    :meth:`_pair_logprobs` reads each pair's log-probabilities through the LM head.
+@dataclass
+class PassCounts:
+    """What the policy's passes ran, shared by its parts: LM-head positions (each a
+    vocabulary-wide matmul) and decoder token positions (every row and column of its
+    calls, padding included)."""
 
-    A mixin: the class it is mixed into (an ``nn.Module``) sets the attributes below in
-    its ``__init__``. :class:`~llamagym.models.turn_passes.TurnCachePasses` builds the
-    passes from turn caches on these.
+    head_positions: int = 0
+    positions_run: int = 0
+
+
+class BatchedPasses:
+    """The policy's passes over (prompt, continuation) pairs: :meth:`lay_out` lays one
+    out, :meth:`hidden` runs the decoder over it and :meth:`pair_logprobs` reads each
+    pair's log-probabilities through the LM head.
+
+    It holds what a pass needs: the causal LM (PEFT-wrapped or not), the device its
+    inputs go to, the token that fills padding columns, the frozen trunk's kept states
+    (:attr:`trunk`: None when every layer trains), the decoder layers checkpointed in
+    passes that take gradients, and the counters it adds to. From the model it reads
+    whether attention takes the mask as an additive bias (eager) or as booleans, and the
+    final logit soft-capping (Gemma 2).
     """
 
-    #: The causal LM (PEFT-wrapped or not) and the device its inputs go to.
-    model: nn.Module
-    device: torch.device
-    #: The token that fills padding columns.
-    pad_id: int
-    #: What the frozen trunk computed so far (None when every layer trains).
-    trunk: TrunkStates | None
-    #: Whether attention takes the mask as an additive bias (eager) or as booleans.
-    additive_mask: bool
-    #: The model's final logit soft-capping (Gemma 2), or None.
-    logit_softcap: float | None
-    #: The decoder layers checkpointed in passes that take gradients.
-    checkpointed_layers: list[GradientCheckpointingLayer]
-    #: Counters: LM-head positions and decoder token positions run.
-    head_positions: int
-    positions_run: int
+    def __init__(
+        self,
+        model: nn.Module,
+        device: torch.device,
+        pad_id: int,
+        trunk: TrunkStates | None,
+        checkpointed_layers: list[GradientCheckpointingLayer],
+        counts: PassCounts,
+    ):
+        self.model = model
+        self.device = device
+        self.pad_id = pad_id
+        self.trunk = trunk
+        self.checkpointed_layers = checkpointed_layers
+        self.counts = counts
+        self.additive_mask = uses_additive_mask(model)
+        self.logit_softcap: float | None = getattr(model.config, "final_logit_softcapping", None)
 
-    def _left_padded(
+    def left_padded(
         self, prompts: Sequence[Sequence[int]]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Prompts as one left-padded batch (all end in the last column): ids and mask."""
@@ -206,19 +247,19 @@ class BatchedPasses:
         attention_mask = padded([[1] * len(prompt) for prompt in prompts], width, 0, left=True)
         return input_ids, attention_mask
 
-    def _lay_out(
+    def lay_out(
         self,
         prompts: Sequence[Sequence[int]],
         pairs: Sequence[tuple[int, Sequence[int]]],
         cached: dict[tuple[int, ...], int] | None = None,
     ) -> LaidOutPass:
         """The one pass that scores ``pairs`` (prompt index, continuation tokens): see
-        :meth:`_continuations`. A prompt that starts another prompt of the pass shares
+        ``Policy._continuations``. A prompt that starts another prompt of the pass shares
         that prompt's row (:func:`prefix_rows`). With ``cached`` (a distinct prompt ->
         how many of its first tokens a turn cache holds), each prompt is a row that runs
         its tokens after those, at their own positions, after its cache left-padded to
-        the longest (see :meth:`_hidden_from_turns`); else the prompts' shared prefix
-        runs once."""
+        the longest (see ``TurnCachePasses.hidden_from_turns``); else the prompts' shared
+        prefix runs once."""
         prompt_of: dict[tuple[int, ...], int] = {}
         pair_prompts = [prompt_of.setdefault(tuple(prompts[i]), len(prompt_of)) for i, _ in pairs]
         distinct = list(prompt_of)
@@ -237,23 +278,12 @@ class BatchedPasses:
         shared = shared_prefix_length(distinct, rows=len(tips)) if cached is None else 0
         own = [cached[prompt] for prompt in tips] if cached is not None else None
         skipped = own if own is not None else [shared] * len(tips)
-        prompt_ids, prompt_mask = self._left_padded(
+        prompt_ids, prompt_mask = self.left_padded(
             [prompt[start:] for prompt, start in zip(tips, skipped, strict=True)]
         )
         width = prompt_ids.shape[1]
 
-        # Each continuation's tokens but the last (which is only predicted) go after
-        # its prompt's row: `segment` says which pair a column holds (-1: none).
-        tails: list[list[int]] = [[] for _ in tips]
-        segments: list[list[int]] = [[] for _ in tips]
-        positions: list[list[int]] = [[] for _ in tips]
-        starts = []
-        for k, (row, tokens) in enumerate(unique):
-            n = max(len(tokens) - 1, 0)
-            starts.append(len(tails[row]))
-            tails[row] += tokens[:n]
-            segments[row] += [k] * n
-            positions[row] += range(len(owners[k]), len(owners[k]) + n)
+        tails, segments, positions, starts = row_tails(len(tips), unique, owners)
         tail_width = max(len(tail) for tail in tails)
         starts_at = torch.tensor(skipped)[:, None]
         position_ids = torch.cat(
@@ -278,7 +308,7 @@ class BatchedPasses:
             pair_unique=pair_unique,
         )
 
-    def _hidden(
+    def hidden(
         self, decoder: nn.Module, laid: LaidOutPass, reference: bool = False
     ) -> torch.Tensor:
         """The decoder's last hidden states over a pass: from the kept trunk where it
@@ -286,7 +316,7 @@ class BatchedPasses:
         then, without gradients, kept for later passes."""
         layout, trunk = laid.layout, self.trunk
         kept = trunk.inputs(layout) if trunk is not None else None
-        self.positions_run += layout.shared + laid.input_ids.numel()
+        self.counts.positions_run += layout.shared + laid.input_ids.numel()
         if trunk is not None and kept is not None:
             with top_layers(decoder, trunk.start):
                 return self._decoder_pass(decoder, *kept, laid.attention, laid.position_ids)
@@ -303,7 +333,7 @@ class BatchedPasses:
             self._verify_trunk(decoder, laid, hidden)
         return hidden
 
-    def _pair_logprobs(
+    def pair_logprobs(
         self, head: nn.Module, laid: LaidOutPass, hidden: torch.Tensor, entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Each asked pair's per-token log-probabilities [P, T] (in the order asked), their
@@ -322,7 +352,7 @@ class BatchedPasses:
             torch.tensor(values, device=self.device) for values in zip(*where, strict=True)
         )
         unique_rows = torch.tensor([row for row, _ in unique], device=self.device)
-        self.head_positions += len(where)
+        self.counts.head_positions += len(where)
         chosen, chosen_entropy = self._head_logprobs(
             head, hidden[unique_rows[unique_of_t], column_of], target_of, entropy
         )
@@ -378,9 +408,9 @@ class BatchedPasses:
             return
         with top_layers(decoder, trunk.start):
             again = self._decoder_pass(decoder, *kept, laid.attention, laid.position_ids)
-        self._judge_trunk(again, hidden, laid.layout.real_columns().to(hidden.device))
+        self.judge_trunk(again, hidden, laid.layout.real_columns().to(hidden.device))
 
-    def _judge_trunk(self, again: torch.Tensor, hidden: torch.Tensor, real: torch.Tensor) -> None:
+    def judge_trunk(self, again: torch.Tensor, hidden: torch.Tensor, real: torch.Tensor) -> None:
         """Verify the trunk (or turn it off, with a warning) by how far a pass from its
         states (``again``) is from the whole pass (``hidden``) at the ``real`` columns."""
         trunk = self.trunk

@@ -5,10 +5,11 @@ Both action modes come out as the same shape so every algorithm has one code pat
 per turn, log-probabilities of its "action units" with a mask (one unit, the chosen
 candidate, in score mode; the reply tokens in generate mode), a value and an entropy.
 
-The passes themselves live beside this module: passes.py lays a batch out and runs it,
-turn_passes.py starts it from each env's turn cache, decoder.py holds what differs
-between models and transformers versions, and generation.py what generate mode adds to
-transformers' ``generate``.
+The policy is built from parts it holds, each with one job and what that job needs:
+the batched passes (passes.py: a batch laid out and run, and the frozen trunk's kept
+states), the passes from each env's turn cache (turn_passes.py, holding the cache) and
+generate mode's pass (generation.py). decoder.py holds what differs between models and
+transformers versions.
 """
 
 from __future__ import annotations
@@ -21,33 +22,22 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from transformers import LogitsProcessorList, StoppingCriteriaList
 
 from llamagym import moved_name as _moved_name
 from llamagym.models.decoder import (
-    cache_keyword,
     checkpointable_layers,
     decoder_and_head,
     hidden_size,
     is_peft,
     max_context,
     model_device,
-    new_cache,
-    uses_additive_mask,
 )
-from llamagym.models.generation import (
-    chosen_logprobs,
-    cut_replies,
-    first_output,
-    reply_prefixes,
-    sampling_processors,
-    stopping_criteria,
-)
+from llamagym.models.generation import Generation, reply_prefixes, sampling_processors
 from llamagym.models.pass_memory import attention_heads
-from llamagym.models.passes import shared_prefix_length
+from llamagym.models.passes import BatchedPasses, PassCounts
 from llamagym.models.trunk import TrunkStates, first_trained_layer
 from llamagym.models.turn_cache import TurnCache
-from llamagym.models.turn_passes import Start, TurnCachePasses
+from llamagym.models.turn_passes import TurnCachePasses
 
 __all__ = ["Evaluation", "Policy", "Replies", "name_tokens"]
 
@@ -120,14 +110,15 @@ def _reply_pairs(
     return pairs + [(i, option) for i, row in enumerate(options) for option in row]
 
 
-class Policy(TurnCachePasses, nn.Module):
+class Policy(nn.Module):
     """A causal LM and a value head on its last hidden state, as the rollout and the
     algorithms use them: :meth:`score` and :meth:`generate` act, :meth:`evaluate_choices`
     and :meth:`evaluate_replies` give what a loss needs, all through
-    :meth:`_continuations` (one pass per batch). The passes come from
-    :class:`~llamagym.models.passes.BatchedPasses` and, from each env's turn cache,
-    :class:`~llamagym.models.turn_passes.TurnCachePasses`; the attributes set here are
-    the ones they read."""
+    :meth:`_continuations` (one pass per batch). The passes are run by the parts the
+    constructor builds: :attr:`passes` (:class:`~llamagym.models.passes.BatchedPasses`),
+    :attr:`turn_passes` (:class:`~llamagym.models.turn_passes.TurnCachePasses`, from each
+    env's turn cache) and :attr:`generation`
+    (:class:`~llamagym.models.generation.Generation`)."""
 
     def __init__(
         self,
@@ -151,28 +142,20 @@ class Policy(TurnCachePasses, nn.Module):
         nn.init.zeros_(self.value_head.bias)
         self._reference: nn.Module | None = None
         self.max_context = max_context(model, tokenizer)
-        self.attention_heads = attention_heads(model)
-        self.additive_mask = uses_additive_mask(model)
-        self.logit_softcap = getattr(model.config, "final_logit_softcapping", None)
-        #: Positions the LM head has been applied at (each costs a vocabulary-wide matmul).
-        self.head_positions = 0
-        #: Token positions the decoder has run (every row and column of its calls,
-        #: padding included), in the passes of this class.
-        self.positions_run = 0
-        #: Each rollout env's key/value cache from its last turn (models/turn_cache.py),
-        #: read by :meth:`score` and :meth:`generate` when the engine names the rows'
-        #: envs (``keys``); None where the model keeps no plain cache (every prompt then
-        #: runs whole, its shared prefix once, as without keys).
-        self.turn_cache: TurnCache | None = TurnCache()
-        self._turn_cache_checked = False
-        #: What the frozen trunk (the decoder layers below the lowest trained one, with
-        #: ``model.lora_layers``) computed for the token contexts seen so far in passes
-        #: without gradients; None when every layer trains. See core/llamagym/models/trunk.py.
-        start = first_trained_layer(decoder_and_head(model)[0])
-        self.trunk: TrunkStates | None = TrunkStates(start) if start else None
+        #: What the passes ran: LM-head positions and decoder token positions.
+        self.counts = PassCounts()
         # The LM stays in eval mode for good (see train()); gradient checkpointing is
         # switched on per pass, on the decoder layers alone, where gradients are taken.
         self.checkpointed_layers = checkpointable_layers(model) if gradient_checkpointing else []
+        # The frozen trunk: the decoder layers below the lowest trained one (with
+        # ``model.lora_layers``); None when every layer trains. See models/trunk.py.
+        start = first_trained_layer(decoder_and_head(model)[0])
+        self.passes = BatchedPasses(
+            model, self.device, self.pad_id, TrunkStates(start) if start else None,
+            self.checkpointed_layers, self.counts,
+        )
+        self.turn_passes = TurnCachePasses(self.passes, attention_heads(model), TurnCache())
+        self.generation = Generation(self.passes, self.turn_passes, tokenizer, self.eos_id)
         if self.checkpointed_layers:
             # transformers 5 renamed gradient_checkpointing_enable (the old name warns).
             enable = getattr(model, "activation_checkpointing_enable", None)
@@ -184,6 +167,49 @@ class Policy(TurnCachePasses, nn.Module):
                     gradient_checkpointing_kwargs={"use_reentrant": False}
                 )
         self.model.eval()
+
+    # -- what the parts hold -------------------------------------------------------------
+    @property
+    def trunk(self) -> TrunkStates | None:
+        """What the frozen trunk computed for the token contexts seen so far in passes
+        without gradients (None when every layer trains); held by :attr:`passes`."""
+        return self.passes.trunk
+
+    @trunk.setter
+    def trunk(self, trunk: TrunkStates | None) -> None:
+        self.passes.trunk = trunk
+
+    @property
+    def turn_cache(self) -> TurnCache | None:
+        """Each rollout env's key/value cache from its last turn (models/turn_cache.py),
+        read by :meth:`score` and :meth:`generate` when the engine names the rows' envs
+        (``keys``); None where the model keeps no plain cache (every prompt then runs
+        whole, its shared prefix once, as without keys). Held by :attr:`turn_passes`."""
+        return self.turn_passes.cache
+
+    @turn_cache.setter
+    def turn_cache(self, cache: TurnCache | None) -> None:
+        self.turn_passes.cache = cache
+
+    @property
+    def attention_heads(self) -> int:
+        """The model's attention heads (what a pass's attention memory grows with)."""
+        return self.turn_passes.attention_heads
+
+    @property
+    def head_positions(self) -> int:
+        """Positions the LM head has been applied at (each a vocabulary-wide matmul)."""
+        return self.counts.head_positions
+
+    @property
+    def positions_run(self) -> int:
+        """Token positions the decoder has run in the policy's passes (every row and
+        column of its calls, padding included)."""
+        return self.counts.positions_run
+
+    def drop_turn_cache(self, key: Hashable) -> None:
+        """Forget what the turn cache keeps for ``key`` (its env's episode ended)."""
+        self.turn_passes.drop(key)
 
     def train(self, mode: bool = True) -> Policy:
         """Only the value head follows ``mode``: the LM always runs as in eval mode.
@@ -250,9 +276,9 @@ class Policy(TurnCachePasses, nn.Module):
             pairs = _choice_pairs(candidates)
         else:
             pairs = _reply_pairs(replies or [], _named_options(actions))
-        laid = self._lay_out(prompts, pairs)
+        laid = self.passes.lay_out(prompts, pairs)
         if not self.trunk.holds(laid.layout):
-            self._hidden(decoder_and_head(self.model)[0], laid)
+            self.passes.hidden(decoder_and_head(self.model)[0], laid)
 
     def _continuations(
         self,
@@ -277,29 +303,34 @@ class Policy(TurnCachePasses, nn.Module):
         the same candidate): the pairs that repeat it share its numbers, and gradients.
         The tokens every prompt starts with (system prompt, chat template...) run once
         for the whole batch, as a cache. Where the model has a frozen trunk that holds
-        the pass's contexts, only the layers above it run (:meth:`_hidden`). A rollout
-        pass that names each prompt's env (``keys``) runs only what the env's turn cache
-        does not hold (:meth:`_hidden_from_turns`), unless the trunk holds it all.
+        the pass's contexts, only the layers above it run (``BatchedPasses.hidden``). A
+        rollout pass that names each prompt's env (``keys``) runs only what the env's turn
+        cache does not hold (``TurnCachePasses.hidden_from_turns``), unless the trunk
+        holds it all.
         """
         turns = None
         if keys is not None and not reference and not torch.is_grad_enabled():
-            turns = self._turns()
+            turns = self.turn_passes.turns()
         # The plain layout, unless the turn caches will lay the pass out (where the
         # trunk holds every context, its top layers alone cost less).
         laid = None
         if turns is None or self.trunk is not None:
-            laid = self._lay_out(prompts, pairs)
+            laid = self.passes.lay_out(prompts, pairs)
             if self.trunk is not None and self.trunk.holds(laid.layout):
                 turns = None
         with self._reference_context(reference) as model:
             decoder, head = decoder_and_head(model)
             if turns is not None:
                 assert keys is not None
-                laid, hidden = self._hidden_from_turns(decoder, prompts, pairs, keys, turns)
+                laid, hidden = self.turn_passes.hidden_from_turns(
+                    decoder, prompts, pairs, keys, turns
+                )
             else:
                 assert laid is not None
-                hidden = self._hidden(decoder, laid, reference)
-            token_logprobs, mask, token_entropy = self._pair_logprobs(head, laid, hidden, entropy)
+                hidden = self.passes.hidden(decoder, laid, reference)
+            token_logprobs, mask, token_entropy = self.passes.pair_logprobs(
+                head, laid, hidden, entropy
+            )
         if reference:
             return token_logprobs, mask, token_entropy, None
         rows = torch.tensor(laid.pair_rows, device=self.device)
@@ -325,7 +356,9 @@ class Policy(TurnCachePasses, nn.Module):
         cache (:attr:`turn_cache`) and keeps the prompt there for the next turn.
         """
         tails = [sum(max(len(tokens) - 1, 0) for tokens in row) for row in candidates]
-        groups = self._pass_groups(prompts, tails, 0, None if reference else keys, "a score pass")
+        groups = self.turn_passes.row_groups(
+            prompts, tails, 0, None if reference else keys, "a score pass"
+        )
         if len(groups) > 1:  # rows of unlike lengths, or too much memory: one pass each
             parts = [
                 self.score([prompts[i] for i in group], [candidates[i] for i in group],
@@ -477,15 +510,16 @@ class Policy(TurnCachePasses, nn.Module):
         each value is read from, so no pass over the prompts runs twice.
 
         With ``keys`` (the rollout's: one per prompt, naming its env's episode), each
-        row starts from its env's turn cache instead (:meth:`_turn_inputs`), and what
-        the row ran, its prompt and reply, is kept there for the next turn.
+        row starts from its env's turn cache instead (``TurnCachePasses.turn_inputs``),
+        and what the row ran, its prompt and reply, is kept there for the next turn.
         """
         prefixes = reply_prefixes(reply_prefix, len(prompts))
         # A reply ends where the model's context does.
         longest = max((len(prompt) for prompt in prompts), default=0)
         max_new_tokens = max(1, min(max_new_tokens, self.max_context - longest))
-        groups = self._pass_groups(prompts, [0] * len(prompts), max_new_tokens, keys,
-                                   "a generation")
+        groups = self.turn_passes.row_groups(
+            prompts, [0] * len(prompts), max_new_tokens, keys, "a generation"
+        )
         if len(groups) > 1:  # one pass would take too much memory: one per group
             def part(rows: list[int]) -> Replies:
                 return self.generate(
@@ -496,103 +530,10 @@ class Policy(TurnCachePasses, nn.Module):
 
             return Replies.joined([part(group) for group in groups])
         processors = [] if greedy else sampling_processors(temperature, top_p, top_k, generator)
-        return self._generation_pass(prompts, prefixes, keys, max_new_tokens, processors,
-                                     should_stop)
-
-    def _generation_pass(
-        self,
-        prompts: Sequence[Sequence[int]],
-        prefixes: list[str],
-        keys: Sequence[Hashable] | None,
-        max_new_tokens: int,
-        processors: list[Any],
-        should_stop: Callable[[], bool] | None,
-    ) -> Replies:
-        """:meth:`generate`'s one pass over ``prompts``, sampled through ``processors``."""
-        input_ids, attention_mask, cache, turns, rows = self._generation_inputs(prompts, keys)
-        width = input_ids.shape[1]
-        decoder, _ = decoder_and_head(self.model)
-        with first_output(decoder) as states:  # the prompts' last states, for the values
-            # transformers' method: torch's stubs type module attributes Tensor | Module.
-            output = self.model.generate(  # type: ignore[operator]
-                input_ids=input_ids.to(self.device),
-                attention_mask=attention_mask.to(self.device),
-                max_new_tokens=max_new_tokens,
-                **{cache_keyword(decoder): cache},
-                # HF's greedy step picks the one token the sampling processor leaves
-                # standing; with sampling off, HF adds no temperature/top-k/top-p warpers.
-                do_sample=False,
-                logits_processor=LogitsProcessorList(processors),
-                pad_token_id=self.pad_id,
-                eos_token_id=self.eos_id,
-                stopping_criteria=StoppingCriteriaList(
-                    stopping_criteria(self.tokenizer, width, prefixes, should_stop)
-                ),
-                return_dict_in_generate=True,
-                output_logits=True,  # before any processor: the policy's own
-                # Each process generates on its own: a sharded model's parameters are
-                # gathered for the whole rollout first (training/sharded.py), where
-                # transformers would otherwise step every process together.
-                synced_gpus=False,
-            )
-        new_tokens = output.sequences[:, width:]
-        self.head_positions += new_tokens.shape[0] * len(output.logits)  # a row's last, per step
-        self.positions_run += new_tokens.shape[0] * (new_tokens.shape[1] - 1)
-        token_logprobs = chosen_logprobs(output.logits, new_tokens)
-        replies = cut_replies(self.tokenizer, self.eos_id, new_tokens.tolist(), prefixes)
-        if turns is not None:
-            assert keys is not None and cache is not None
-            self._keep_turns(turns, keys, prompts, replies, rows, cache, width,
-                             new_tokens.shape[1])
-        return Replies(
-            tokens=replies,
-            logprobs=[row[: len(r)] for row, r in zip(token_logprobs, replies, strict=True)],
-            values=self._values(states[0]).tolist(),
+        replies, logprobs, states = self.generation.run(
+            prompts, prefixes, keys, max_new_tokens, processors, should_stop
         )
-
-    def _generation_inputs(
-        self, prompts: Sequence[Sequence[int]], keys: Sequence[Hashable] | None
-    ) -> tuple[torch.Tensor, torch.Tensor, Any, TurnCache | None, list[Start]]:
-        """``generate``'s input ids, attention mask and cache: from the rows' turn caches
-        where ``keys`` names their envs and the model keeps a plain cache
-        (:meth:`_turn_inputs`), else after the prompts' shared prefix
-        (:meth:`_shared_prefix_inputs`). Also the turn cache read (None: none) and each
-        row's start in it. Counts the positions generate's first call will run: every
-        row's columns after the cache it starts from."""
-        turns = self._turns() if keys is not None else None
-        rows: list[Start] = []
-        if turns is not None:
-            assert keys is not None
-            input_ids, attention_mask, cache, rows = self._turn_inputs(prompts, keys, turns)
-        else:
-            input_ids, attention_mask, cache = self._shared_prefix_inputs(prompts)
-        past_length = cache.get_seq_length() if cache is not None else 0
-        self.positions_run += len(prompts) * (input_ids.shape[1] - past_length)
-        return input_ids, attention_mask, cache, turns, rows
-
-    def _shared_prefix_inputs(
-        self, prompts: Sequence[Sequence[int]]
-    ) -> tuple[torch.Tensor, torch.Tensor, Any]:
-        """``generate``'s inputs without turn caches: the tokens all prompts share run
-        once (their cache copied to every row), then each row's own tokens after its
-        padding. The cache is None where the prompts share too little, or the model
-        keeps none (then the whole prompts run as rows)."""
-        shared, cache = shared_prefix_length(prompts), None
-        if shared:
-            prefix = torch.tensor([prompts[0][:shared]])
-            cache = new_cache(self.model(input_ids=prefix.to(self.device), use_cache=True))
-            self.positions_run += shared
-        input_ids, attention_mask = self._left_padded(
-            [prompt[shared if cache is not None else 0 :] for prompt in prompts]
-        )
-        if cache is not None:
-            cache.batch_repeat_interleave(len(prompts))
-            input_ids = torch.cat([prefix.expand(len(prompts), -1), input_ids], dim=1)
-            attention_mask = torch.cat(
-                [torch.ones(len(prompts), shared, dtype=attention_mask.dtype), attention_mask],
-                dim=1,
-            )
-        return input_ids, attention_mask, cache
+        return Replies(replies, logprobs, self._values(states).tolist())
 
 
 if not TYPE_CHECKING:  # to a type checker a moved name is missing, as it is

@@ -36,49 +36,51 @@ from llamagym.models.turn_cache import Kept, TurnCache, stacked_past
 Start = tuple[Kept | None, int]
 
 
-class TurnCachePasses(BatchedPasses):
-    """The turn cache's side of :class:`~llamagym.models.policy.Policy`: which kept
-    states each row starts from, the score pass that runs after them
-    (:meth:`_hidden_from_turns`), ``generate``'s inputs from them (:meth:`_turn_inputs`)
-    and what is kept for the next turn.
+class TurnCachePasses:
+    """The passes that start from each env's turn cache: which kept states each row
+    starts from, the score pass that runs after them (:meth:`hidden_from_turns`),
+    ``generate``'s inputs from them (:meth:`turn_inputs`) and what is kept for the next
+    turn.
 
-    A mixin on :class:`~llamagym.models.passes.BatchedPasses` (whose attributes it reads
-    too): the class it is mixed into sets :attr:`turn_cache` (a :class:`TurnCache`, or
-    None for a model that keeps no plain key/value cache) and ``_turn_cache_checked``
-    (False until :meth:`_turns` has probed the model) in its ``__init__``.
+    It holds the turn cache (:attr:`cache`: a :class:`TurnCache`, or None for a model
+    that keeps no plain key/value cache, found out by :meth:`turns` on first use), the
+    model's attention heads (what a pass's attention memory grows with) and the
+    batched passes (``passes``) whose model, layout and frozen trunk it runs with.
     """
 
-    turn_cache: TurnCache | None
-    _turn_cache_checked: bool
-    #: The model's attention heads (what a pass's attention memory grows with).
-    attention_heads: int
+    def __init__(self, passes: BatchedPasses, attention_heads: int, cache: TurnCache | None):
+        self.passes = passes
+        self.attention_heads = attention_heads
+        self.cache = cache
+        self._checked = False
 
-    def _turns(self) -> TurnCache | None:
+    def turns(self) -> TurnCache | None:
         """The turn cache, emptied if the weights changed since it was kept; None where
         the model keeps no plain key/value cache (found out once, from one token: a
         model whose cache is not one full ``DynamicLayer`` per layer, a sliding window
         or a recurrent state, runs every prompt whole)."""
-        cache = self.turn_cache
+        cache = self.cache
         if cache is None:
             return None
-        if not self._turn_cache_checked:
-            self._turn_cache_checked = True
-            decoder = decoder_and_head(self.model)[0]
+        if not self._checked:
+            self._checked = True
+            passes = self.passes
+            decoder = decoder_and_head(passes.model)[0]
             with torch.no_grad():
                 probe = new_cache(
-                    decoder(input_ids=torch.tensor([[self.pad_id]], device=self.device),
+                    decoder(input_ids=torch.tensor([[passes.pad_id]], device=passes.device),
                             use_cache=True)
                 )
             plain = probe is not None and all(
                 type(layer).__name__ == "DynamicLayer" for layer in getattr(probe, "layers", [])
             )
             if not plain or decoder_layers(decoder) is None:
-                self.turn_cache = None
+                self.cache = None
                 return None
-        cache.check_weights(p for p in self.model.parameters() if p.requires_grad)
+        cache.check_weights(p for p in self.passes.model.parameters() if p.requires_grad)
         return cache
 
-    def _pass_groups(
+    def row_groups(
         self,
         prompts: Sequence[Sequence[int]],
         tails: Sequence[int],
@@ -93,7 +95,7 @@ class TurnCachePasses(BatchedPasses):
         score pass (turn caches, no new tokens) is first split by the rows' lengths, so
         that little padding is run (:func:`length_groups`); the groups then hold rows in
         another order than ``prompts``."""
-        turns = self._turns() if keys is not None and not torch.is_grad_enabled() else None
+        turns = self.turns() if keys is not None and not torch.is_grad_enabled() else None
         kept = (
             [turns.match(key, prompt)[1] for key, prompt in zip(keys, prompts, strict=True)]
             if turns is not None and keys is not None
@@ -116,10 +118,10 @@ class TurnCachePasses(BatchedPasses):
             )
         ]
 
-    def drop_turn_cache(self, key: Hashable) -> None:
+    def drop(self, key: Hashable) -> None:
         """Forget what the turn cache keeps for ``key`` (its env's episode ended)."""
-        if self.turn_cache is not None:
-            self.turn_cache.drop(key)
+        if self.cache is not None:
+            self.cache.drop(key)
 
     def _run_prefix(
         self, decoder: nn.Module, tokens: Sequence[int], trunk: TrunkStates | None
@@ -128,9 +130,9 @@ class TurnCachePasses(BatchedPasses):
         (and trunk states), as a turn cache would keep them."""
         states: list[torch.Tensor] = []
         with trunk.capturing(decoder, states) if trunk else contextlib.nullcontext():
-            output = decoder(input_ids=torch.tensor([list(tokens)], device=self.device),
+            output = decoder(input_ids=torch.tensor([list(tokens)], device=self.passes.device),
                              use_cache=True)
-        self.positions_run += len(tokens)
+        self.passes.counts.positions_run += len(tokens)
         layers = [(keys[0], values[0]) for keys, values in cache_layers(new_cache(output))]
         return Kept(tuple(tokens), layers, states[0][0] if states else None)
 
@@ -152,7 +154,7 @@ class TurnCachePasses(BatchedPasses):
             rows = [(prefix, shared) if row[1] < shared else row for row in rows]
         return rows
 
-    def _hidden_from_turns(
+    def hidden_from_turns(
         self,
         decoder: nn.Module,
         prompts: Sequence[Sequence[int]],
@@ -166,7 +168,7 @@ class TurnCachePasses(BatchedPasses):
         Each distinct prompt is a row that starts from the longest kept prefix among the
         envs that have it. The rows' kept keys and values are left-padded to the longest
         (padding masked out) before the rows' own tokens, which run at their own positions
-        (explicit position ids); the candidates' blocks follow as in :meth:`_lay_out`.
+        (explicit position ids); the candidates' blocks follow as in ``BatchedPasses.lay_out``.
         The candidates are not kept: the next prompt renders the chosen action through
         the chat template, and the common prefix of tokens decides what is reused. A
         window (``rollout.history_turns: N``) shifts the oldest turn out every turn, so
@@ -175,14 +177,16 @@ class TurnCachePasses(BatchedPasses):
         output for each whole prompt (the kept part's, kept with the cache, then the
         pass's) is recorded as a whole pass would, so the update finds it.
         """
-        trunk = self.trunk if self.trunk is not None and not self.trunk.disabled else None
+        trunk = self.passes.trunk
+        trunk = trunk if trunk is not None and not trunk.disabled else None
         rows = self._cached_rows(decoder, prompts, keys, turns, trunk)
         best: dict[tuple[int, ...], Start] = {}
         for prompt, (kept, length) in zip(prompts, rows, strict=True):
             held = best.get(tuple(prompt))
             if held is None or length > held[1]:
                 best[tuple(prompt)] = (kept, length)
-        laid = self._lay_out(prompts, pairs, cached={p: length for p, (_, length) in best.items()})
+        cached = {p: length for p, (_, length) in best.items()}
+        laid = self.passes.lay_out(prompts, pairs, cached=cached)
         layout = laid.layout
         row_starts = [best[prompt] for prompt in layout.prompts]
         past, longest = stacked_starts(decoder, row_starts)
@@ -191,13 +195,13 @@ class TurnCachePasses(BatchedPasses):
         cache = prefix_cache_class()(past, recorded)
         with trunk.capturing(decoder, seen) if trunk else contextlib.nullcontext():
             hidden = decoder(
-                input_ids=laid.input_ids.to(self.device),
+                input_ids=laid.input_ids.to(self.passes.device),
                 attention_mask=laid.attention,
                 position_ids=laid.position_ids,
                 use_cache=False,
                 **{cache_keyword(decoder): cache},
             ).last_hidden_state
-        self.positions_run += laid.input_ids.numel()
+        self.passes.counts.positions_run += laid.input_ids.numel()
         # The trunk's output for what each row's cache held (None: its cache kept none).
         before: list[torch.Tensor | None] = []
         for kept, length in row_starts if seen else []:
@@ -208,7 +212,7 @@ class TurnCachePasses(BatchedPasses):
                 before.append(kept.trunk[:length] if kept.trunk is not None else None)
         if trunk is not None:
             trunk.record(seen, layout, before)
-            self._verify_trunk_from_turns(decoder, laid, hidden, seen[-1], past)
+            self._verify_trunk(decoder, laid, hidden, seen[-1], past)
         layers = [recorded[layer] for layer in range(len(decoder_layers(decoder) or []))]
         made = kept_prompts(layout, row_starts, layers, (past, longest), before,
                             seen[-1] if seen else None)
@@ -217,7 +221,7 @@ class TurnCachePasses(BatchedPasses):
                                                                       strict=True)])
         return laid, hidden
 
-    def _verify_trunk_from_turns(
+    def _verify_trunk(
         self,
         decoder: nn.Module,
         laid: LaidOutPass,
@@ -225,10 +229,10 @@ class TurnCachePasses(BatchedPasses):
         states: torch.Tensor,
         past: list[tuple[torch.Tensor, torch.Tensor]] | None,
     ) -> None:
-        """:meth:`_verify_trunk` for a pass from turn caches: the top layers, run again
+        """``BatchedPasses._verify_trunk`` for a pass from turn caches: the top layers, run again
         from the trunk's output the pass captured (and the same caches), must give the
         pass's hidden states."""
-        trunk = self.trunk
+        trunk = self.passes.trunk
         if trunk is None or trunk.verified or trunk.disabled:
             return
         cache = prefix_cache_class()(past)
@@ -240,9 +244,9 @@ class TurnCachePasses(BatchedPasses):
                 use_cache=False,
                 **{cache_keyword(decoder): cache},
             ).last_hidden_state
-        self._judge_trunk(again, hidden, laid.layout.real_columns().to(hidden.device))
+        self.passes.judge_trunk(again, hidden, laid.layout.real_columns().to(hidden.device))
 
-    def _turn_inputs(
+    def turn_inputs(
         self, prompts: Sequence[Sequence[int]], keys: Sequence[Hashable], turns: TurnCache
     ) -> tuple[torch.Tensor, torch.Tensor, Any, list[Start]]:
         """``generate``'s inputs from turn caches: each row's kept keys and values
@@ -250,15 +254,15 @@ class TurnCachePasses(BatchedPasses):
         own tokens after its padding; the attention mask covers both, so generate's
         positions (counted from the mask) continue each row's cache. Returns the ids,
         the mask, the cache and each row's (kept states, tokens they hold)."""
-        decoder = decoder_and_head(self.model)[0]
+        decoder = decoder_and_head(self.passes.model)[0]
         rows = self._cached_rows(decoder, prompts, keys, turns, None)
         past, longest = stacked_starts(decoder, rows)
         cache = DynamicCache(past) if past is not None else DynamicCache()
-        own_ids, own_mask = self._left_padded(
+        own_ids, own_mask = self.passes.left_padded(
             [prompt[length:] for prompt, (_, length) in zip(prompts, rows, strict=True)]
         )
         held = [list(prompt[:length]) for prompt, (_, length) in zip(prompts, rows, strict=True)]
-        past_ids = padded(held, longest, self.pad_id, left=True)
+        past_ids = padded(held, longest, self.passes.pad_id, left=True)
         past_mask = padded([[1] * len(tokens) for tokens in held], longest, 0, left=True)
         input_ids = torch.cat([past_ids, own_ids], dim=1)
         attention_mask = torch.cat([past_mask.to(own_mask.dtype), own_mask], dim=1)
@@ -266,7 +270,7 @@ class TurnCachePasses(BatchedPasses):
                            zip(prompts, rows, strict=True)])
         return input_ids, attention_mask, cache, rows
 
-    def _keep_turns(
+    def keep_turns(
         self,
         turns: TurnCache,
         keys: Sequence[Hashable],
