@@ -14,15 +14,15 @@ from pathlib import Path
 import gymnasium
 import pytest
 import torch
+from llamagym.training.distributed import SingleProcess
 from pydantic import ValidationError
 
+from llamagym.algorithms.algorithm_config import nest_warm_start_keys
 from llamagym.config_layers import format_validation_error
 from llamagym.errors import ConfigError
 from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.schedule import Control, Schedule
 from llamagym.testing import BanditAgent, action_probabilities, tiny_agent
-from llamagym.training.algorithm_config import nest_warm_start_keys
-from llamagym.training.distributed import SingleProcess
 from llamagym_builtins.grpo import GRPO
 from llamagym_builtins.ppo import PPO
 from llamagym_builtins.rloo import REINFORCE, RLOO

@@ -11,9 +11,9 @@ import pytest
 import torch
 from llamagym_cartpole.agent import CartPoleAgent
 
+from llamagym.algorithms.algorithm import rollout_metrics
 from llamagym.models.policy import Policy
 from llamagym.testing import tiny_agent
-from llamagym.training.algorithm import rollout_metrics
 
 NUM_ENVS = 4
 

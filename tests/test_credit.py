@@ -6,8 +6,7 @@ import math
 
 import pytest
 
-from llamagym.rollout.trajectory import Episode
-from llamagym.training.credit import (
+from llamagym.algorithms.credit import (
     discounted_returns,
     equal_split,
     gae,
@@ -18,7 +17,8 @@ from llamagym.training.credit import (
     terminal_reward,
     turn_returns,
 )
-from llamagym.training.kl_control import KLController
+from llamagym.algorithms.kl_control import KLController
+from llamagym.rollout.trajectory import Episode
 
 
 def close(actual, expected, tol: float = 1e-6) -> bool:

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from llamagym.algorithms.batching import minibatches
 from llamagym.errors import ConfigError
 from llamagym.testing import free_port
 from llamagym.training import distributed
-from llamagym.training.batching import minibatches
 from llamagym.training.run_files import read_metrics
 
 FAST = [

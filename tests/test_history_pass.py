@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 import torch
 
+from llamagym.algorithms.batching import history_groups
 from llamagym.models.passes import prefix_rows
 from llamagym.models.policy import _choice_pairs
 from llamagym.models.trunk import decoder_layers
 from llamagym.rollout.trajectory import Turn
 from llamagym.testing import tiny_agent
-from llamagym.training.batching import history_groups
 
 TOLERANCE = 1e-4  # float32, absolute
 

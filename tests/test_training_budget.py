@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from llamagym import hookimpl
+from llamagym.algorithms.algorithm import Algorithm
 from llamagym.testing import temporary_plugin
 from llamagym.training import checkpoint as checkpoints
 from llamagym.training import run_state, update_metrics
 from llamagym.training import trainer as training
-from llamagym.training.algorithm import Algorithm
 from llamagym.training.checkpoint_state import decode_state
 from llamagym.training.progress import format_stats
 from llamagym.training.report import format_speed

@@ -31,8 +31,8 @@ logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_without_cpu_kernel
 
 _LAZY = {
     "Agent": "llamagym.agent",
-    "Algorithm": "llamagym.training.algorithm",
-    "AlgorithmConfig": "llamagym.training.algorithm_config",
+    "Algorithm": "llamagym.algorithms.algorithm",
+    "AlgorithmConfig": "llamagym.algorithms.algorithm_config",
     "RunConfig": "llamagym.config",
     "Episode": "llamagym.rollout.trajectory",
     "Turn": "llamagym.rollout.trajectory",
@@ -61,10 +61,10 @@ MOVED_MODULES = {
     "llamagym.demonstrations": "llamagym.rollout.demonstrations",
     "llamagym.trajectory": "llamagym.rollout.trajectory",
     "llamagym.training": "llamagym.training.trainer",
-    "llamagym.algorithm": "llamagym.training.algorithm",
+    "llamagym.algorithm": "llamagym.algorithms.algorithm",
     "llamagym.checkpoint": "llamagym.training.checkpoint",
     "llamagym.distributed": "llamagym.training.distributed",
-    "llamagym.credit": "llamagym.training.credit",
+    "llamagym.credit": "llamagym.algorithms.credit",
     "llamagym.progress": "llamagym.training.progress",
     "llamagym.report": "llamagym.training.report",
     "llamagym.scaffold": "llamagym.devtools.scaffold",
@@ -76,6 +76,11 @@ MOVED_MODULES = {
     # 0.4: the built-in plugins are a package of their own (plugins/llamagym_builtins), so
     # `llamagym.plugins.ppo` fails at its first step, naming where `ppo` is now.
     "llamagym.plugins": "llamagym_builtins",
+    # 0.4: what every algorithm builds on is a floor of its own, below training.
+    **{f"llamagym.training.{name}": f"llamagym.algorithms.{name}" for name in (
+        "algorithm", "algorithm_config", "batching", "credit", "kl_control", "losses",
+        "turn_scoring",
+    )},
 }
 
 
@@ -97,7 +102,7 @@ MOVED_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
         "llamagym.agent": ("load_agent",),
         "llamagym.training.run_state": ("make_engine",),
     },
-    "llamagym.session": {"llamagym.training.algorithm": ("Algorithm",)},
+    "llamagym.session": {"llamagym.algorithms.algorithm": ("Algorithm",)},
     "llamagym.plugin_manager": {
         "llamagym.plugin_isolation": ("DEFAULT_TIMEOUT_SECONDS", "TIMEOUT_VARIABLE"),
     },
@@ -123,12 +128,13 @@ MOVED_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
     "llamagym.rollout.engine": {
         "llamagym.rollout.prompts": ("PROMPT_CACHE_TOKENS", "fill_reply_prefix", "reply_closing"),
     },
-    "llamagym.training.algorithm": {
-        "llamagym.training.algorithm_config": (
+    # What 0.3's llamagym.training.algorithm offered, asked of the module's new place.
+    "llamagym.algorithms.algorithm": {
+        "llamagym.algorithms.algorithm_config": (
             "check_adaptive_kl", "check_group_divides_batch", "microbatch_size_field",
             "nest_warm_start_keys", "warmup_steps_field",
         ),
-        "llamagym.training.batching": ("seed_groups",),
+        "llamagym.algorithms.batching": ("seed_groups",),
     },
     "llamagym.training.checkpoint": {
         "llamagym.training.checkpoint_errors": ("CheckpointMismatchError", "UntrustedModelError"),

@@ -27,10 +27,10 @@ from llamagym.plugin_manager import Plugins, get_plugins
 from llamagym.task import Task
 
 if TYPE_CHECKING:
+    from llamagym.algorithms.algorithm import Algorithm
     from llamagym.rollout.engine import RolloutEngine
     from llamagym.schedule import Control
     from llamagym.session import Session
-    from llamagym.training.algorithm import Algorithm
     from llamagym.training.run_state import Run
 
 __all__ = ["Agent", "load_agent"]

@@ -46,10 +46,10 @@ from llamagym.training.checkpoint_trust import check_model_source, untrusted_con
 from llamagym.training.export import RUN_EXPORT, VALUE_HEAD, read_export_meta
 
 if TYPE_CHECKING:
+    from llamagym.algorithms.algorithm import Algorithm
+    from llamagym.algorithms.algorithm_config import AlgorithmConfig
     from llamagym.plugin_manager import Plugins
     from llamagym.task import Task
-    from llamagym.training.algorithm import Algorithm
-    from llamagym.training.algorithm_config import AlgorithmConfig
 
 logger = logging.getLogger(__name__)
 

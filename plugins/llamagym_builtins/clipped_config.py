@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from llamagym.training.algorithm_config import (
+from llamagym.algorithms.algorithm_config import (
     AlgorithmConfig,
     check_adaptive_kl,
     microbatch_size_field,
     warmup_steps_field,
 )
-from llamagym.training.credit import CreditRule
+from llamagym.algorithms.credit import CreditRule
 from llamagym_builtins.sft import WarmStartConfig
 
 

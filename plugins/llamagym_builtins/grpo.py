@@ -3,7 +3,7 @@
 Each update's episodes come in seed groups of G: the engine resets the first G episodes
 of a batch with one seed, the next G with another, so a group shares its start state and
 its returns are directly comparable. A turn's advantage is its return minus the group's
-mean start return, over the group's std (see ``llamagym.training.credit``: with the default
+mean start return, over the group's std (see ``llamagym.algorithms.credit``: with the default
 ``discounted`` rule, gamma 1 and a reward only at the end, every turn of an episode gets
 ``(R - mean) / (std + eps)``).
 
@@ -26,21 +26,21 @@ from typing import ClassVar, Protocol, runtime_checkable
 import torch
 from pydantic import Field, field_validator
 
-from llamagym.config import RolloutSettings
-from llamagym.models.policy import Policy
-from llamagym.rollout.trajectory import Episode, Turn
-from llamagym.schedule import Control, Schedule
-from llamagym.training import distributed
-from llamagym.training.algorithm import Algorithm
-from llamagym.training.algorithm_config import check_group_divides_batch
-from llamagym.training.batching import seed_groups
-from llamagym.training.credit import (
+from llamagym.algorithms.algorithm import Algorithm
+from llamagym.algorithms.algorithm_config import check_group_divides_batch
+from llamagym.algorithms.batching import seed_groups
+from llamagym.algorithms.credit import (
     RULES_WITHOUT_VALUES,
     CreditRule,
     group_normalized,
     turn_returns,
 )
-from llamagym.training.kl_control import KLController
+from llamagym.algorithms.kl_control import KLController
+from llamagym.config import RolloutSettings
+from llamagym.models.policy import Policy
+from llamagym.rollout.trajectory import Episode, Turn
+from llamagym.schedule import Control, Schedule
+from llamagym.training import distributed
 from llamagym_builtins.clipped_config import ClippedConfig
 from llamagym_builtins.sft import WarmStart
 

@@ -11,15 +11,15 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+from llamagym.algorithms.algorithm import Algorithm
+from llamagym.algorithms.credit import CREDIT_RULES, gae, turn_returns
+from llamagym.algorithms.kl_control import KLController
+from llamagym.algorithms.losses import LossTerm
 from llamagym.config import RolloutSettings
 from llamagym.models.policy import Evaluation, Policy
 from llamagym.rollout.trajectory import Episode
 from llamagym.schedule import Control, Schedule
 from llamagym.training import distributed
-from llamagym.training.algorithm import Algorithm
-from llamagym.training.credit import CREDIT_RULES, gae, turn_returns
-from llamagym.training.kl_control import KLController
-from llamagym.training.losses import LossTerm
 from llamagym_builtins.clipped_config import ClippedConfig
 from llamagym_builtins.sft import WarmStart
 

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from llamagym.rollout.trajectory import Episode
-from llamagym.training.algorithm_config import check_group_divides_batch
-from llamagym.training.credit import (
+from llamagym.algorithms.algorithm_config import check_group_divides_batch
+from llamagym.algorithms.credit import (
     group_normalized,
     leave_one_out,
     minus_batch_mean,
 )
+from llamagym.rollout.trajectory import Episode
 from llamagym_builtins.grpo import GRPO, STD_EPS, CriticFreeConfig
 
 

@@ -48,14 +48,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from llamagym.algorithms.losses import masked_mean
 from llamagym.errors import ConfigError
 from llamagym.models.chat_template import render_chat
 from llamagym.rollout.prompts import reply_closing
 from llamagym.rollout.trajectory import Episode, Turn
-from llamagym.training.losses import masked_mean
 
 if TYPE_CHECKING:
-    from llamagym.training.algorithm import Algorithm
+    from llamagym.algorithms.algorithm import Algorithm
 
 logger = logging.getLogger(__name__)
 

@@ -45,9 +45,9 @@ from safetensors import SafetensorError, safe_open
 
 from llamagym import __version__
 from llamagym import moved_name as _moved_name
+from llamagym.algorithms.algorithm_config import nest_warm_start_keys
 from llamagym.errors import LlamaGymError
 from llamagym.paths import check_own_entry, write_failure, write_failure_text
-from llamagym.training.algorithm_config import nest_warm_start_keys
 from llamagym.training.checkpoint_errors import (
     CheckpointError,
     CheckpointWriteError,

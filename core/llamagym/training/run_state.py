@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import torch
 
+from llamagym.algorithms.algorithm import Algorithm
 from llamagym.config import RunConfig
 from llamagym.models.policy import Policy
 from llamagym.rollout.engine import RolloutEngine
 from llamagym.rollout.evaluation import EvalResult
 from llamagym.schedule import Control, Schedule
-from llamagym.training.algorithm import Algorithm
 from llamagym.training.checkpoint_state import capture_global_rng, restore_global_rng
 
 if TYPE_CHECKING:

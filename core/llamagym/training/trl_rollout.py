@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from llamagym.algorithms.algorithm import rollout_metrics
 from llamagym.errors import LlamaGymError
 from llamagym.models.chat_template import render_chat
 from llamagym.models.generation import json_closed_at, reply_prefixes
@@ -19,7 +20,6 @@ from llamagym.models.policy import Policy, Replies
 from llamagym.rollout.engine import RolloutEngine
 from llamagym.rollout.slots import Slot
 from llamagym.rollout.trajectory import Episode, Turn
-from llamagym.training.algorithm import rollout_metrics
 from llamagym.training.sharded import whole_model
 from llamagym.training.trl_settings import seed_of
 

@@ -13,12 +13,12 @@ import math
 from typing import Any
 
 import torch
+from llamagym.algorithms.algorithm import Algorithm, rollout_metrics
+from llamagym.algorithms.algorithm_config import AlgorithmConfig
+from llamagym.algorithms.batching import minibatches
 from llamagym.config import RolloutSettings
 from llamagym.models.policy import Policy
 from llamagym.rollout.trajectory import Episode, Turn
-from llamagym.training.algorithm import Algorithm, rollout_metrics
-from llamagym.training.algorithm_config import AlgorithmConfig
-from llamagym.training.batching import minibatches
 from pydantic import Field
 
 

@@ -1,5 +1,5 @@
 """The terms of the clipped-policy-gradient loss that
-:meth:`~llamagym.training.algorithm.Algorithm.optimise` minimises: PPO's clipped
+:meth:`~llamagym.algorithms.algorithm.Algorithm.optimise` minimises: PPO's clipped
 surrogate, the KL to the reference, the masked means they are taken with, and the
 extra terms an algorithm adds (:class:`LossTerm`)."""
 

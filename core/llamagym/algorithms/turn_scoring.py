@@ -3,7 +3,7 @@
 and under the KL reference (:meth:`TurnScoring.reference_logprobs`); and the frozen
 trunk filled once per update (:meth:`TurnScoring.keep_trunk`).
 
-:class:`~llamagym.training.algorithm.Algorithm` has these methods from
+:class:`~llamagym.algorithms.algorithm.Algorithm` has these methods from
 :class:`TurnScoring`; they use only its ``policy`` and its ``freeze_reference``.
 """
 
@@ -13,20 +13,20 @@ from collections.abc import Sequence
 
 import torch
 
+from llamagym.algorithms.batching import prompt_pieces
 from llamagym.models.passes import padded
 from llamagym.models.policy import Evaluation, Policy, name_tokens
 from llamagym.rollout.trajectory import Turn
-from llamagym.training.batching import prompt_pieces
 
 
 class TurnScoring:
-    """The scoring methods of :class:`~llamagym.training.algorithm.Algorithm`."""
+    """The scoring methods of :class:`~llamagym.algorithms.algorithm.Algorithm`."""
 
     policy: Policy
 
     def freeze_reference(self) -> None:
         """Fix the KL reference (:meth:`Algorithm.freeze_reference
-        <llamagym.training.algorithm.Algorithm.freeze_reference>` says when)."""
+        <llamagym.algorithms.algorithm.Algorithm.freeze_reference>` says when)."""
         raise NotImplementedError
 
     def sampling_temperature(self, turns: Sequence[Turn]) -> float | torch.Tensor:

@@ -43,25 +43,25 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 import torch
 
 from llamagym import moved_name as _moved_name
-from llamagym.config import RolloutSettings
-from llamagym.models.policy import Policy
-from llamagym.rollout.trajectory import Episode, Turn
-from llamagym.schedule import Control, Schedule
-from llamagym.training import distributed
-from llamagym.training.algorithm_config import (
+from llamagym.algorithms.algorithm_config import (
     AlgorithmConfig,
     ClippedSettings,
 )
-from llamagym.training.batching import history_groups, minibatches, prompt_pieces
-from llamagym.training.kl_control import KLController
-from llamagym.training.losses import (
+from llamagym.algorithms.batching import history_groups, minibatches, prompt_pieces
+from llamagym.algorithms.kl_control import KLController
+from llamagym.algorithms.losses import (
     LossTerm,
     clipped_surrogate,
     masked_mean,
     reference_kl,
     zero_metrics,
 )
-from llamagym.training.turn_scoring import TurnScoring
+from llamagym.algorithms.turn_scoring import TurnScoring
+from llamagym.config import RolloutSettings
+from llamagym.models.policy import Policy
+from llamagym.rollout.trajectory import Episode, Turn
+from llamagym.schedule import Control, Schedule
+from llamagym.training import distributed
 
 if TYPE_CHECKING:
     from typing import Self

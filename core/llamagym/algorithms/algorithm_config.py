@@ -1,6 +1,6 @@
 """The ``algorithm`` section of a run's config: the base every algorithm's ``Config``
 subclasses, the fields and validators the built-in configs share, and the settings
-:meth:`~llamagym.training.algorithm.Algorithm.optimise` reads.
+:meth:`~llamagym.algorithms.algorithm.Algorithm.optimise` reads.
 
 It imports no torch: a config is validated before anything loads.
 """
@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError, ValidationError
 
-from llamagym.training.credit import unsupported_credit_message
+from llamagym.algorithms.credit import unsupported_credit_message
 
 #: The flat ``algorithm.sft_*`` keys of the supervised settings, and their names in the
 #: ``algorithm.warm_start`` section that holds them.
