@@ -14,11 +14,11 @@ from pathlib import Path
 import gymnasium
 import pytest
 import torch
-from llamagym.training.distributed import SingleProcess
 from pydantic import ValidationError
 
 from llamagym.algorithms.algorithm_config import nest_warm_start_keys
 from llamagym.config_layers import format_validation_error
+from llamagym.distributed import SingleProcess
 from llamagym.errors import ConfigError
 from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.schedule import Control, Schedule

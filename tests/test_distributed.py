@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from llamagym import distributed
 from llamagym.algorithms.batching import minibatches
 from llamagym.errors import ConfigError
 from llamagym.testing import free_port
-from llamagym.training import distributed
 from llamagym.training.run_files import read_metrics
 
 FAST = [
@@ -118,7 +118,7 @@ AGREEMENT = textwrap.dedent(
     import json, math
     import torch
     import torch.distributed as dist
-    from llamagym.training import distributed
+    from llamagym import distributed
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -281,7 +281,7 @@ def test_a_sharded_launch_on_cpus_says_it_trains_data_parallel(
     monkeypatch, caplog, variable, named
 ) -> None:
     monkeypatch.setenv(variable, "true")
-    with caplog.at_level("WARNING", logger="llamagym.training.distributed"):
+    with caplog.at_level("WARNING", logger="llamagym.distributed"):
         distributed.warn_if_not_sharded("DistributedType.MULTI_GPU")  # accelerate shards
         assert caplog.records == []
         distributed.warn_if_not_sharded("DistributedType.MULTI_CPU")

@@ -448,7 +448,7 @@ def test_without_trl_the_backend_is_a_one_line_install_hint(monkeypatch) -> None
 
 
 def test_deepspeed_with_the_native_backend_points_to_trl(monkeypatch) -> None:
-    from llamagym.training import distributed
+    from llamagym import distributed
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")

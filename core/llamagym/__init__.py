@@ -63,7 +63,6 @@ MOVED_MODULES = {
     "llamagym.training": "llamagym.training.trainer",
     "llamagym.algorithm": "llamagym.algorithms.algorithm",
     "llamagym.checkpoint": "llamagym.training.checkpoint",
-    "llamagym.distributed": "llamagym.training.distributed",
     "llamagym.credit": "llamagym.algorithms.credit",
     "llamagym.progress": "llamagym.training.progress",
     "llamagym.report": "llamagym.training.report",
@@ -81,6 +80,9 @@ MOVED_MODULES = {
         "algorithm", "algorithm_config", "batching", "credit", "kl_control", "losses",
         "turn_scoring",
     )},
+    # 0.4: several processes serve the algorithms, the training loop and the TRL backend,
+    # so they sit below all three.
+    "llamagym.training.distributed": "llamagym.distributed",
 }
 
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from safetensors.torch import load_file
 
+from llamagym import distributed
 from llamagym import moved_name as _moved_name
 from llamagym.config import RunConfig, check_generation_memory, deep_merge
 from llamagym.config_layers import ResolvedConfig, resolve_agent_config
@@ -38,10 +39,7 @@ from llamagym.models.trunk_precision import lower_trunk_precision
 from llamagym.plugin_manager import get_plugins
 from llamagym.schedule import Control, Schedule
 from llamagym.training import checkpoint as checkpoints
-from llamagym.training import (
-    distributed,
-    run_state,  # a run's parts: their types are the training's
-)
+from llamagym.training import run_state  # a run's parts: their types are the training's
 from llamagym.training.checkpoint_trust import check_model_source, untrusted_config
 from llamagym.training.export import RUN_EXPORT, VALUE_HEAD, read_export_meta
 

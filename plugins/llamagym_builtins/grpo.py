@@ -26,6 +26,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 import torch
 from pydantic import Field, field_validator
 
+from llamagym import distributed
 from llamagym.algorithms.algorithm import Algorithm
 from llamagym.algorithms.algorithm_config import check_group_divides_batch
 from llamagym.algorithms.batching import seed_groups
@@ -40,7 +41,6 @@ from llamagym.config import RolloutSettings
 from llamagym.models.policy import Policy
 from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.schedule import Control, Schedule
-from llamagym.training import distributed
 from llamagym_builtins.clipped_config import ClippedConfig
 from llamagym_builtins.sft import WarmStart
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+from llamagym import distributed
 from llamagym.algorithms.algorithm import Algorithm
 from llamagym.algorithms.credit import CREDIT_RULES, gae, turn_returns
 from llamagym.algorithms.kl_control import KLController
@@ -19,7 +20,6 @@ from llamagym.config import RolloutSettings
 from llamagym.models.policy import Evaluation, Policy
 from llamagym.rollout.trajectory import Episode
 from llamagym.schedule import Control, Schedule
-from llamagym.training import distributed
 from llamagym_builtins.clipped_config import ClippedConfig
 from llamagym_builtins.sft import WarmStart
 

@@ -4,7 +4,7 @@ accelerate's launcher (torchrun underneath) starts the processes; this module ad
 makes a failed run end at once, in one line:
 
 * the processes die with the launcher (``LLAMAGYM_LAUNCHER_PID``, see
-  :func:`llamagym.training.distributed.end_with_launcher`);
+  :func:`llamagym.distributed.end_with_launcher`);
 * a :class:`FailureWatch` sees a process fail the moment it exits and kills the others,
   which could not go on without it. torchrun would ask them to stop with SIGTERM, which
   a training process answers by finishing its update (saying so), and wait 30 s, or for
@@ -48,7 +48,7 @@ def launch_processes(count: int, run_arguments: list[str]) -> int:
     a program it ends any failed run with exit code 1 and a traceback, while here the
     failed process's own exit code (2 for a bad input, 130/143 after a signal) is
     passed on and one line says what happened."""
-    from llamagym.training import distributed
+    from llamagym import distributed
 
     try:
         from accelerate.commands.launch import launch_command, launch_command_parser
@@ -89,7 +89,7 @@ def launch_processes(count: int, run_arguments: list[str]) -> int:
 
 def _report(watch: FailureWatch, failures: dict[int, Any], count: int) -> int:
     """Print the one line about the process that failed first; return its exit code."""
-    from llamagym.training.distributed import PROCESS_LOST_EXIT_CODE
+    from llamagym.distributed import PROCESS_LOST_EXIT_CODE
 
     by_pid = {failure.pid: (rank, failure) for rank, failure in failures.items()}
     first = watch.first_failure()
@@ -135,7 +135,7 @@ class FailureWatch:
     def first_failure(self) -> tuple[int, int] | None:
         """The first process that failed by itself (not killed here); one that ended
         because another was lost comes after any that was not."""
-        from llamagym.training.distributed import PROCESS_LOST_EXIT_CODE
+        from llamagym.distributed import PROCESS_LOST_EXIT_CODE
 
         for pid, code in self._failures:
             if code != PROCESS_LOST_EXIT_CODE:

@@ -215,7 +215,7 @@ def run_command(
     ),
 ) -> None:
     """Train AGENT online, then evaluate it beside its baselines and write a report."""
-    from llamagym.training import distributed
+    from llamagym import distributed
     from llamagym.training.checkpoint_trust import check_model_source
 
     _check_num_processes(num_processes)
@@ -264,7 +264,7 @@ def _lost_process(error: LlamaGymError) -> int:
     (the other processes of the run may give up at the same moment: one line, not one
     per process); under another launcher this process says it. The exit code tells the
     launcher which it was."""
-    from llamagym.training import distributed
+    from llamagym import distributed
 
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if error_file:  # torchrun's format, its message a plain string
@@ -277,7 +277,7 @@ def _lost_process(error: LlamaGymError) -> int:
 
 def _check_trl_backend(resolved: Any, num_processes: int | None) -> None:
     """``--backend trl``: TRL is installed, and supports what the config asks of it."""
-    from llamagym.training import distributed
+    from llamagym import distributed
     from llamagym.training.trl_settings import check_supported
     from llamagym.trl_arguments import require_trl
 
@@ -286,7 +286,7 @@ def _check_trl_backend(resolved: Any, num_processes: int | None) -> None:
 
 
 def _check_num_processes(num_processes: int | None) -> None:
-    from llamagym.training import distributed
+    from llamagym import distributed
 
     if num_processes is None:
         return
@@ -361,7 +361,7 @@ def _train(
     verbose: bool,
     budget: str,
 ) -> None:
-    from llamagym.training import distributed
+    from llamagym import distributed
     from llamagym.training.progress import RunProgress, summary_table
     from llamagym.training.trainer import Trainer
 

@@ -14,7 +14,7 @@ running out, during an update ends it at the next minibatch boundary (the run's
 ``Control.should_stop``); the weights after the steps taken are kept, and the update's
 metrics say ``update_interrupted: 1``. A run out of time then evaluates as usual.
 
-With several processes (:mod:`llamagym.training.distributed`) every process runs this loop on its
+With several processes (:mod:`llamagym.distributed`) every process runs this loop on its
 own environments and episodes; after each update they exchange a small summary (their
 episodes' returns, turns and env steps, rank 0's elapsed time), and before each any stop
 signal, so every process counts the same episodes and time and stops after the same
@@ -44,6 +44,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from llamagym import distributed
 from llamagym import moved_name as _moved_name
 from llamagym.errors import EnvFailureError, LlamaGymError, TrainingDivergedError, WriteError
 from llamagym.paths import write_atomically
@@ -53,7 +54,6 @@ from llamagym.schedule import Control, run_budgets
 from llamagym.specs import RunContext
 from llamagym.task import Task
 from llamagym.training import checkpoint as checkpoints
-from llamagym.training import distributed
 from llamagym.training.budget import (
     TIME_BUDGET,
     CollectionWatch,

@@ -48,6 +48,7 @@ import numpy as np
 import torch
 from transformers import PrinterCallback, TrainerCallback
 
+from llamagym import distributed
 from llamagym.display import printable
 from llamagym.errors import LlamaGymError
 from llamagym.models import loading
@@ -55,7 +56,6 @@ from llamagym.models.lora_choice import trains_through_lora
 from llamagym.models.policy import Policy
 from llamagym.paths import check_own_entry
 from llamagym.schedule import Schedule
-from llamagym.training import distributed
 from llamagym.training.checkpoint import CHECKPOINTS
 from llamagym.training.export import RUN_EXPORT, export_agent
 from llamagym.training.report import (

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from llamagym.training import distributed
+from llamagym import distributed
 from llamagym.training.run_state import Training
 
 logger = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ each of which runs the whole ``llamagym run``:
 
 * every process (rank) holds the whole model and starts from rank 0's weights, steps its
   own environments with its own seeds, and computes the loss of its own episodes;
-* :meth:`llamagym.training.algorithm.Algorithm.step` averages the gradients over the processes
+* :meth:`llamagym.algorithms.algorithm.Algorithm.step` averages the gradients over the processes
   before the optimizer step, so the weights stay identical everywhere;
 * what decides control flow is agreed: the number of gradient steps per epoch (the
   smallest over the processes), the target-KL stop (the largest KL), a non-finite loss
