@@ -14,7 +14,7 @@ batch. Everything it needs to resume exactly (optimizer, counters, random state,
 such as a replay buffer) is in :meth:`Algorithm.state_dict`, as tensors or JSON-able
 values.
 
-With several processes (``llamagym.training.distributed``) every process runs ``update`` on its
+With several processes (``llamagym.distributed``) every process runs ``update`` on its
 own episodes and :meth:`Algorithm.step` averages the gradients over the processes, so
 every process must call ``step`` the same number of times. What decides that is agreed
 through the algorithm's ``group``, in its methods named ``sync_*``: the minibatches per
@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 import torch
 
+from llamagym import distributed
 from llamagym import moved_name as _moved_name
 from llamagym.algorithms.algorithm_config import (
     AlgorithmConfig,
@@ -61,7 +62,6 @@ from llamagym.config import RolloutSettings
 from llamagym.models.policy import Policy
 from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.schedule import Control, Schedule
-from llamagym.training import distributed
 
 if TYPE_CHECKING:
     from typing import Self
@@ -130,7 +130,7 @@ class Algorithm(TurnScoring):
         self.schedule = schedule if schedule is not None else Schedule(rollout)
         #: The collectives the processes agree through (the ``sync_*`` methods and
         #: :meth:`step`); by default those of the group this process joined, which for
-        #: a process started on its own is :class:`~llamagym.training.distributed.SingleProcess`.
+        #: a process started on its own is :class:`~llamagym.distributed.SingleProcess`.
         self.group = group if group is not None else distributed.process_group()
         #: The stop request and epoch report of the one running the updates; by
         #: default an update never stops early and reports nothing.
