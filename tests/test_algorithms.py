@@ -16,6 +16,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from llamagym.algorithms.algorithm import AlgorithmContext
 from llamagym.algorithms.algorithm_config import nest_warm_start_keys
 from llamagym.config_layers import format_validation_error
 from llamagym.distributed import SingleProcess
@@ -179,13 +180,13 @@ def test_target_kl_stops_the_epochs_early(name: str, microbatch_size: int | None
 def counted_passes(algorithm) -> list[int]:
     """The turns of every forward pass the algorithm's update makes, as it makes them."""
     passes: list[int] = []
-    evaluate = algorithm.evaluate
+    evaluate = algorithm.scoring.evaluate
 
     def counting(turns, *rest):
         passes.append(len(turns))
         return evaluate(turns, *rest)
 
-    algorithm.evaluate = counting
+    algorithm.scoring.evaluate = counting
     return passes
 
 
@@ -249,9 +250,9 @@ def test_warmup_steps_take_a_rising_share_of_the_learning_rate(name: str) -> Non
     assert algorithm.state_dict()["counters"]["optimizer_steps"] == 8
     resumed = agent_for(name, **settings).algorithm
     resumed.load_state_dict(algorithm.state_dict())
-    assert resumed.warmup_share(resumed.optimizer_steps + 1) == 1.0
+    assert resumed.learning_rate.at(resumed.optimizer_steps + 1) == lr
     fresh = agent_for(name, **settings).algorithm
-    assert fresh.warmup_share(fresh.optimizer_steps + 1) == 0.25
+    assert fresh.learning_rate.at(fresh.optimizer_steps + 1) == lr / 4
 
 
 def test_without_a_target_kl_every_epoch_runs() -> None:
@@ -440,9 +441,10 @@ def test_demonstrations_warm_start_before_rl(tmp_path: Path) -> None:
         "grpo", warm_start={"demonstrations": str(path), "lr": 1e-2, "demonstration_epochs": 3}
     )
     resolved = agent.resolved
-    algorithm = resolved.algorithm_class.create(
-        agent.policy, resolved.algorithm, agent.config.rollout
-    )
+    algorithm = resolved.algorithm_class(AlgorithmContext(
+        agent.policy, resolved.algorithm, agent.config.rollout,
+        Schedule(agent.config.rollout), SingleProcess(),
+    ))
     sft = algorithm.sft  # building an algorithm trains nothing
     assert not sft.demonstrations_done and sft.steps == 0
     metrics = algorithm.warm_start()  # a run's first phase
@@ -465,8 +467,8 @@ def test_kl_reference_is_the_policy_after_the_demonstrations(tmp_path: Path, nam
     algorithm.freeze_reference()
     turns = [turn for episode in collect(agent, 8) for turn in episode.turns]
     with torch.no_grad():
-        reference = algorithm.reference_logprobs(turns)
-        current = algorithm.evaluate(turns).logprobs
+        reference = algorithm.scoring.reference_logprobs(turns)
+        current = algorithm.scoring.evaluate(turns).logprobs
     # RL starts with no KL to pay: the demonstrations' lesson is what it is pulled to.
     assert algorithm.sft.demonstrations_done
     assert torch.allclose(reference, current, atol=1e-6)
@@ -537,10 +539,10 @@ def test_schedule_and_control_are_given_at_construction() -> None:
     epochs: list[tuple[int, int]] = []
     stop = [False]
     control = Control(should_stop=lambda: stop[0], on_epoch=lambda k, n: epochs.append((k, n)))
-    algorithm = GRPO(
-        agent.policy, agent.algorithm.config, agent.config.rollout,
-        schedule=schedule, group=SingleProcess(), control=control,
-    )
+    algorithm = GRPO(AlgorithmContext(
+        agent.policy, agent.algorithm.config, agent.config.rollout, schedule, SingleProcess(),
+        control,
+    ))
     batch = collect(agent, 16)
     schedule.set_progress(0.5)
     metrics = algorithm.update(batch)
@@ -551,22 +553,27 @@ def test_schedule_and_control_are_given_at_construction() -> None:
     assert metrics["update_interrupted"] == 1.0 and metrics["policy_steps"] == 0.0
 
 
-def test_a_constructor_of_three_arguments_gets_the_run_context() -> None:
-    class ThreeArguments(GRPO):
-        def __init__(self, policy, config, rollout):
-            super().__init__(policy, config, rollout)
+def test_an_algorithm_written_for_0_3_is_refused_where_it_is_defined_with_the_fix() -> None:
+    with pytest.raises(TypeError) as refused:
+        class OldConstructor(GRPO):
+            def __init__(self, policy, config, rollout, **run):
+                super().__init__(policy, config, rollout, **run)
+
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "OldConstructor.__init__ takes (policy, config, rollout)" in message
+    assert "def __init__(self, context: AlgorithmContext)" in message
+
+    class NewConstructor(GRPO):  # one argument: the context
+        def __init__(self, context):
+            super().__init__(context)
 
     agent = agent_for("grpo")
-    schedule, control = Schedule(agent.config.rollout), Control()
-    built = ThreeArguments.create(
-        agent.policy, agent.algorithm.config, agent.config.rollout,
-        schedule=schedule, control=control,
-    )
-    assert built.schedule is schedule and built.control is control
-    assert isinstance(built.group, SingleProcess)  # this process's group: one process
-    plain = GRPO.create(agent.policy, agent.algorithm.config, agent.config.rollout,
-                        schedule=schedule)
-    assert plain.schedule is schedule and plain.control.should_stop() is False
+    schedule = Schedule(agent.config.rollout)
+    built = NewConstructor(AlgorithmContext(
+        agent.policy, agent.algorithm.config, agent.config.rollout, schedule, SingleProcess(),
+    ))
+    assert built.schedule is schedule and built.control.should_stop() is False
 
 
 # The metrics of one update on a fixed seed (CPU, one thread): a change to what an

@@ -63,7 +63,7 @@ def evaluated(agent: Any, turns: list[Turn]) -> tuple[list[torch.Tensor], dict[s
     gradients of their sum."""
     policy = agent.policy
     policy.zero_grad(set_to_none=True)
-    new = agent.algorithm.evaluate(turns)
+    new = agent.algorithm.scoring.evaluate(turns)
     units = new.mask.bool()
     loss = new.logprobs[units].sum() + new.entropy[units].sum() + new.values.sum()
     loss.backward()
@@ -140,7 +140,7 @@ def test_one_pass_over_an_episode_equals_a_pass_per_turn(
     whole_positions = policy.positions_run - positions
     assert_same(whole, many)
     if policy.trunk is not None:  # again from the trunk, as the update keeps it
-        agent.algorithm.keep_trunk(turns, len(turns))
+        agent.algorithm.scoring.keep_trunk(turns, len(turns))
         assert policy.trunk.verified and not policy.trunk.disabled
         calls: list[int] = []
         decoder = policy.model.get_base_model().get_decoder()

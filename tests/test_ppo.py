@@ -52,7 +52,7 @@ def test_rollout_and_update_share_the_annealed_temperature() -> None:
             [t.prompt_tokens for t in turns], [t.candidates for t in turns]
         )
         sharp = (scores / 0.25).log_softmax(-1)
-        fresh = agent.algorithm.evaluate(turns).logprobs[:, 0]
+        fresh = agent.algorithm.scoring.evaluate(turns).logprobs[:, 0]
     chosen = torch.tensor([t.action_index for t in turns])
     recorded = torch.tensor([t.logprobs[0] for t in turns])
     assert torch.allclose(recorded, sharp[torch.arange(len(turns)), chosen], atol=1e-5)
@@ -80,12 +80,13 @@ def test_kl_reference_starts_equal_and_drifts_after_updates() -> None:
     batch = agent.engine.collect(envs, 16)
     turns = [turn for episode in batch for turn in episode.turns]
     with torch.no_grad():
-        reference = agent.algorithm.reference_logprobs(turns)
-        current = agent.algorithm.evaluate(turns).logprobs
+        reference = agent.algorithm.scoring.reference_logprobs(turns)
+        current = agent.algorithm.scoring.evaluate(turns).logprobs
     assert torch.allclose(reference, current, atol=1e-6)
     metrics = agent.algorithm.update(batch)
     assert metrics["kl_ref"] > 0.0
     with torch.no_grad():
         assert not torch.allclose(
-            agent.algorithm.reference_logprobs(turns), agent.algorithm.evaluate(turns).logprobs
+            agent.algorithm.scoring.reference_logprobs(turns),
+            agent.algorithm.scoring.evaluate(turns).logprobs,
         )

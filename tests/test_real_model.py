@@ -60,7 +60,7 @@ def test_one_ppo_update_on_smollm2_changes_only_the_adapter_and_the_value_head(
     if mode == "score":
         expected = sum(len(candidate) for turn in turns for candidate in turn.candidates)
     else:  # and each legal action's name, for the entropy over the actions
-        names = agent.algorithm.named_actions(turns)
+        names = agent.algorithm.scoring.named_actions(turns)
         expected = sum(len(turn.action_tokens) for turn in turns) + sum(
             len(tokens) for row in names for tokens in row
         )
@@ -96,16 +96,16 @@ def test_smollm2_on_its_last_4_layers_updates_from_the_kept_trunk_as_from_whole_
 
     def passes() -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         policy.zero_grad(set_to_none=True)
-        new = algorithm.evaluate(turns)
+        new = algorithm.scoring.evaluate(turns)
         ((new.logprobs * new.mask).sum() + new.values.sum() + new.entropy.sum()).backward()
         grads = {n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None}
-        return new.logprobs.detach(), algorithm.reference_logprobs(turns), grads
+        return new.logprobs.detach(), algorithm.scoring.reference_logprobs(turns), grads
 
     trunk, policy.trunk = policy.trunk, None
     whole = passes()
     policy.trunk = trunk
     trunk.clear()
-    algorithm.keep_trunk(turns, 3)
+    algorithm.scoring.keep_trunk(turns, 3)
     assert trunk.verified and not trunk.disabled
     layers = policy.model.get_base_model().get_decoder().layers
     bottom: list[int] = []

@@ -29,6 +29,7 @@ from safetensors.torch import load_file
 
 from llamagym import distributed
 from llamagym import moved_name as _moved_name
+from llamagym.algorithms.algorithm import AlgorithmContext
 from llamagym.config import RunConfig, check_generation_memory, deep_merge
 from llamagym.config_layers import ResolvedConfig, resolve_agent_config
 from llamagym.errors import ConfigError, LlamaGymError
@@ -131,14 +132,14 @@ def build_run(agent: Task, policy: Policy, control: Control | None = None) -> ru
     # The registry holds Algorithm subclasses, and their Config validated the section
     # (the resolver, a layer below, reads only the Config).
     algorithm_class = cast("type[Algorithm]", resolved.algorithm_class)
-    algorithm = algorithm_class.create(
+    algorithm = algorithm_class(AlgorithmContext(
         policy,
         cast("AlgorithmConfig", resolved.algorithm),
         config.rollout,
-        schedule=schedule,
-        group=distributed.process_group(),
-        control=control,
-    )
+        schedule,
+        distributed.process_group(),
+        control if control is not None else Control(),
+    ))
     warm_start = algorithm.warm_start()
     if warm_start:
         logger.info("warm start: %s", ", ".join(f"{k} {v:.4g}" for k, v in warm_start.items()))

@@ -1,7 +1,7 @@
 """What a run's parts read about the run's course: its budgets (:func:`run_budgets`), the
 :class:`Schedule` (the share of the budget used, and the sampling temperature and
-learning rate that follow from it) and the :class:`Control` of an update (may it go
-on, which epoch is starting).
+learning rate that follow from it), an optimizer's :class:`LearningRate` on it, and the
+:class:`Control` of an update (may it go on, which epoch is starting).
 
 One owner moves the schedule (the trainer, before each collection and update, with
 ``schedule.set_progress``); the rollout engine and the algorithm only read it. A
@@ -14,9 +14,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llamagym.config import RolloutSettings
+
+if TYPE_CHECKING:
+    import torch
 
 #: The episodes a run trains when neither ``training.episodes`` nor ``training.minutes``
 #: is set anywhere.
@@ -62,6 +65,30 @@ class Schedule:
         """The learning rate now: ``base``, or with ``anneal`` a linear decay to 5% of
         it over the budget (late updates then stop undoing what was learnt)."""
         return base * max(LR_FLOOR, 1.0 - self._progress) if anneal else base
+
+
+@dataclass(frozen=True)
+class LearningRate:
+    """The one writer of an optimizer's learning rate: ``base`` on the run's
+    :class:`Schedule` (with ``anneal``, the linear decay of :meth:`Schedule.lr`), of which
+    optimizer step ``n`` (from 1) of the first ``warmup_steps`` takes ``n / warmup_steps``
+    (Adam's first step moves every weight by the whole rate, whatever its gradient)."""
+
+    schedule: Schedule
+    base: float
+    anneal: bool = False
+    warmup_steps: int = 0
+
+    def at(self, step: int) -> float:
+        """The rate of optimizer step ``step`` (from 1) now."""
+        share = min(1.0, step / self.warmup_steps) if self.warmup_steps else 1.0
+        return self.schedule.lr(self.base, self.anneal) * share
+
+    def set(self, optimizer: torch.optim.Optimizer, step: int) -> None:
+        """Give every parameter group of ``optimizer`` the rate of step ``step``."""
+        rate = self.at(step)
+        for group in optimizer.param_groups:
+            group["lr"] = rate
 
 
 def never_stop() -> bool:

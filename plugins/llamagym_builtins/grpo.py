@@ -26,8 +26,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 import torch
 from pydantic import Field, field_validator
 
-from llamagym import distributed
-from llamagym.algorithms.algorithm import Algorithm
+from llamagym.algorithms.algorithm import Algorithm, AlgorithmContext
 from llamagym.algorithms.algorithm_config import check_group_divides_batch
 from llamagym.algorithms.batching import seed_groups
 from llamagym.algorithms.credit import (
@@ -37,10 +36,8 @@ from llamagym.algorithms.credit import (
     turn_returns,
 )
 from llamagym.algorithms.kl_control import KLController
-from llamagym.config import RolloutSettings
-from llamagym.models.policy import Policy
 from llamagym.rollout.trajectory import Episode, Turn
-from llamagym.schedule import Control, Schedule
+from llamagym.schedule import LearningRate
 from llamagym_builtins.clipped_config import ClippedConfig
 from llamagym_builtins.sft import WarmStart
 
@@ -94,18 +91,15 @@ class GRPO(Algorithm):
     credit_rules = GRPOConfig.credit_rules
     config: CriticFreeConfig
 
-    def __init__(
-        self,
-        policy: Policy,
-        config: CriticFreeConfig,
-        rollout: RolloutSettings,
-        *,
-        schedule: Schedule | None = None,
-        group: distributed.Collectives | None = None,
-        control: Control | None = None,
-    ):
-        super().__init__(policy, config, rollout, schedule=schedule, group=group, control=control)
+    learning_rate: LearningRate
+
+    def __init__(self, context: AlgorithmContext):
+        super().__init__(context)
+        config = self.config
         self.optimizer = torch.optim.Adam(self.model_parameters(), lr=config.lr)
+        self.learning_rate = LearningRate(
+            context.schedule, config.lr, config.anneal_lr, config.warmup_steps
+        )
         self.kl = KLController.from_config(config)
         self.sft = WarmStart.create(self, config.warm_start)
 
@@ -149,7 +143,6 @@ class GRPO(Algorithm):
 
     def update(self, episodes: list[Episode]) -> dict[str, float]:
         config = self.config
-        lr = self.annealed_lr(config.lr, config.anneal_lr)
         # 1. Advantages per seed group. A group without signal gets none (no policy
         # gradient); its turns stay in the batch only if a regulariser (entropy bonus,
         # KL penalty) should still act on them: without that pull, states where the
@@ -187,5 +180,5 @@ class GRPO(Algorithm):
             },
         )
         # The rate of the update's last step (the warmup's share of the scheduled one).
-        metrics["lr"] = lr * self.warmup_share(self.optimizer_steps)
+        metrics["lr"] = self.learning_rate.at(self.optimizer_steps)
         return metrics

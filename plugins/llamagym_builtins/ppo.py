@@ -11,15 +11,13 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from llamagym import distributed
-from llamagym.algorithms.algorithm import Algorithm
+from llamagym.algorithms.algorithm import Algorithm, AlgorithmContext
 from llamagym.algorithms.credit import CREDIT_RULES, gae, turn_returns
 from llamagym.algorithms.kl_control import KLController
 from llamagym.algorithms.losses import LossTerm
-from llamagym.config import RolloutSettings
-from llamagym.models.policy import Evaluation, Policy
+from llamagym.models.policy import Evaluation
 from llamagym.rollout.trajectory import Episode
-from llamagym.schedule import Control, Schedule
+from llamagym.schedule import LearningRate
 from llamagym_builtins.clipped_config import ClippedConfig
 from llamagym_builtins.sft import WarmStart
 
@@ -37,24 +35,20 @@ class PPO(Algorithm):
     credit_rules = PPOConfig.credit_rules
     config: PPOConfig
 
-    def __init__(
-        self,
-        policy: Policy,
-        config: PPOConfig,
-        rollout: RolloutSettings,
-        *,
-        schedule: Schedule | None = None,
-        group: distributed.Collectives | None = None,
-        control: Control | None = None,
-    ):
-        super().__init__(policy, config, rollout, schedule=schedule, group=group, control=control)
+    learning_rate: LearningRate
+
+    def __init__(self, context: AlgorithmContext):
+        super().__init__(context)
+        config, policy = self.config, self.policy
         self.optimizer = torch.optim.Adam(policy.trainable_parameters(), lr=config.lr)
+        self.learning_rate = LearningRate(
+            context.schedule, config.lr, config.anneal_lr, config.warmup_steps
+        )
         self.kl = KLController.from_config(config)
         self.sft = WarmStart.create(self, config.warm_start)
 
     def update(self, episodes: list[Episode]) -> dict[str, float]:
         config = self.config
-        lr = self.annealed_lr(config.lr, config.anneal_lr)
         # 1. Advantages and value targets per turn, under the credit rule.
         turns, advantages, returns = [], [], []
         for episode in episodes:
@@ -88,6 +82,6 @@ class PPO(Algorithm):
         # 3. Optional supervised steps on the best episodes seen so far; the metrics.
         metrics = self.finish_update(episodes, result)
         # The rate of the update's last step (the warmup's share of the scheduled one).
-        lr *= self.warmup_share(self.optimizer_steps)
+        lr = self.learning_rate.at(self.optimizer_steps)
         metrics.update(value_mean=float(returns_t.mean()), lr=lr)
         return metrics

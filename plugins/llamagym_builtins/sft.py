@@ -330,7 +330,9 @@ class WarmStart:
         """One masked cross-entropy step on the actions of ``turns``; returns the loss.
         Score mode's policy is the one that acts now (the schedule's temperature)."""
         algorithm = self.algorithm
-        evaluation = algorithm.evaluate(turns, temperature=algorithm.schedule.temperature())
+        evaluation = algorithm.scoring.evaluate(
+            turns, temperature=algorithm.schedule.temperature()
+        )
         loss = -masked_mean(evaluation.logprobs, evaluation.mask)
         max_grad_norm = float(getattr(algorithm.config, "max_grad_norm", 1.0))
         if algorithm.step(self.optimizer, loss, max_grad_norm):

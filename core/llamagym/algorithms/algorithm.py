@@ -4,9 +4,12 @@ KL coefficient).
 
 An algorithm gets finished episodes and changes the policy's weights. It owns its
 optimizer; the rollout engine, hooks and loggers sit outside it. It is built with all
-it reads: ``Algorithm(policy, config, rollout, schedule=..., group=..., control=...)``
-(the run's :class:`~llamagym.schedule.Schedule`, the processes' collectives, the
-trainer's :class:`~llamagym.schedule.Control`). A run then takes it through visible
+it reads, one frozen :class:`AlgorithmContext` (the policy, the algorithm's validated
+config, the rollout settings, the run's :class:`~llamagym.schedule.Schedule`, the
+processes' collectives, the trainer's :class:`~llamagym.schedule.Control`):
+``PPO(context)``, the one constructor every algorithm has. The learning rate of its
+optimizer has one writer, the :class:`~llamagym.schedule.LearningRate` on the run's
+schedule, set before each step. A run then takes it through visible
 phases: on a fresh start :meth:`Algorithm.warm_start` (supervised steps on
 demonstrations, when configured) and :meth:`Algorithm.freeze_reference` (the KL
 reference keeps the weights RL starts from), then :meth:`Algorithm.update` once per
@@ -27,17 +30,16 @@ With one process all of this is exactly the single-process computation.
 The pieces have modules of their own, and their names are imported from there: the
 config and the fields the built-in configs share (``algorithm_config``), how an update
 groups and cuts its batch (``batching``), the loss terms (``losses``), the adaptive KL
-weight (``kl_control``) and how turns are scored under the policy (``turn_scoring``, a
-base class of :class:`Algorithm`).
+weight (``kl_control``) and how turns are scored under the policy (``turn_scoring``: the
+algorithm's ``scoring``, a part it holds).
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 import torch
@@ -61,14 +63,12 @@ from llamagym.algorithms.turn_scoring import TurnScoring
 from llamagym.config import RolloutSettings
 from llamagym.models.policy import Policy
 from llamagym.rollout.trajectory import Episode, Turn
-from llamagym.schedule import Control, Schedule
-
-if TYPE_CHECKING:
-    from typing import Self
+from llamagym.schedule import Control, LearningRate, Schedule
 
 __all__ = [
     "TARGET_KL_TOLERANCE",
     "Algorithm",
+    "AlgorithmContext",
     "Optimisation",
     "Stateful",
     "Supervised",
@@ -107,34 +107,56 @@ class Optimisation:
     interrupted: bool
 
 
-class Algorithm(TurnScoring):
+@dataclass(frozen=True)
+class AlgorithmContext:
+    """What an algorithm is built with: ``Algorithm(context)``, for every algorithm."""
+
+    policy: Policy
+    #: The run's ``algorithm`` section, validated by the algorithm's ``Config``.
+    config: AlgorithmConfig
+    rollout: RolloutSettings
+    #: The run's schedule (the learning rate anneals on it); moved by its owner, read
+    #: by the algorithm.
+    schedule: Schedule
+    #: The collectives the processes agree through (the ``sync_*`` methods and
+    #: :meth:`Algorithm.step`): :func:`~llamagym.distributed.process_group`, which for a
+    #: process started on its own is :class:`~llamagym.distributed.SingleProcess`.
+    group: distributed.Collectives
+    #: The stop request and epoch report of the one running the updates; by default an
+    #: update never stops early and reports nothing.
+    control: Control = field(default_factory=Control)
+
+
+class Algorithm:
     Config: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
     #: Credit rules this algorithm accepts (mirrors its Config's; documented in credit.py).
     credit_rules: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(
-        self,
-        policy: Policy,
-        config: AlgorithmConfig,
-        rollout: RolloutSettings,
-        *,
-        schedule: Schedule | None = None,
-        group: distributed.Collectives | None = None,
-        control: Control | None = None,
-    ):
-        self.policy = policy
-        self.config = config
-        self.rollout = rollout
-        #: The run's schedule (the learning rate anneals on it); moved by its owner, read
-        #: here. By default one of its own, at progress 0 for good.
-        self.schedule = schedule if schedule is not None else Schedule(rollout)
-        #: The collectives the processes agree through (the ``sync_*`` methods and
-        #: :meth:`step`); by default those of the group this process joined, which for
-        #: a process started on its own is :class:`~llamagym.distributed.SingleProcess`.
-        self.group = group if group is not None else distributed.process_group()
-        #: The stop request and epoch report of the one running the updates; by
-        #: default an update never stops early and reports nothing.
-        self.control = control if control is not None else Control()
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """An algorithm written for LlamaGym 0.3 (``__init__(self, policy, config,
+        rollout, ...)``) is refused where it is defined, with the fix."""
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        code = getattr(init, "__code__", None)
+        if code is not None and code.co_argcount != 2:
+            taken = ", ".join(code.co_varnames[1 : code.co_argcount])
+            raise TypeError(
+                f"{cls.__module__}.{cls.__qualname__}.__init__ takes ({taken}): since "
+                "LlamaGym 0.4 an algorithm is built with one AlgorithmContext; write "
+                "`def __init__(self, context: AlgorithmContext)` and call "
+                "`super().__init__(context)` (context.policy, context.config, "
+                "context.rollout, ...; llamagym.algorithms.algorithm)"
+            )
+
+    def __init__(self, context: AlgorithmContext):
+        self.context = context
+        self.policy, self.config, self.rollout = context.policy, context.config, context.rollout
+        self.schedule, self.group, self.control = context.schedule, context.group, context.control
+        #: How turns are scored under the policy (now, as sampled, under the reference).
+        self.scoring = TurnScoring(context.policy)
+        #: The one writer of ``self.optimizer``'s rate, set before each of its steps
+        #: (on the run's schedule: annealed, warmed up); None: the rate it was made with.
+        self.learning_rate: LearningRate | None = None
         self.skipped_updates = 0
         self.updates = 0
         self.target_kl_stops = 0
@@ -148,35 +170,6 @@ class Algorithm(TurnScoring):
         #: Supervised steps (demonstrations before RL, the best episodes between
         #: updates), in an algorithm configured for them.
         self.sft: Supervised | None = None
-
-    @classmethod
-    def create(
-        cls,
-        policy: Policy,
-        config: AlgorithmConfig,
-        rollout: RolloutSettings,
-        *,
-        schedule: Schedule | None = None,
-        group: distributed.Collectives | None = None,
-        control: Control | None = None,
-    ) -> Self:
-        """Build this algorithm for a run. A constructor that takes only ``(policy,
-        config, rollout)`` is called with those, and the algorithm is then given the
-        run's ``schedule``, ``group`` and ``control`` (what the keywords would set)."""
-        parameters = inspect.signature(cls.__init__).parameters.values()
-        takes = {p.name for p in parameters if p.kind is not p.VAR_KEYWORD}
-        if {"schedule", "group", "control"} <= takes or any(
-            p.kind is p.VAR_KEYWORD for p in parameters
-        ):
-            return cls(policy, config, rollout, schedule=schedule, group=group, control=control)
-        algorithm = cls(policy, config, rollout)
-        if schedule is not None:
-            algorithm.schedule = schedule
-        if group is not None:
-            algorithm.group = group
-        if control is not None:
-            algorithm.control = control
-        return algorithm
 
     # -- phases of a run -----------------------------------------------------------
     def warm_start(self) -> dict[str, float]:
@@ -244,11 +237,6 @@ class Algorithm(TurnScoring):
                 part.load_state_dict(state[name])
 
     @property
-    def progress(self) -> float:
-        """The share of the run's budget used so far (the schedule's; read-only here)."""
-        return self.schedule.progress
-
-    @property
     def episodes_per_update(self) -> int:
         return int(getattr(self.config, "episodes_per_update", 32))
 
@@ -258,15 +246,6 @@ class Algorithm(TurnScoring):
         return 1
 
     # -- pieces shared by the algorithms ------------------------------------------
-    def annealed_lr(self, lr: float, anneal: bool) -> float:
-        """Set the optimizer's learning rate to the schedule's for ``lr`` (with
-        ``anneal``, a linear decay to 5% of it over the run) and return it."""
-        rate = self.schedule.lr(lr, anneal)
-        if self.optimizer is not None:
-            for group in self.optimizer.param_groups:
-                group["lr"] = rate
-        return rate
-
     def stop_requested(self) -> bool:
         """True when the update should end now, before its next minibatch. Checked
         between optimizer steps only, so the weights are always those after a whole
@@ -323,8 +302,8 @@ class Algorithm(TurnScoring):
     ) -> bool:
         """Step on the gradients the parameters hold (``finite``: every loss behind them
         was); see :meth:`step`, which takes the backward pass first. A step of
-        ``self.optimizer`` takes the warmup's share of its learning rate
-        (:meth:`warmup_share`) and is counted."""
+        ``self.optimizer`` is taken at the rate :attr:`learning_rate` gives it, and is
+        counted."""
         parameters = self.policy.trainable_parameters()
         if not self.group.average_gradients(parameters, finite):
             optimizer.zero_grad(set_to_none=True)
@@ -338,21 +317,11 @@ class Algorithm(TurnScoring):
         if optimizer is not self.optimizer:  # another optimizer's step (the warm start's)
             optimizer.step()
             return True
-        rates = [group["lr"] for group in optimizer.param_groups]
-        share = self.warmup_share(self.optimizer_steps + 1)
-        for group in optimizer.param_groups:
-            group["lr"] *= share
+        if self.learning_rate is not None:
+            self.learning_rate.set(optimizer, self.optimizer_steps + 1)
         optimizer.step()
-        for group, rate in zip(optimizer.param_groups, rates, strict=True):
-            group["lr"] = rate
         self.optimizer_steps += 1
         return True
-
-    def warmup_share(self, step: int) -> float:
-        """The share of the scheduled learning rate that step number ``step`` (from 1)
-        of ``self.optimizer`` takes: ``step / warmup_steps`` during the warmup, else 1."""
-        warmup = int(getattr(self.config, "warmup_steps", 0) or 0)
-        return min(1.0, step / warmup) if warmup else 1.0
 
     # -- the clipped-policy-gradient update ------------------------------------------
     def optimise(
@@ -378,7 +347,7 @@ class Algorithm(TurnScoring):
         ``max_grad_norm``, and may give ``microbatch_size`` (turns per forward and
         backward pass within a step; see :meth:`_accumulate`). An update without turns
         runs no epoch. Where the model trains only its top layers (``model.lora_layers``),
-        the layers below run at most once per turn (:meth:`keep_trunk`), not in every pass.
+        the layers below run at most once per turn (``scoring.keep_trunk``), not in every pass.
         """
         if settings is None:
             settings = cast(ClippedSettings, self.config)
@@ -386,13 +355,13 @@ class Algorithm(TurnScoring):
             raise RuntimeError(f"{type(self).__name__} has no optimizer to take steps with")
         optimizer = self.optimizer
         # No gradients, so no activations kept: a whole minibatch per pass.
-        self.keep_trunk(turns, settings.minibatch_size)
+        self.scoring.keep_trunk(turns, settings.minibatch_size)
         kl_coef = self.kl.coef if self.kl is not None else 0.0
         # The reference never moves during the update: score it once.
         reference = None
         if kl_coef > 0 and turns:
             chunk = getattr(settings, "microbatch_size", None) or settings.minibatch_size
-            reference = self.reference_logprob_lists(turns, chunk)
+            reference = self.scoring.reference_logprob_lists(turns, chunk)
         sums = zero_metrics(extra_losses)
         steps, epochs_run, stopped, interrupted = 0, 0, False, False
         groups = history_groups(turns)
@@ -454,10 +423,11 @@ class Algorithm(TurnScoring):
         for number, piece in enumerate(pieces):
             share = len(piece) / len(index)
             batch = [turns[i] for i in piece]
-            new = self.evaluate(batch)
+            new = self.scoring.evaluate(batch)
             width = new.logprobs.shape[1]
             surrogate = clipped_surrogate(
-                new, self.old_logprobs(batch, width), advantages[piece], settings.clip_range
+                new, self.scoring.old_logprobs(batch, width), advantages[piece],
+                settings.clip_range,
             )
             values["approx_kl"] += share * surrogate.approx_kl
             values["clip_fraction"] += share * surrogate.clip_fraction
@@ -475,7 +445,7 @@ class Algorithm(TurnScoring):
             loss = loss - settings.entropy_coef * entropy
             values["entropy"] += share * entropy.item()
             if reference is not None:
-                reference_t = self.padded([reference[i] for i in piece], width)
+                reference_t = self.scoring.padded([reference[i] for i in piece], width)
                 kl_ref = reference_kl(new.logprobs, reference_t, new.mask)
                 loss = loss + kl_coef * kl_ref
                 values["kl_ref"] += share * kl_ref.item()

@@ -3,8 +3,8 @@
 and under the KL reference (:meth:`TurnScoring.reference_logprobs`); and the frozen
 trunk filled once per update (:meth:`TurnScoring.keep_trunk`).
 
-:class:`~llamagym.algorithms.algorithm.Algorithm` has these methods from
-:class:`TurnScoring`; they use only its ``policy`` and its ``freeze_reference``.
+An :class:`~llamagym.algorithms.algorithm.Algorithm` holds one, as ``scoring``
+(``self.scoring.evaluate(turns)``); it uses only the policy.
 """
 
 from __future__ import annotations
@@ -20,14 +20,10 @@ from llamagym.rollout.trajectory import Turn
 
 
 class TurnScoring:
-    """The scoring methods of :class:`~llamagym.algorithms.algorithm.Algorithm`."""
+    """How an algorithm scores its turns under ``policy``."""
 
-    policy: Policy
-
-    def freeze_reference(self) -> None:
-        """Fix the KL reference (:meth:`Algorithm.freeze_reference
-        <llamagym.algorithms.algorithm.Algorithm.freeze_reference>` says when)."""
-        raise NotImplementedError
+    def __init__(self, policy: Policy):
+        self.policy = policy
 
     def sampling_temperature(self, turns: Sequence[Turn]) -> float | torch.Tensor:
         """The temperature ``turns`` were sampled at: one number when they share it (as
@@ -77,9 +73,10 @@ class TurnScoring:
     def reference_logprobs(self, turns: Sequence[Turn]) -> torch.Tensor:
         """Log-probabilities of the chosen actions under the reference policy (the
         adapter switched off, or the frozen copy of a fully fine-tuned model). A loop
-        that never called :meth:`freeze_reference` has it frozen here, at the weights
-        its first update starts from."""
-        self.freeze_reference()
+        that never froze it (:meth:`Algorithm.freeze_reference
+        <llamagym.algorithms.algorithm.Algorithm.freeze_reference>`) has it frozen here,
+        at the weights its first update starts from."""
+        self.policy.freeze_reference()
         prompts = [turn.prompt_tokens for turn in turns]
         if turns[0].candidates:
             return self.policy.evaluate_choices(
