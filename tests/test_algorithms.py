@@ -564,8 +564,8 @@ def test_an_algorithm_written_for_0_3_is_refused_where_it_is_defined_with_the_fi
     assert "OldConstructor.__init__ takes (policy, config, rollout)" in message
     assert "def __init__(self, context: AlgorithmContext)" in message
 
-    class NewConstructor(GRPO):  # one argument: the context
-        def __init__(self, context):
+    class NewConstructor(GRPO):  # one argument without a default: the context
+        def __init__(self, context, note=""):
             super().__init__(context)
 
     agent = agent_for("grpo")

@@ -138,7 +138,9 @@ class Algorithm:
         super().__init_subclass__(**kwargs)
         init = cls.__dict__.get("__init__")
         code = getattr(init, "__code__", None)
-        if code is not None and code.co_argcount != 2:
+        defaults = getattr(init, "__defaults__", None) or ()
+        # Positional parameters after self without a default: the context is the one.
+        if code is not None and code.co_argcount - 1 - len(defaults) > 1:
             taken = ", ".join(code.co_varnames[1 : code.co_argcount])
             raise TypeError(
                 f"{cls.__module__}.{cls.__qualname__}.__init__ takes ({taken}): since "
