@@ -1,0 +1,30 @@
+"""Entry point of the plugin (see pyproject.toml): the one statement of the agent's
+name, description and environment. It names the agent class by a "module:Class" string,
+so `llamagym list` does not import the agent module (or torch)."""
+
+from collections.abc import Callable
+
+from llamagym import hookimpl
+from llamagym.specs import AgentSpec
+
+AGENT = AgentSpec(
+    name="lake03",
+    entry_point="llamagym_lake03.agent:Lake03Agent",
+    # The line `llamagym list` shows for the agent.
+    description="FrozenLake-v1: cross the ice to the goal without falling in a hole",
+    env_id="FrozenLake-v1",
+)
+
+
+@hookimpl
+def llamagym_register_agents(register: Callable[..., None]) -> None:
+    register(AGENT)
+
+
+# An environment of your own? `llamagym new-plugin NAME --env-class` writes a package
+# with one (a small game in env.py, to replace with yours), registered with a hook like
+# the one below. Or register yours with Gymnasium here, then set env_id above to its id:
+#
+# @hookimpl
+# def llamagym_register_envs(register: Callable[..., None]) -> None:
+#     register(id="MyGame-v0", entry_point="llamagym_lake03.env:MyGameEnv", max_episode_steps=200)
