@@ -1,9 +1,10 @@
 """The rollout engine: N environments in lockstep, one batched forward pass per step.
 
 Each step renders every active env's prompt through the hooks and the tokenizer's chat
-template (:mod:`llamagym.rollout.prompts`), asks the policy once for all of them (score
-or generate mode), turns replies into legal actions (extraction chain, then the
-invalid-action policy), and steps the envs (:mod:`llamagym.rollout.env_checks`). The
+template (the engine's :class:`~llamagym.rollout.prompts.PromptRendering`), asks the
+policy once for all of them (score or generate mode), turns replies into legal actions
+(extraction chain, then the invalid-action policy), and steps the envs (the engine's
+:class:`~llamagym.rollout.slots.Episodes`, through :mod:`llamagym.rollout.env_checks`). The
 LlamaGym-style ``Agent.act`` drives the same :meth:`RolloutEngine.decide` with one env,
 so there is one code path.
 """
@@ -14,7 +15,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,18 +25,13 @@ from llamagym import moved_name as _moved_name
 from llamagym.config import RolloutSettings
 from llamagym.models.policy import Policy
 from llamagym.rollout import carried
-from llamagym.rollout.env_checks import (
-    checked_legal_actions,
-    checked_reset,
-    checked_step,
-    max_turns,
-)
+from llamagym.rollout.env_checks import checked_legal_actions
 from llamagym.rollout.env_failures import EnvFailures
 from llamagym.rollout.invalid_replies import apply_fallback, ask_again, take_retries, unnamed_action
-from llamagym.rollout.prompts import PromptRendering
+from llamagym.rollout.prompts import PromptRendering, env_name
 from llamagym.rollout.rollout_policy import RolloutPolicy
-from llamagym.rollout.slots import Lockstep, Slot
-from llamagym.rollout.trajectory import Episode, Turn, info_summary
+from llamagym.rollout.slots import Episodes, Lockstep, RolloutStats, Slot
+from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.schedule import Schedule
 
 if TYPE_CHECKING:
@@ -44,27 +40,18 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class RolloutStats:
-    env_steps: int = 0
-    #: decisions made, and the batched passes they were made in (their ratio is the
-    #: rows a forward holds on average)
-    decisions: int = 0
-    batched_decisions: int = 0
-    env_failures: int = 0
-    seconds_model: float = 0.0
-    seconds_total: float = 0.0
-
-
-class RolloutEngine(PromptRendering):
+class RolloutEngine:
     """Plays episodes with ``policy`` under ``settings``.
 
     ``schedule`` gives the sampling temperature (the run's schedule, moved by its owner;
     by default one of its own that stays at progress 0). ``max_failures_in_a_row``
     environment errors in a row end a collection with :class:`EnvFailureError`. With
     ``observe`` off, finished episodes are not passed to the ``llamagym_episode_end``
-    hook (an evaluation's episodes are not training data for the observers). The
-    prompts each step shows the model are :class:`PromptRendering`'s.
+    hook (an evaluation's episodes are not training data for the observers).
+
+    The engine decides each step's turns; it holds two parts built here: :attr:`prompts`
+    (:class:`PromptRendering`: what each step shows the model) and :attr:`episodes`
+    (:class:`Episodes`: each env's episode started, stepped and finished).
     """
 
     def __init__(
@@ -78,19 +65,25 @@ class RolloutEngine(PromptRendering):
         max_failures_in_a_row: int = 10,
         observe: bool = True,
     ):
-        super().__init__()  # the prompt caches
         self.agent = agent
         self.policy = policy
         self.settings = settings
         self.plugins = agent.plugins
         self.schedule = schedule if schedule is not None else Schedule(settings)
-        self.observe = observe
         self.rng = np.random.default_rng(seed)
         self.generator = torch.Generator().manual_seed(seed)
         self.stats = RolloutStats()
         self._greedy_memo: dict[tuple, Turn] | None = None
         self.failures = EnvFailures(
-            lambda: self.agent.make_env(), self._env_name, max_failures_in_a_row, self.stats
+            lambda: self.agent.make_env(), lambda: env_name(self.agent), max_failures_in_a_row,
+            self.stats,
+        )
+        self.prompts = PromptRendering(agent, policy, settings)
+        self.episodes = Episodes(
+            agent, settings, policy, self.stats, self.failures,
+            system_prompt=self.prompts.episode_system_prompt,
+            draw_seed=lambda: int(self.rng.integers(0, 2**31 - 1)),
+            observe=observe,
         )
         self._envs: list[Any] | None = None
         #: the open lockstep a carrying collection left (see :meth:`play`)
@@ -124,7 +117,7 @@ class RolloutEngine(PromptRendering):
             )
             for position, slot in enumerate(lockstep.slots):
                 if slot is None:
-                    self._start_episode(lockstep, position)
+                    self.episodes.start(lockstep, position)
             self._carried = lockstep
 
     # -- the schedule ----------------------------------------------------------------
@@ -133,18 +126,41 @@ class RolloutEngine(PromptRendering):
         """The sampling temperature now (the schedule's)."""
         return self.schedule.temperature()
 
-    # -- slots -----------------------------------------------------------------------
+    # -- slots and prompts, from the parts ----------------------------------------------
     def new_slot(self, observation: Any, info: dict, seed: int | None, group: int | None) -> Slot:
-        system_prompt = self.episode_system_prompt(observation, info)
-        episode = Episode(seed=seed, group=group, system_prompt=system_prompt)
-        return Slot(observation=observation, info=info, episode=episode)
+        """A slot for an episode that starts at ``observation`` (:meth:`Episodes.new_slot`)."""
+        return self.episodes.new_slot(observation, info, seed, group)
 
     def end_slot(self, slot: Slot) -> None:
-        """The slot's episode is over (ended, dropped, or abandoned): the policy forgets
-        the key/value cache it kept for it."""
-        drop = getattr(self.policy, "drop_turn_cache", None)
-        if drop is not None:
-            drop(slot.key)
+        """The slot's episode is over: :meth:`Episodes.end_slot`."""
+        self.episodes.end_slot(slot)
+
+    def render_prompts(
+        self, slots: Sequence[Slot], prefixes: Sequence[str] | None = None
+    ) -> tuple[list[str], list[list[int]], list[list[dict[str, str]]]]:
+        """Each slot's user text, prompt ids and conversation, as each step shows them
+        (:meth:`PromptRendering.render_prompts`)."""
+        return self.prompts.render_prompts(slots, prefixes)
+
+    def prompt_tokens(self, conversations: list[list[dict[str, str]]]) -> list[list[int]]:
+        """Token ids of each conversation (:meth:`PromptRendering.prompt_tokens`)."""
+        return self.prompts.prompt_tokens(conversations)
+
+    def candidate_tokens(self, name: str) -> list[int]:
+        """A candidate action name's tokens (:meth:`PromptRendering.candidate_tokens`)."""
+        return self.prompts.candidate_tokens(name)
+
+    def generation_prompts(self, slots: Sequence[Slot]) -> tuple[list[list[int]], list[str]]:
+        """Each slot's generate-mode context, its prompt followed by its reply prefix's
+        tokens, and the reply prefix (which the model's reply continues)."""
+        prefixes = self.prompts.reply_prefixes(slots)
+        prompts = [
+            prompt + self.prompts.reply_prefix_tokens(prefix)
+            for prompt, prefix in zip(
+                self.render_prompts(slots, prefixes)[1], prefixes, strict=True
+            )
+        ]
+        return prompts, prefixes
 
     # -- one decision for every active env --------------------------------------------
     @torch.no_grad()
@@ -156,11 +172,11 @@ class RolloutEngine(PromptRendering):
     ) -> list[Turn]:
         """A turn for each slot. A generation ends between tokens once ``should_stop()``
         says so; its cut replies are for a collection that ends there."""
-        prefixes = self.reply_prefixes(slots) if self.settings.mode == "generate" else []
+        prefixes = self.prompts.reply_prefixes(slots) if self.settings.mode == "generate" else []
         user_texts, prompts, conversations = self.render_prompts(slots, prefixes)
         legal = checked_legal_actions(
             self.agent,
-            self._env_name(),
+            env_name(self.agent),
             [self.agent.legal_actions(s.observation, s.info) for s in slots],
             self.settings.mode,
             self.settings.max_action_chars,
@@ -231,7 +247,7 @@ class RolloutEngine(PromptRendering):
     def _decide_by_score(
         self, prompts: list[list[int]], legal: list[list[str]], greedy: bool, keys: list[int]
     ) -> list[Turn]:
-        candidates = [[self.candidate_tokens(name) for name in names] for names in legal]
+        candidates = [[self.prompts.candidate_tokens(name) for name in names] for names in legal]
         scores, values = self.policy.score(prompts, candidates, keys=keys)
         temperature = self.temperature
         log_policy = Policy.action_log_probs(scores, temperature).cpu()
@@ -267,7 +283,7 @@ class RolloutEngine(PromptRendering):
         settings = self.settings
         # The reply prefix is context: the model continues it, the parsers read both.
         prompts = [
-            prompt + self.reply_prefix_tokens(prefix)
+            prompt + self.prompts.reply_prefix_tokens(prefix)
             for prompt, prefix in zip(prompts, prefixes, strict=True)
         ]
         temperature = self.temperature
@@ -329,7 +345,7 @@ class RolloutEngine(PromptRendering):
             prompts = self.prompt_tokens([conversations[row] for row in pending])
             pending_prefixes = [prefixes[row] for row in pending]
             if any(
-                len(prompt) > self.policy.max_context - self.reply_room(prefix)
+                len(prompt) > self.policy.max_context - self.prompts.reply_room(prefix)
                 for prompt, prefix in zip(prompts, pending_prefixes, strict=True)
             ):
                 return  # no room left to ask again: the fallback applies
@@ -365,7 +381,7 @@ class RolloutEngine(PromptRendering):
             raise ValueError("a carrying collection draws its own seeds, one per episode")
         options.pop("group_size", None)
         if self._carried is None:
-            self._carried = self._open(self.envs, None, None, 1)
+            self._carried = self.episodes.open(self.envs, None, None, 1)
         return self._run(self._carried, num_episodes, **options)
 
     def drop_carried(self) -> None:
@@ -373,7 +389,7 @@ class RolloutEngine(PromptRendering):
         their turns is trained on."""
         carried, self._carried = self._carried, None
         if carried is not None:
-            self._abandon(carried)
+            self.episodes.abandon(carried)
 
     def close(self) -> None:
         """Close the engine's envs; a later :meth:`play` makes new ones."""
@@ -413,23 +429,8 @@ class RolloutEngine(PromptRendering):
         if seeds is None:
             group_seeds = self.rng.integers(0, 2**31 - 1, size=-(-num_episodes // group_size))
             seeds = [int(group_seeds[k // group_size]) for k in range(num_episodes)]
-        lockstep = self._open(envs, seeds, num_episodes, group_size)
+        lockstep = self.episodes.open(envs, seeds, num_episodes, group_size)
         return self._run(lockstep, None, greedy, on_episode, should_stop, policy_version)
-
-    def _open(
-        self, envs: list[Any], seeds: Sequence[int] | None, num_episodes: int | None,
-        group_size: int,
-    ) -> Lockstep:
-        """A lockstep over ``envs`` (open when ``num_episodes`` is None), an episode
-        started in every env."""
-        lockstep = Lockstep(
-            envs, seeds, num_episodes, group_size, None,
-            slots=[None] * len(envs),
-            turn_caps=[max_turns(env, self.settings.max_episode_turns) for env in envs],
-        )
-        for position in range(len(envs)):
-            self._start_episode(lockstep, position)
-        return lockstep
 
     def _run(
         self,
@@ -452,12 +453,12 @@ class RolloutEngine(PromptRendering):
         try:
             cut = self._advance(lockstep, greedy, should_stop, until)
         except BaseException:
-            self._abandon(lockstep)
+            self.episodes.abandon(lockstep)
             raise
         finally:
             self.stats.seconds_total += time.perf_counter() - started_at
         if not carried or cut:  # a cut carries nothing
-            self._abandon(lockstep)
+            self.episodes.abandon(lockstep)
             return lockstep.finished
         batch, lockstep.finished = lockstep.finished[:until], lockstep.finished[until:]
         self._carried = lockstep
@@ -480,115 +481,10 @@ class RolloutEngine(PromptRendering):
                 return True  # the replies may be cut short: no env steps them
             for (position, slot), turn in zip(active, turns, strict=True):
                 turn.policy_version = lockstep.policy_version
-                self._play_turn(lockstep, position, slot, turn)
+                self.episodes.play_turn(lockstep, position, slot, turn)
             if should_stop is not None and should_stop():
                 return True
         return False
-
-    def _start_episode(self, lockstep: Lockstep, position: int) -> None:
-        """Reset env ``position`` for the next episode due, or leave it idle if none is."""
-        while lockstep.has_more():
-            k = lockstep.next_episode
-            lockstep.next_episode += 1
-            seeds = lockstep.seeds
-            seed = int(self.rng.integers(0, 2**31 - 1)) if seeds is None else seeds[k]
-            try:
-                observation, info = checked_reset(lockstep.envs[position], seed)
-            except Exception as error:  # an env that raises must not end the run
-                self._replace_env(lockstep, position, error)
-                continue
-            lockstep.slots[position] = self.new_slot(
-                observation, info, seed, k // lockstep.group_size
-            )
-            return
-        lockstep.slots[position] = None
-
-    def _play_turn(self, lockstep: Lockstep, position: int, slot: Slot, turn: Turn) -> None:
-        """Carry out one env's turn: step the env with its action, or end the episode."""
-        episode = slot.episode
-        if turn.ends_episode:
-            # The end-episode policy: the env is not stepped; the penalty is the turn's
-            # only reward and the env is reset for the next episode.
-            episode.turns += turn.training_turns(self.settings.invalid_action.train_on_reprompts)
-            episode.length += 1
-            ended = {"terminated": False, "ended_by_invalid_reply": True}
-            self._finish_episode(lockstep, position, slot, ended)
-            return
-        # The chosen action's name, and what the env is stepped with: the agent's, or
-        # for an agent that names no actions, extract_action's value as it is.
-        index = turn.action_index
-        action_name, env_action = (str(turn.env_action), turn.env_action) if index is None else (
-            turn.legal_actions[index], self.agent.env_action(index, turn.legal_actions))
-        try:
-            observation, reward, terminated, truncated, info = checked_step(
-                lockstep.envs[position], env_action
-            )
-        except Exception as error:
-            # Whatever went wrong (it raised, the old 4-tuple API, a reward that is not
-            # a finite number), the partial episode is dropped, never trained on nor
-            # averaged into a return.
-            self.end_slot(slot)
-            self._replace_env(lockstep, position, error)
-            self._start_episode(lockstep, position)
-            return
-        self._record_step(slot, turn, action_name, observation, reward, info)
-        slot.steps.append((index, env_action if index is None else action_name))
-        slot.rewards.append(reward)
-        turn_cap = lockstep.turn_caps[position]
-        if terminated or truncated:
-            summary = {**info_summary(info), "terminated": terminated}
-            self._finish_episode(lockstep, position, slot, summary)
-        elif episode.length >= turn_cap:
-            # An env that never ends (or sets no limit) is cut here: truncated.
-            summary = {**info_summary(info), "terminated": False, "turn_cap": turn_cap}
-            self._finish_episode(lockstep, position, slot, summary)
-
-    def _record_step(
-        self, slot: Slot, turn: Turn, action_name: str, observation: Any, reward: float,
-        info: dict,
-    ) -> None:
-        """Add a stepped turn to the slot: its episode's rewards and turns, the history."""
-        self.failures.succeeded()
-        self.stats.env_steps += 1
-        shaped = reward
-        if self.settings.reward_shaping:
-            shaped += self.plugins.shape_reward(
-                self.agent, slot.observation, action_name, reward, info
-            )
-        turn.reward += shaped
-        episode = slot.episode
-        episode.turns += turn.training_turns(self.settings.invalid_action.train_on_reprompts)
-        episode.env_return += reward
-        episode.length += 1
-        slot.history += turn.context_messages()
-        slot.observation, slot.info = observation, info
-
-    def _finish_episode(
-        self, lockstep: Lockstep, position: int, slot: Slot, summary: dict
-    ) -> None:
-        """Hand out a finished episode (hooks, ``on_episode``), then start the env's next."""
-        self.end_slot(slot)
-        episode = slot.episode
-        episode.info = summary
-        lockstep.finished.append(episode)
-        if self.observe:
-            self.plugins.episode_end(self.agent, episode)
-        if lockstep.on_episode is not None and lockstep.returns_latest():
-            lockstep.on_episode(episode)
-        self._start_episode(lockstep, position)
-
-    def _replace_env(self, lockstep: Lockstep, position: int, error: Exception) -> None:
-        """Count env ``position``'s failure and replace the env (:class:`EnvFailures`)."""
-        self.failures.replace(lockstep.envs, position, error)
-        lockstep.turn_caps[position] = max_turns(
-            lockstep.envs[position], self.settings.max_episode_turns
-        )
-
-    def _abandon(self, lockstep: Lockstep) -> None:
-        """End the episodes still in progress (a stop, an error): their caches go."""
-        for abandoned in lockstep.slots:
-            if abandoned is not None:
-                self.end_slot(abandoned)
 
 
 if not TYPE_CHECKING:  # to a type checker a moved name is missing, as it is

@@ -2,7 +2,7 @@
 keeps, the current observation) rendered through the tokenizer's chat template into
 prompt token ids that fit the context, the reply prefix a generated reply continues,
 and the tokens of each candidate action's name. :class:`PromptRendering` is the
-rollout engine's side that does this, with its caches."""
+rollout engine's part that does this, with its caches."""
 
 from __future__ import annotations
 
@@ -59,19 +59,28 @@ def fill_reply_prefix(template: str, agent: Task, observation: Any) -> str:
         ) from None
 
 
+def env_name(agent: Task) -> str:
+    """The env as messages name it: agent and env id."""
+    env_id = getattr(agent, "env_id", None)
+    name = agent.name or type(agent).__name__
+    return f"env {env_id!r} of agent {name!r}" if env_id else f"the env of agent {name!r}"
+
+
 class PromptRendering:
     """Prompts for ``agent``'s slots under ``settings``, tokenized for ``policy``.
 
-    Rendering is deterministic, so what it computes is cached: prompt ids (bounded by
-    :data:`PROMPT_CACHE_TOKENS`), reply prefixes' tokens and candidates' tokens.
+    It holds the agent (and its plugins, whose hooks format observations and give the
+    system prompt), the rollout settings and the policy (its tokenizer, end-of-turn
+    token and context). Rendering is deterministic, so what it computes is cached:
+    prompt ids (bounded by :data:`PROMPT_CACHE_TOKENS`), reply prefixes' tokens and
+    candidates' tokens.
     """
 
-    agent: Task
-    plugins: Plugins
-    policy: RolloutPolicy
-    settings: RolloutSettings
-
-    def __init__(self) -> None:
+    def __init__(self, agent: Task, policy: RolloutPolicy, settings: RolloutSettings) -> None:
+        self.agent = agent
+        self.plugins: Plugins = agent.plugins
+        self.policy = policy
+        self.settings = settings
         self._candidate_cache: dict[str, list[int]] = {}
         self._reply_prefix_tokens: dict[str, list[int]] = {}
         self._prompt_cache: dict[tuple, list[int]] = {}
@@ -150,7 +159,7 @@ class PromptRendering:
             [prompt] = self.prompt_tokens([self._messages(slot, text, [])])
         if len(prompt) > limit:
             raise LlamaGymError(
-                f"{self._env_name()}: the system prompt (with the episode's context) takes "
+                f"{env_name(self.agent)}: the system prompt (with the episode's context) takes "
                 f"{len(prompt):,} tokens, more than the {limit:,} the model's context of "
                 f"{self.policy.max_context:,} tokens leaves a prompt; shorten the agent's "
                 "system prompt or episode context, or use a model with a longer context"
@@ -167,7 +176,7 @@ class PromptRendering:
             "a prompt of %s is longer than the model's context of %s tokens holds (less "
             "the reply's room): %s (lower rollout.history_turns or rollout.max_prompt_chars"
             " to show less)",
-            self._env_name(),
+            env_name(self.agent),
             f"{self.policy.max_context:,}",
             done,
         )
@@ -186,7 +195,7 @@ class PromptRendering:
                 "%s gave an observation of %s characters, more than rollout.max_prompt_chars"
                 " = %s; such observations are cut to their first %s characters (raise "
                 "rollout.max_prompt_chars if the model's context holds more)",
-                self._env_name(),
+                env_name(self.agent),
                 f"{len(text):,}",
                 f"{cap:,}",
                 f"{cap:,}",
@@ -202,12 +211,6 @@ class PromptRendering:
         if context:
             system_prompt = f"{system_prompt}\n\n{context}" if system_prompt else context
         return system_prompt
-
-    def _env_name(self) -> str:
-        """The env as messages name it: agent and env id."""
-        env_id = getattr(self.agent, "env_id", None)
-        name = self.agent.name or type(self.agent).__name__
-        return f"env {env_id!r} of agent {name!r}" if env_id else f"the env of agent {name!r}"
 
     def prompt_tokens(self, conversations: list[list[dict[str, str]]]) -> list[list[int]]:
         """Token ids of each conversation through the chat template, with a generation
@@ -238,18 +241,6 @@ class PromptRendering:
         if "$" not in template:
             return [template] * len(slots)
         return [fill_reply_prefix(template, self.agent, slot.observation) for slot in slots]
-
-    def generation_prompts(self, slots: Sequence[Slot]) -> tuple[list[list[int]], list[str]]:
-        """Each slot's generate-mode context, its prompt followed by its reply prefix's
-        tokens, and the reply prefix (which the model's reply continues)."""
-        prefixes = self.reply_prefixes(slots)
-        prompts = [
-            prompt + self.reply_prefix_tokens(prefix)
-            for prompt, prefix in zip(
-                self.render_prompts(slots, prefixes)[1], prefixes, strict=True
-            )
-        ]
-        return prompts, prefixes
 
     def reply_prefix_tokens(self, prefix: str) -> list[int]:
         """The tokens of one reply prefix, which follow its generate-mode prompt."""
