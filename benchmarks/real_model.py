@@ -311,7 +311,7 @@ def cost(spec: dict[str, Any]) -> dict[str, Any]:
 def generation(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    import llamagym.models.policy as policy_module
+    import llamagym.models.generation as policy_module  # generate mode's pass
 
     agent = _agent(spec["model"], "generate", {"rollout": {"num_envs": 16}})
     policy, engine, settings = agent.policy, agent.engine, agent.config.rollout
