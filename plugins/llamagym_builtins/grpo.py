@@ -36,6 +36,7 @@ from llamagym.algorithms.credit import (
     turn_returns,
 )
 from llamagym.algorithms.kl_control import KLController
+from llamagym.algorithms.losses import entropy_bonus, reference_penalty
 from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.schedule import LearningRate
 from llamagym_builtins.clipped_config import ClippedConfig
@@ -92,6 +93,7 @@ class GRPO(Algorithm):
     config: CriticFreeConfig
 
     learning_rate: LearningRate
+    kl: KLController
 
     def __init__(self, context: AlgorithmContext):
         super().__init__(context)
@@ -148,7 +150,7 @@ class GRPO(Algorithm):
         # KL penalty) should still act on them: without that pull, states where the
         # policy is already deterministic never produce a varied group again, and the
         # policy collapses there (seen on Blackjack: always-stick after ~20 updates).
-        keep_masked = config.entropy_coef > 0 or (self.kl is not None and self.kl.coef > 0)
+        keep_masked = config.entropy_coef > 0 or self.kl.coef > 0
         turns: list[Turn] = []
         advantages: list[float] = []
         groups = self.groups(episodes)
@@ -167,8 +169,13 @@ class GRPO(Algorithm):
                 advantages += episode_advantages
         advantages_t = torch.tensor(advantages, device=self.policy.device)
 
-        # 2. Clipped-surrogate epochs; 3. optional supervised steps; the metrics.
-        result = self.optimise(turns, advantages_t)
+        # 2. Clipped-surrogate epochs. The loss: the surrogate, the entropy bonus and the
+        #    KL to the reference. 3. Optional supervised steps; the metrics.
+        terms = [
+            entropy_bonus(config.entropy_coef),
+            reference_penalty(self.scoring, self.kl.coef),
+        ]
+        result = self.optimise(turns, advantages_t, terms)
         metrics = self.finish_update(
             episodes,
             result,

@@ -14,7 +14,7 @@ from pydantic import Field
 from llamagym.algorithms.algorithm import Algorithm, AlgorithmContext
 from llamagym.algorithms.credit import CREDIT_RULES, gae, turn_returns
 from llamagym.algorithms.kl_control import KLController
-from llamagym.algorithms.losses import LossTerm
+from llamagym.algorithms.losses import LossTerm, entropy_bonus, reference_penalty
 from llamagym.models.policy import Evaluation
 from llamagym.rollout.trajectory import Episode
 from llamagym.schedule import LearningRate
@@ -36,6 +36,7 @@ class PPO(Algorithm):
     config: PPOConfig
 
     learning_rate: LearningRate
+    kl: KLController
 
     def __init__(self, context: AlgorithmContext):
         super().__init__(context)
@@ -73,12 +74,17 @@ class PPO(Algorithm):
         if config.normalize_advantages and len(turns) > 1:
             advantages_t = (advantages_t - advantages_t.mean()) / (advantages_t.std() + 1e-8)
 
-        # 2. Clipped-surrogate epochs, the value head regressed on the returns.
+        # 2. Clipped-surrogate epochs. The loss: the surrogate, the value head regressed
+        #    on the returns, the entropy bonus and the KL to the reference.
         def value_loss(index: list[int], new: Evaluation) -> torch.Tensor:
             return 0.5 * (new.values - returns_t[index]).pow(2).mean()
 
-        value_term = LossTerm("value_loss", config.value_coef, value_loss)
-        result = self.optimise(turns, advantages_t, extra_losses=[value_term])
+        terms = [
+            LossTerm("value_loss", config.value_coef, value_loss),
+            entropy_bonus(config.entropy_coef),
+            reference_penalty(self.scoring, self.kl.coef),
+        ]
+        result = self.optimise(turns, advantages_t, terms)
         # 3. Optional supervised steps on the best episodes seen so far; the metrics.
         metrics = self.finish_update(episodes, result)
         # The rate of the update's last step (the warmup's share of the scheduled one).

@@ -55,8 +55,6 @@ from llamagym.algorithms.kl_control import KLController
 from llamagym.algorithms.losses import (
     LossTerm,
     clipped_surrogate,
-    masked_mean,
-    reference_kl,
     zero_metrics,
 )
 from llamagym.algorithms.turn_scoring import TurnScoring
@@ -330,22 +328,22 @@ class Algorithm:
         self,
         turns: Sequence[Turn],
         advantages: torch.Tensor,
+        terms: Sequence[LossTerm] = (),
         *,
-        extra_losses: Sequence[LossTerm] = (),
         settings: ClippedSettings | None = None,
     ) -> Optimisation:
         """Epochs of clipped-surrogate steps on ``turns`` (one advantage each), in
         shuffled minibatches, with the optimizer ``self.optimizer``.
 
-        The loss of a minibatch is the clipped surrogate, plus each of
-        ``extra_losses``, minus ``entropy_coef`` x the entropy, plus ``self.kl.coef``
-        x KL(current || reference) when the algorithm has a KL weight above 0 (the
-        reference is scored once, before the first step). Before each step the update
-        may end: on a stop request (:meth:`stop_requested`; the steps taken stand), or
-        once KL(rollout || current) passes the target (:meth:`sync_target_kl_stop`).
-        Afterwards the adaptive KL weight is steered (:meth:`sync_adapt_kl`).
+        The loss of a minibatch is the clipped surrogate plus each of ``terms`` (the
+        algorithm's: its own, :func:`~llamagym.algorithms.losses.entropy_bonus`,
+        :func:`~llamagym.algorithms.losses.reference_penalty`), in their order. Before
+        each step the update may end: on a stop request (:meth:`stop_requested`; the
+        steps taken stand), or once KL(rollout || current) passes the target
+        (:meth:`sync_target_kl_stop`). Afterwards the adaptive KL weight ``self.kl`` is
+        steered by the ``kl_ref`` term's mean (:meth:`sync_adapt_kl`).
         ``settings`` (default: the algorithm's config) gives ``epochs``,
-        ``minibatch_size``, ``clip_range``, ``entropy_coef``, ``target_kl`` and
+        ``minibatch_size``, ``clip_range``, ``target_kl`` and
         ``max_grad_norm``, and may give ``microbatch_size`` (turns per forward and
         backward pass within a step; see :meth:`_accumulate`). An update without turns
         runs no epoch. Where the model trains only its top layers (``model.lora_layers``),
@@ -359,12 +357,11 @@ class Algorithm:
         # No gradients, so no activations kept: a whole minibatch per pass.
         self.scoring.keep_trunk(turns, settings.minibatch_size)
         kl_coef = self.kl.coef if self.kl is not None else 0.0
-        # The reference never moves during the update: score it once.
-        reference = None
-        if kl_coef > 0 and turns:
-            chunk = getattr(settings, "microbatch_size", None) or settings.minibatch_size
-            reference = self.scoring.reference_logprob_lists(turns, chunk)
-        sums = zero_metrics(extra_losses)
+        chunk = getattr(settings, "microbatch_size", None) or settings.minibatch_size
+        for term in terms:
+            if term.prepare is not None:
+                term.prepare(turns, chunk)
+        sums = zero_metrics(terms)
         steps, epochs_run, stopped, interrupted = 0, 0, False, False
         groups = history_groups(turns)
         steps_per_epoch = self.sync_minibatch_count(len(turns), settings.minibatch_size)
@@ -377,9 +374,7 @@ class Algorithm:
                 if self.stop_requested():
                     interrupted = True  # asked to stop: the steps taken so far stand
                     break
-                gradients = self._accumulate(
-                    turns, index, advantages, reference, extra_losses, settings, kl_coef
-                )
+                gradients = self._accumulate(turns, index, advantages, terms, settings)
                 if gradients is None:
                     stopped = True  # this step would move further from the rollout policy
                     break
@@ -394,7 +389,7 @@ class Algorithm:
             if interrupted:
                 break
         averages = {key: value / max(1, steps) for key, value in sums.items()}
-        if kl_coef > 0:  # on every process, even one without turns
+        if kl_coef > 0 and "kl_ref" in averages:  # on every process, even one without turns
             self.sync_adapt_kl(averages["kl_ref"], len(turns))
         return Optimisation(averages, steps, epochs_run, stopped, interrupted)
 
@@ -403,10 +398,8 @@ class Algorithm:
         turns: Sequence[Turn],
         index: list[int],
         advantages: torch.Tensor,
-        reference: list[list[float]] | None,
-        extra_losses: Sequence[LossTerm],
+        terms: Sequence[LossTerm],
         settings: ClippedSettings,
-        kl_coef: float,
     ) -> tuple[dict[str, float], bool] | None:
         """The gradients of one step over the minibatch ``index``, accumulated from
         forward and backward passes over pieces of ``microbatch_size`` turns (the whole
@@ -420,7 +413,7 @@ class Algorithm:
         optimizer.zero_grad(set_to_none=True)
         size = getattr(settings, "microbatch_size", None) or len(index)
         pieces = prompt_pieces(turns, index, size)
-        values = zero_metrics(extra_losses)
+        values = zero_metrics(terms)
         finite = True
         for number, piece in enumerate(pieces):
             share = len(piece) / len(index)
@@ -439,18 +432,11 @@ class Algorithm:
                 return None
             loss = surrogate.loss
             values["policy_loss"] += share * surrogate.loss.item()
-            for term in extra_losses:
+            for term in terms:
                 value = term.compute(piece, new)
-                loss = loss + term.weight * value
-                values[term.name] += share * value.item()
-            entropy = masked_mean(new.entropy, new.mask)
-            loss = loss - settings.entropy_coef * entropy
-            values["entropy"] += share * entropy.item()
-            if reference is not None:
-                reference_t = self.scoring.padded([reference[i] for i in piece], width)
-                kl_ref = reference_kl(new.logprobs, reference_t, new.mask)
-                loss = loss + kl_coef * kl_ref
-                values["kl_ref"] += share * kl_ref.item()
+                if value is not None:
+                    loss = loss + term.weight * value
+                    values[term.name] += share * value.item()
             finite = finite and bool(torch.isfinite(loss))
             if finite:
                 (loss * share).backward()

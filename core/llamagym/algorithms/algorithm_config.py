@@ -145,6 +145,5 @@ class ClippedSettings(Protocol):
     epochs: int
     minibatch_size: int
     clip_range: float
-    entropy_coef: float
     target_kl: float | None
     max_grad_norm: float

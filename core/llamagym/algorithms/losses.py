@@ -1,7 +1,8 @@
 """The terms of the clipped-policy-gradient loss that
 :meth:`~llamagym.algorithms.algorithm.Algorithm.optimise` minimises: PPO's clipped
-surrogate, the KL to the reference, the masked means they are taken with, and the
-extra terms an algorithm adds (:class:`LossTerm`)."""
+surrogate, and the terms an algorithm lists beside it (:class:`LossTerm`: its own, the
+:func:`entropy_bonus`, the KL to the reference, :func:`reference_penalty`), with the
+masked means they are taken with."""
 
 from __future__ import annotations
 
@@ -10,24 +11,56 @@ from dataclasses import dataclass
 
 import torch
 
+from llamagym.algorithms.turn_scoring import TurnScoring
 from llamagym.models.policy import Evaluation
+from llamagym.rollout.trajectory import Turn
 
 
 @dataclass(frozen=True)
 class LossTerm:
-    """One more term of the clipped-policy-gradient loss: ``weight * compute(index,
-    new)`` for the minibatch of turn positions ``index`` and its evaluation ``new``
-    (e.g. PPO's value loss). Its mean over the update's steps is reported as ``name``."""
+    """One term of the clipped-policy-gradient loss beside the surrogate: ``weight *
+    compute(index, new)`` for the minibatch of turn positions ``index`` and its
+    evaluation ``new`` (PPO's value loss, the entropy bonus, the KL to the reference).
+    Its mean over the update's steps is reported as ``name``; a ``compute`` that gives
+    None adds nothing (and 0 to the mean). ``prepare``, when there is one, runs once per
+    update before its first step, on all the update's turns, so many per pass."""
 
     name: str
     weight: float
-    compute: Callable[[list[int], Evaluation], torch.Tensor]
+    compute: Callable[[list[int], Evaluation], torch.Tensor | None]
+    prepare: Callable[[Sequence[Turn], int], None] | None = None
 
 
-def zero_metrics(extra_losses: Sequence[LossTerm]) -> dict[str, float]:
+def entropy_bonus(coef: float) -> LossTerm:
+    """The policy's entropy (over the legal actions, where the agent names them),
+    rewarded with weight ``coef``: its term is ``-coef x`` the mean entropy."""
+    return LossTerm("entropy", -coef, lambda index, new: masked_mean(new.entropy, new.mask))
+
+
+def reference_penalty(scoring: TurnScoring, coef: float) -> LossTerm:
+    """``coef x`` KL(current || reference) (:func:`reference_kl`). The reference never
+    moves during an update, so its log-probabilities of every turn are scored once,
+    before the first step; with ``coef`` 0 nothing is scored and the term adds nothing."""
+    scored: list[list[list[float]]] = []  # this update's, once prepared
+
+    def prepare(turns: Sequence[Turn], chunk: int) -> None:
+        scored.clear()
+        if coef > 0 and turns:
+            scored.append(scoring.reference_logprob_lists(turns, chunk))
+
+    def compute(index: list[int], new: Evaluation) -> torch.Tensor | None:
+        if not scored:
+            return None
+        reference = scoring.padded([scored[0][i] for i in index], new.logprobs.shape[1])
+        return reference_kl(new.logprobs, reference, new.mask)
+
+    return LossTerm("kl_ref", coef, compute, prepare)
+
+
+def zero_metrics(terms: Sequence[LossTerm]) -> dict[str, float]:
     """The metrics of a clipped-policy-gradient step, each at 0, in their report order."""
-    metrics = {"policy_loss": 0.0, **{term.name: 0.0 for term in extra_losses}}
-    metrics.update(entropy=0.0, kl_ref=0.0, approx_kl=0.0, clip_fraction=0.0)
+    metrics = {"policy_loss": 0.0, **{term.name: 0.0 for term in terms}}
+    metrics.update(approx_kl=0.0, clip_fraction=0.0)
     return metrics
 
 
