@@ -77,7 +77,7 @@ def greedy_curve(run_dir: Path, updates: list[dict[str, Any]], episodes: int,
 
     from llamagym import load_agent
     from llamagym.rollout.evaluation import evaluate_agent
-    from llamagym.training import checkpoint as checkpoints
+    from llamagym.training.checkpoint import store as checkpoints
 
     torch.set_num_threads(1)
     seconds_at = {int(r["update"]): float(r["seconds"]) for r in updates}

@@ -117,7 +117,7 @@ def run_ours(plan: Plan, seed: int, threads: int, workdir: Path, quick: bool) ->
                (output / "metrics.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
     updates = [r for r in records if r.get("kind") == "update"]
     final = next(r for r in reversed(records) if r.get("kind") == "evaluation")
-    from llamagym.training import checkpoint as checkpoints
+    from llamagym.training.checkpoint import store as checkpoints
 
     kept = checkpoints.list_checkpoints(output)
     metas = [(path, checkpoints.read_meta(path)) for path in kept]
@@ -187,7 +187,7 @@ def work(spec: dict[str, Any]) -> dict[str, Any]:
     where asked, a run on the evaluation seeds (what `llamagym eval` does)."""
     from llamagym import load_agent
     from llamagym.rollout.evaluation import evaluate_agent
-    from llamagym.training import checkpoint as checkpoints
+    from llamagym.training.checkpoint import store as checkpoints
 
     results = []
     agent = None

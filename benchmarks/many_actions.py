@@ -220,7 +220,7 @@ def train(spec: Mapping[str, Any]) -> dict[str, Any]:
     from llamagym.config import deep_merge
     from llamagym.config_layers import resolve_agent_config
     from llamagym.rollout.evaluation import evaluate_agent, evaluation_seeds
-    from llamagym.training.trainer import Trainer
+    from llamagym.training.loop.trainer import Trainer
 
     setup = next(s for s in SETUPS if s.name == spec["setup"])
     threads = int(spec.get("threads") or 1)

@@ -33,7 +33,7 @@ def make_agent(
 ) -> Any:
     """The registered Blackjack agent with its own defaults, ``mode`` and ``num_envs``."""
     from llamagym.plugin_manager import get_plugins
-    from llamagym.training.run_state import seed_everything
+    from llamagym.training.loop.run_state import seed_everything
 
     if agent_class is None:
         agent_class = get_plugins().get("agent", "blackjack").load()

@@ -637,7 +637,7 @@ def train_run(args: argparse.Namespace, agent: str, seed: int, runs: Path) -> di
 
 def train_seed(args: argparse.Namespace, seed: int, runs: Path) -> dict[str, Any]:
     run = train_run(args, "blackjack", seed, runs)
-    from llamagym.training import checkpoint as checkpoints
+    from llamagym.training.checkpoint import store as checkpoints
 
     checkpoint = checkpoints.find_checkpoint(Path(run["output"]))
     exact = run_worker({"work": "final_exact", "checkpoint": str(checkpoint)}, args.threads)

@@ -71,7 +71,7 @@ BACKENDS = ("native", "trl")
 MODELS = ("tiny", "smollm2-135m")
 SEED = 0
 #: The batch both backends train on (what LlamaGym's settings mean under TRL:
-#: core/llamagym/training/trl_settings.py, grpo_args).
+#: core/llamagym/trl_backend/settings.py, grpo_args).
 SETTINGS: dict[str, Any] = {
     "algorithm.episodes_per_update": 64,
     "algorithm.group_size": 8,
@@ -172,7 +172,7 @@ def _grad_label(inside: str, outside: str) -> Callable[..., str]:
 def instrument_native(timers: Timers) -> None:
     import torch
 
-    from llamagym.training.trainer import Trainer
+    from llamagym.training.loop.trainer import Trainer
 
     timers.wrap(Trainer, "_collect", "rollout")
     timers.wrap(Trainer, "_update", "update")
@@ -185,7 +185,8 @@ def instrument_trl(timers: Timers) -> None:
     import torch
     from trl import GRPOTrainer
 
-    from llamagym.training import trl_backend, trl_rollout
+    from llamagym.trl_backend import rollout as trl_rollout
+    from llamagym.trl_backend import trainer as trl_backend
 
     timers.wrap(GRPOTrainer, "train", "train")  # its start is the training loop's
     timers.wrap(trl_rollout.EpisodeRollouts, "__call__", "rollout")
@@ -285,10 +286,13 @@ def package_of(filename: str, function: str) -> str:
 
 #: The TRL backend's entry points from TRL into LlamaGym, and TRL's big parts.
 ENTRY_POINTS = {
-    "trl_rollout.py:EpisodeRollouts.__call__ (rollout, LlamaGym)": ("trl_rollout.py", "__call__"),
-    "trl_rollout.py:EpisodeRollouts.reward (LlamaGym)": ("trl_rollout.py", "reward"),
-    "trl_backend.py:_Clock.on_log (LlamaGym)": ("trl_backend.py", "on_log"),
-    "trl_backend.py:_Clock.on_step_end (LlamaGym)": ("trl_backend.py", "on_step_end"),
+    "trl_backend/rollout.py:EpisodeRollouts.__call__ (rollout, LlamaGym)": (
+        "trl_backend/rollout.py", "__call__"),
+    "trl_backend/rollout.py:EpisodeRollouts.reward (LlamaGym)": (
+        "trl_backend/rollout.py", "reward"),
+    "trl_backend/trainer.py:_Clock.on_log (LlamaGym)": ("trl_backend/trainer.py", "on_log"),
+    "trl_backend/trainer.py:_Clock.on_step_end (LlamaGym)": (
+        "trl_backend/trainer.py", "on_step_end"),
     "GRPOTrainer.training_step (TRL)": ("grpo_trainer.py", "training_step"),
     "GRPOTrainer._generate_and_score_completions (TRL)": (
         "grpo_trainer.py", "_generate_and_score_completions"),
@@ -374,8 +378,8 @@ def _cache_rendered_texts() -> None:
     spares the native rollout that work: the same bounded cache, for the texts."""
     from llamagym.rollout.engine import RolloutEngine
     from llamagym.rollout.prompts import PROMPT_CACHE_TOKENS
-    from llamagym.training import trl_rollout
-    from llamagym.training.trl_rollout import SequenceEngine
+    from llamagym.trl_backend import rollout as trl_rollout
+    from llamagym.trl_backend.rollout import SequenceEngine
 
     def chat_texts(self: Any, conversations: Sequence[Sequence[dict[str, str]]]) -> list[str]:
         cache = self.__dict__.setdefault("_text_cache", {})

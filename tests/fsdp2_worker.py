@@ -27,9 +27,9 @@ from llamagym.config_layers import resolve_agent_config
 from llamagym.models.loading import load_model_and_tokenizer
 from llamagym.models.policy import Policy
 from llamagym.rollout.evaluation import evaluate_agent
-from llamagym.training.export import export_agent
-from llamagym.training.sharded import full_state_dict, whole_model
-from llamagym.training.trl_rollout import EpisodeRollouts
+from llamagym.training.records.export import export_agent
+from llamagym.trl_backend.rollout import EpisodeRollouts
+from llamagym.trl_backend.sharded import full_state_dict, whole_model
 
 
 def digest(model: torch.nn.Module) -> str:

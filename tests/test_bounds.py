@@ -30,7 +30,7 @@ from llamagym.testing import (
     temporary_plugin,
     tiny_agent,
 )
-from llamagym.training.run_lock import WRITER, RunDirectoryBusyError, RunDirectoryLock
+from llamagym.training.records.run_lock import WRITER, RunDirectoryBusyError, RunDirectoryLock
 
 FAST = [
     "--num-envs", "2", "--threads", "1", "--episodes", "4", "--eval-episodes", "2",
@@ -109,7 +109,7 @@ HOLD = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from llamagym.training.run_lock import RunDirectoryLock
+    from llamagym.training.records.run_lock import RunDirectoryLock
     lock = RunDirectoryLock(Path(sys.argv[1]))
     lock.acquire()
     print("locked", flush=True)
@@ -311,7 +311,7 @@ def test_a_warning_that_quotes_an_env_cannot_drive_the_terminal(tmp_path, cli,
 
 @pytest.mark.parametrize("how", ["raises", "old-api", "nan", "inf"])
 def test_every_failing_step_counts_toward_max_env_failures(how, hostile, tmp_path) -> None:
-    from llamagym.training.trainer import Trainer
+    from llamagym.training.loop.trainer import Trainer
 
     agent = hostile(
         how,
@@ -355,7 +355,7 @@ def test_an_env_that_never_ends_is_cut_at_the_turn_cap(hostile) -> None:
 
 
 def test_the_evaluation_honours_its_time_budget(hostile, caplog) -> None:
-    from llamagym.training.final_evaluation import evaluate_with_baselines
+    from llamagym.training.loop.final_evaluation import evaluate_with_baselines
 
     agent = hostile("never-ends", rollout={"num_envs": 2, "max_episode_turns": 1_000_000})
     started = time.monotonic()

@@ -18,10 +18,10 @@ from safetensors.torch import load_file
 from llamagym import hookimpl
 from llamagym.errors import LlamaGymError
 from llamagym.testing import temporary_plugin
-from llamagym.training import checkpoint as checkpoints
-from llamagym.training.checkpoint_errors import CheckpointWriteError
-from llamagym.training.checkpoint_state import decode_state, encode_state
-from llamagym.training.run_files import read_metrics, read_transcripts
+from llamagym.training.checkpoint import store as checkpoints
+from llamagym.training.checkpoint.errors import CheckpointWriteError
+from llamagym.training.checkpoint.state import decode_state, encode_state
+from llamagym.training.records.run_files import read_metrics, read_transcripts
 
 # Small and single-threaded: fast, and bit-for-bit repeatable on CPU.
 FAST = [
@@ -184,7 +184,7 @@ def interrupted_write_keeps_previous_checkpoint(run_dir: Path, monkeypatch) -> N
 
 def test_sigterm_stops_cleanly_with_a_checkpoint(tmp_path) -> None:
     from llamagym.testing import BanditAgent, tiny_agent
-    from llamagym.training.trainer import Trainer
+    from llamagym.training.loop.trainer import Trainer
 
     agent = tiny_agent(
         BanditAgent,

@@ -21,14 +21,14 @@ from safetensors.torch import load_file, save_file
 
 from llamagym import load_agent
 from llamagym.testing import model_with_its_own_code, one_error_line
-from llamagym.training import checkpoint as checkpoints
-from llamagym.training.checkpoint_errors import (
+from llamagym.training.checkpoint import store as checkpoints
+from llamagym.training.checkpoint.errors import (
     CheckpointError,
     CheckpointMismatchError,
     DamagedCheckpointError,
     UntrustedModelError,
 )
-from llamagym.training.run_files import read_metrics
+from llamagym.training.records.run_files import read_metrics
 
 FIRST, SECOND = "update-000001", "update-000002"
 EVAL = ["-n", "4", "--num-envs", "2"]
@@ -41,7 +41,7 @@ def trained_run(tmp_path_factory) -> Path:
     from llamagym_blackjack.agent import BlackjackAgent
 
     from llamagym.testing import tiny_agent
-    from llamagym.training.trainer import Trainer
+    from llamagym.training.loop.trainer import Trainer
 
     run_dir = tmp_path_factory.mktemp("trained") / "run"
     agent = tiny_agent(

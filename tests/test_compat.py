@@ -59,6 +59,52 @@ def test_a_moved_name_imported_from_its_old_module_names_the_one_that_defines_it
         importlib.import_module(old).no_such_name  # noqa: B018
 
 
+#: 0.3.0's modules of training/ that 0.4 put in rooms (training/loop, checkpoint, records)
+#: or on floors of their own (llamagym.distributed, llamagym.trl_backend), written out
+#: here rather than read from MOVED_MODULES, so a dropped entry fails.
+TRAINING_0_3 = {
+    "trainer": "llamagym.training.loop.trainer", "budget": "llamagym.training.loop.budget",
+    "progress": "llamagym.training.loop.progress",
+    "final_evaluation": "llamagym.training.loop.final_evaluation",
+    "run_start": "llamagym.training.loop.run_start",
+    "run_state": "llamagym.training.loop.run_state",
+    "run_directory": "llamagym.training.loop.run_directory",
+    "update_metrics": "llamagym.training.loop.update_metrics",
+    "checkpoint_errors": "llamagym.training.checkpoint.errors",
+    "checkpoint_state": "llamagym.training.checkpoint.state",
+    "checkpoint_tensors": "llamagym.training.checkpoint.tensors",
+    "checkpoint_trust": "llamagym.training.checkpoint.trust",
+    "report": "llamagym.training.records.report",
+    "transcripts": "llamagym.training.records.transcripts",
+    "run_files": "llamagym.training.records.run_files",
+    "run_lock": "llamagym.training.records.run_lock",
+    "export": "llamagym.training.records.export",
+    "distributed": "llamagym.distributed", "trl_backend": "llamagym.trl_backend.trainer",
+    "trl_rollout": "llamagym.trl_backend.rollout",
+    "trl_settings": "llamagym.trl_backend.settings",
+    "sharded": "llamagym.trl_backend.sharded",
+}
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(TRAINING_0_3.items()))
+def test_a_0_3_training_module_fails_in_one_line_naming_its_room(old: str, new: str) -> None:
+    with pytest.raises(ImportError) as raised:
+        importlib.import_module(f"llamagym.training.{old}")
+    assert str(raised.value) == f"llamagym.training.{old} is now {new}: import it from there"
+    importlib.import_module(new)
+
+
+def test_a_name_of_0_3_s_checkpoint_module_names_the_module_of_the_room_that_has_it() -> None:
+    """``llamagym.training.checkpoint`` is the checkpoints' room now, a package: what the
+    0.3 module offered is in one of its modules, and asking the package says which."""
+    for name, new in (("save_training_checkpoint", "store"), ("find_checkpoint", "store"),
+                      ("CheckpointMismatchError", "errors"), ("check_model_source", "trust")):
+        with pytest.raises(ImportError) as raised:
+            exec(f"from llamagym.training.checkpoint import {name}", {})
+        assert str(raised.value) == (f"{name} is not in llamagym.training.checkpoint; "
+                                     f"import it from llamagym.training.checkpoint.{new}")
+
+
 def test_the_names_of_llamagym_itself_did_not_move() -> None:
     import llamagym
 

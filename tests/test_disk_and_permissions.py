@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from llamagym.testing import one_error_line
-from llamagym.training import checkpoint as checkpoints
-from llamagym.training.run_lock import LOCK
+from llamagym.training.checkpoint import store as checkpoints
+from llamagym.training.records.run_lock import LOCK
 
 FAST = [
     "--num-envs", "4", "--threads", "1", "--episodes", "24", "--eval-episodes", "8",

@@ -17,7 +17,7 @@ from llamagym import distributed
 from llamagym.algorithms.batching import minibatches
 from llamagym.errors import ConfigError
 from llamagym.testing import free_port
-from llamagym.training.run_files import read_metrics
+from llamagym.training.records.run_files import read_metrics
 
 FAST = [
     *("--quiet", "--num-envs", "8", "--episodes", "64", "--eval-episodes", "40"),

@@ -184,17 +184,22 @@ def test_the_architecture_doc_names_only_files_that_exist() -> None:
     assert sorted(path for path in named if not (ROOT / path).exists()) == []
 
 
-def test_the_architecture_doc_places_every_floor_of_the_layers_contract() -> None:
+def test_the_architecture_doc_places_every_floor_and_room_of_the_layers_contracts() -> None:
+    """Each layers contract's floors are named in "Layers": those of ``llamagym`` by their
+    name, the rooms inside a floor by their dotted path (``training.loop``)."""
     from llamagym.config_files import tomllib  # tomli before Python 3.11
 
     contracts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
-    layers = next(
-        contract for contract in contracts["tool"]["importlinter"]["contracts"]
-        if contract["type"] == "layers"
-    )
+    layered = [contract for contract in contracts["tool"]["importlinter"]["contracts"]
+               if contract["type"] == "layers"]
+    assert {"llamagym", "llamagym.training"} <= {c for x in layered for c in x["containers"]}
     section = ARCHITECTURE.read_text(encoding="utf-8").split("## Layers", 1)[1]
     section = section.split("\n## ", 1)[0]
-    floors = {name for layer in layers["layers"] for name in re.split(r"[:|]", layer)}
-    assert sorted(f for f in floors if f"`{f.strip()}`" not in section) == []
-    allowed = len(layers["ignore_imports"])
-    assert f"{allowed} {'import is' if allowed == 1 else 'imports are'} allowed" in section
+    for layers in layered:
+        (container,) = layers["containers"]
+        prefix = "" if container == "llamagym" else container.removeprefix("llamagym.") + "."
+        floors = {prefix + name.strip() for layer in layers["layers"]
+                  for name in re.split(r"[:|]", layer)}
+        assert sorted(f for f in floors if f"`{f}`" not in section) == []
+        allowed = len(layers["ignore_imports"])
+        assert f"{allowed} {'import is' if allowed == 1 else 'imports are'} allowed" in section

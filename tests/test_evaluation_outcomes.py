@@ -24,11 +24,11 @@ from llamagym.rollout.evaluation import (
     summarise,
 )
 from llamagym.testing import BanditAgent, tiny_agent
-from llamagym.training.final_evaluation import evaluate_with_baselines
-from llamagym.training.progress import EvaluationProgress, RunProgress, evaluation_table
-from llamagym.training.report import write_report
-from llamagym.training.run_files import read_metrics
-from llamagym.training.trainer import Trainer
+from llamagym.training.loop.final_evaluation import evaluate_with_baselines
+from llamagym.training.loop.progress import EvaluationProgress, RunProgress, evaluation_table
+from llamagym.training.loop.trainer import Trainer
+from llamagym.training.records.report import write_report
+from llamagym.training.records.run_files import read_metrics
 
 # FrozenLake's 4x4 map; a state is row * 4 + column. Actions: 0 left, 1 down, 2 right, 3 up.
 ROUTE = {0: "down", 4: "down", 8: "right", 9: "right", 10: "down", 14: "right"}

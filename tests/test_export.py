@@ -209,7 +209,7 @@ def lora_run(tmp_path_factory) -> Path:
     from llamagym_blackjack.agent import BlackjackAgent
 
     from llamagym.testing import tiny_agent
-    from llamagym.training.trainer import Trainer
+    from llamagym.training.loop.trainer import Trainer
 
     run_dir = tmp_path_factory.mktemp("lora") / "run"
     agent = tiny_agent(

@@ -10,7 +10,7 @@ import torch
 
 from llamagym.errors import EnvFailureError, TrainingDivergedError
 from llamagym.testing import BanditAgent, TwoArmedBandit, tiny_agent
-from llamagym.training.trainer import Trainer
+from llamagym.training.loop.trainer import Trainer
 
 
 class FlakyBandit(TwoArmedBandit):

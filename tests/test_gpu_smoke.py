@@ -137,7 +137,7 @@ def llamagym_words(command: list[str]) -> list[str]:
 
 @pytest.mark.parametrize("gpus", [2, 8])
 def test_every_planned_command_is_accepted_by_the_cli(gpus, tmp_path, cli) -> None:
-    from llamagym.training.trl_settings import check_supported
+    from llamagym.trl_backend.settings import check_supported
 
     for path in plan("--gpus", str(gpus), "--work-dir", str(tmp_path))["paths"]:
         params = run_parameters(llamagym_words(path["command"]))
@@ -176,7 +176,7 @@ def test_every_planned_command_is_accepted_by_the_cli(gpus, tmp_path, cli) -> No
 def test_the_batch_rule_is_what_the_commands_are_checked_against() -> None:
     """A plan that broke the TRL backend's batch rule would fail the test above."""
     from llamagym.errors import ConfigError
-    from llamagym.training.trl_settings import check_supported
+    from llamagym.trl_backend.settings import check_supported
 
     settings = gpu_smoke.Settings(model="tiny")
     fsdp2 = next(path for path in gpu_smoke.PATHS if path.name == "trl-fsdp2")

@@ -10,7 +10,7 @@ import textwrap
 import time
 
 from llamagym.testing import tiny_agent
-from llamagym.training import checkpoint as checkpoints
+from llamagym.training.checkpoint import store as checkpoints
 
 SCRIPT = textwrap.dedent(
     """
@@ -18,7 +18,7 @@ SCRIPT = textwrap.dedent(
     from pathlib import Path
     import safetensors.torch
     from llamagym.testing import tiny_agent
-    from llamagym.training.trainer import Trainer
+    from llamagym.training.loop.trainer import Trainer
 
     run_dir = Path(sys.argv[1])
     real_save = safetensors.torch.save_file

@@ -195,8 +195,8 @@ def test_new_plugin_dir_is_the_folder_that_receives_the_package(tmp_path) -> Non
 # -- the budget line ----------------------------------------------------------------------
 def stub_trainer(monkeypatch, output_dir: Path) -> list:
     """Replace the trainer with one that trains nothing; returns the trainers made."""
-    from llamagym.training import trainer as training
-    from llamagym.training.run_state import RunSummary
+    from llamagym.training.loop import trainer as training
+    from llamagym.training.loop.run_state import RunSummary
 
     made: list = []
 

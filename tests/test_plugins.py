@@ -16,7 +16,7 @@ from llamagym import hookimpl, plugin_manager
 from llamagym.hookspecs import all_hook_names
 from llamagym.plugin_manager import get_plugins
 from llamagym.testing import BanditAgent, temporary_plugin, tiny_agent
-from llamagym.training.trainer import Trainer
+from llamagym.training.loop.trainer import Trainer
 
 
 class FakeDistribution:

@@ -15,8 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from llamagym.training import checkpoint as checkpoints
-from llamagym.training.run_lock import RunDirectoryLock
+from llamagym.training.checkpoint import store as checkpoints
+from llamagym.training.records.run_lock import RunDirectoryLock
 
 #: Seconds a collective waits for the other process in these runs.
 TIMEOUT = 5

@@ -10,9 +10,9 @@ import pytest
 from PIL import Image
 
 from llamagym.cli import main
-from llamagym.training import report
-from llamagym.training.report import records_until, write_report
-from llamagym.training.run_files import read_metrics
+from llamagym.training.records import report
+from llamagym.training.records.report import records_until, write_report
+from llamagym.training.records.run_files import read_metrics
 
 BASELINES = [
     {"name": "random", "episodes": 400, "mean": -0.40, "ci95": 0.09, "invalid_rate": 0.0,

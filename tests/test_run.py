@@ -14,9 +14,9 @@ from llamagym import hookimpl, load_agent
 from llamagym.errors import LlamaGymError
 from llamagym.plugin_manager import reset_plugins
 from llamagym.testing import BanditAgent, temporary_plugin, tiny_agent
-from llamagym.training import checkpoint as checkpoints
-from llamagym.training.run_files import read_metrics
-from llamagym.training.trainer import Trainer
+from llamagym.training.checkpoint import store as checkpoints
+from llamagym.training.loop.trainer import Trainer
+from llamagym.training.records.run_files import read_metrics
 
 FAST = [
     "--num-envs", "4", "--threads", "1", "--eval-episodes", "0", "--quiet",

@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 
 from llamagym.cli.app import app
 from llamagym.cli.run_commands import resolve_run_config
-from llamagym.training.report import EVALUATION_FIELDS, UPDATE_FIELDS
-from llamagym.training.run_files import read_metrics
+from llamagym.training.records.report import EVALUATION_FIELDS, UPDATE_FIELDS
+from llamagym.training.records.run_files import read_metrics
 
 FAST = [
     "--num-envs", "4", "--threads", "1", "--episodes", "16", "--eval-episodes", "40",
@@ -219,7 +219,7 @@ def test_wandb_is_never_imported_without_wandb_project(tmp_path) -> None:
         import sys
         from llamagym.plugin_manager import get_plugins
         from llamagym.testing import tiny_agent
-        from llamagym.training.trainer import Trainer
+        from llamagym.training.loop.trainer import Trainer
 
         assert "wandb-logger" in {{i.name for i in get_plugins().plugin_infos()}}
         agent = tiny_agent(

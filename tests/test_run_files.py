@@ -28,8 +28,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llamagym.testing import one_error_line
-from llamagym.training import checkpoint as checkpoints
-from llamagym.training.checkpoint_errors import DamagedCheckpointError
+from llamagym.training.checkpoint import store as checkpoints
+from llamagym.training.checkpoint.errors import DamagedCheckpointError
 
 FIRST, SECOND = "update-000001", "update-000002"
 EVAL = ["-n", "2", "--num-envs", "2"]
@@ -47,7 +47,7 @@ def trained_run(tmp_path_factory) -> Path:
     from llamagym_blackjack.agent import BlackjackAgent
 
     from llamagym.testing import tiny_agent
-    from llamagym.training.trainer import Trainer
+    from llamagym.training.loop.trainer import Trainer
 
     run_dir = tmp_path_factory.mktemp("trained") / "run"
     agent = tiny_agent(
@@ -178,7 +178,7 @@ def test_a_torn_last_line_is_skipped_everywhere(run_dir, caplog, cli) -> None:
 def test_a_metrics_line_of_100_mb_is_never_held_in_memory(tmp_path, caplog) -> None:
     import tracemalloc
 
-    from llamagym.training.run_files import read_metrics
+    from llamagym.training.records.run_files import read_metrics
 
     path = tmp_path / "metrics.jsonl"
     good = json.dumps({"kind": "update", "update": 1}).encode()
@@ -212,7 +212,7 @@ def test_a_metrics_file_of_hundreds_of_mb_is_refused_unread(run_dir, cli) -> Non
 
 def test_a_damaged_metrics_file_is_a_typed_error_from_python(tmp_path) -> None:
     from llamagym.errors import LlamaGymError, RunFileError
-    from llamagym.training.run_files import read_metrics
+    from llamagym.training.records.run_files import read_metrics
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"kind": "update", "update": "x"}\n')
@@ -248,7 +248,7 @@ def test_report_goes_on_without_a_run_config_that_is_a_list(run_dir, caplog, cli
 def test_report_refuses_a_yaml_alias_bomb_at_once(run_dir) -> None:
     """The report command in a process of its own: without the bound it never returns."""
     from llamagym.errors import RunFileError
-    from llamagym.training.run_files import read_run_config
+    from llamagym.training.records.run_files import read_run_config
 
     bomb = ["a: &a [x, x, x, x, x, x, x, x, x, x]"]
     for level in range(1, 10):  # 10**10 values once expanded

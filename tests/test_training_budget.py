@@ -17,13 +17,13 @@ import torch
 from llamagym import hookimpl
 from llamagym.algorithms.algorithm import Algorithm
 from llamagym.testing import temporary_plugin
-from llamagym.training import checkpoint as checkpoints
-from llamagym.training import run_state, update_metrics
-from llamagym.training import trainer as training
-from llamagym.training.checkpoint_state import decode_state
-from llamagym.training.progress import format_stats
-from llamagym.training.report import format_speed
-from llamagym.training.run_files import read_metrics
+from llamagym.training.checkpoint import store as checkpoints
+from llamagym.training.checkpoint.state import decode_state
+from llamagym.training.loop import run_state, update_metrics
+from llamagym.training.loop import trainer as training
+from llamagym.training.loop.progress import format_stats
+from llamagym.training.records.report import format_speed
+from llamagym.training.records.run_files import read_metrics
 
 # Blackjack on the tiny model, 8 episodes per update, single-threaded: bit-for-bit
 # repeatable. No learning-rate annealing: with a time budget the schedule would read
@@ -103,7 +103,7 @@ def test_time_budget_stops_inside_the_first_collection(tmp_path, caplog) -> None
 
 class FakeClock:
     """Stands in for the ``time`` module where the training loop reads the clock
-    (llamagym.training.trainer, run_state and update_metrics): real time plus a jump."""
+    (llamagym.training.loop.trainer, run_state and update_metrics): real time plus a jump."""
 
     def __init__(self) -> None:
         self.offset = 0.0

@@ -4,10 +4,10 @@ size stays flat, shown in the report and by `llamagym play`."""
 from __future__ import annotations
 
 from llamagym.testing import BanditAgent, TwoArmedBandit, tiny_agent
-from llamagym.training import transcripts
-from llamagym.training.run_files import read_transcripts
-from llamagym.training.trainer import Trainer
-from llamagym.training.transcripts import TRANSCRIPTS
+from llamagym.training.loop.trainer import Trainer
+from llamagym.training.records import transcripts
+from llamagym.training.records.run_files import read_transcripts
+from llamagym.training.records.transcripts import TRANSCRIPTS
 
 STEPS: list[tuple[int | None, int, float]] = []  # (seed, action, reward) as the env saw them
 

@@ -24,12 +24,12 @@ from llamagym.models.loading import load_model_and_tokenizer
 from llamagym.models.policy import Replies
 from llamagym.plugin_manager import Plugins
 from llamagym.testing import free_port
-from llamagym.training import trl_settings
-from llamagym.training.run_files import read_metrics
-from llamagym.training.trl_backend import TRLTrainer
-from llamagym.training.trl_rollout import EpisodeRollouts, SequenceEngine, episode_sequence
-from llamagym.training.trl_settings import check_supported
+from llamagym.training.records.run_files import read_metrics
 from llamagym.trl_arguments import grpo_args, mixed_precision_bf16
+from llamagym.trl_backend import settings as trl_settings
+from llamagym.trl_backend.rollout import EpisodeRollouts, SequenceEngine, episode_sequence
+from llamagym.trl_backend.settings import check_supported
+from llamagym.trl_backend.trainer import TRLTrainer
 
 pytest.importorskip("trl")
 
@@ -751,7 +751,7 @@ def test_config_show_and_run_refuse_the_same_trl_setting_in_one_line(tmp_path) -
 def test_the_completions_table_shows_escape_sequences_escaped(tmp_path, capfd) -> None:
     """TRL's log_completions prints each episode's text (observations, replies) as a
     table: a terminal's escape sequences in it are shown, not obeyed."""
-    from llamagym.training.trl_backend import printable_grpo_trainer
+    from llamagym.trl_backend.trainer import printable_grpo_trainer
 
     pytest.importorskip("rich")
     agent = small_agent(tmp_path, trl={"log_completions": True})

@@ -29,7 +29,7 @@ from llamagym.config_files import (
     read_config_file,
 )
 from llamagym.errors import ConfigError
-from llamagym.training.run_directory import default_output_dir
+from llamagym.training.loop.run_directory import default_output_dir
 
 DEEP = 100_000  # levels of nesting that overflowed the parsers' stacks
 ALGORITHMS = ["ppo", "grpo", "rloo", "reinforce"]

@@ -60,18 +60,18 @@ MOVED_MODULES = {
     "llamagym.evaluation": "llamagym.rollout.evaluation",
     "llamagym.demonstrations": "llamagym.rollout.demonstrations",
     "llamagym.trajectory": "llamagym.rollout.trajectory",
-    "llamagym.training": "llamagym.training.trainer",
+    "llamagym.training": "llamagym.training.loop.trainer",
     "llamagym.algorithm": "llamagym.algorithms.algorithm",
-    "llamagym.checkpoint": "llamagym.training.checkpoint",
+    "llamagym.checkpoint": "llamagym.training.checkpoint.store",
     "llamagym.credit": "llamagym.algorithms.credit",
-    "llamagym.progress": "llamagym.training.progress",
-    "llamagym.report": "llamagym.training.report",
+    "llamagym.progress": "llamagym.training.loop.progress",
+    "llamagym.report": "llamagym.training.records.report",
     "llamagym.scaffold": "llamagym.devtools.scaffold",
     "llamagym.conformance": "llamagym.devtools.conformance",
     # 0.3: moved to the layer that uses them (docs/architecture.md, "Layers").
     "llamagym.training.schedule": "llamagym.schedule",
-    "llamagym.rollout.transcripts": "llamagym.training.transcripts",
-    "llamagym.models.export": "llamagym.training.export",
+    "llamagym.rollout.transcripts": "llamagym.training.records.transcripts",
+    "llamagym.models.export": "llamagym.training.records.export",
     # 0.4: the built-in plugins are a package of their own (plugins/llamagym_builtins), so
     # `llamagym.plugins.ppo` fails at its first step, naming where `ppo` is now.
     "llamagym.plugins": "llamagym_builtins",
@@ -83,6 +83,22 @@ MOVED_MODULES = {
     # 0.4: several processes serve the algorithms, the training loop and the TRL backend,
     # so they sit below all three.
     "llamagym.training.distributed": "llamagym.distributed",
+    # 0.4: training's rooms (the loop, checkpoints, run records), and the TRL backend a
+    # floor of its own above training.
+    **{f"llamagym.training.{name}": f"llamagym.training.loop.{name}" for name in (
+        "trainer", "budget", "progress", "final_evaluation", "run_start", "run_state",
+        "run_directory", "update_metrics",
+    )},
+    **{f"llamagym.training.{name}": f"llamagym.training.records.{name}" for name in (
+        "report", "transcripts", "run_files", "run_lock", "export",
+    )},
+    "llamagym.training.checkpoint": "llamagym.training.checkpoint.store",
+    **{f"llamagym.training.checkpoint_{name}": f"llamagym.training.checkpoint.{name}"
+       for name in ("errors", "state", "tensors", "trust")},
+    "llamagym.training.trl_backend": "llamagym.trl_backend.trainer",
+    "llamagym.training.trl_rollout": "llamagym.trl_backend.rollout",
+    "llamagym.training.trl_settings": "llamagym.trl_backend.settings",
+    "llamagym.training.sharded": "llamagym.trl_backend.sharded",
 }
 
 
@@ -102,7 +118,7 @@ MOVED_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
     "llamagym.run": {
         "llamagym.config_layers": ("defaults_for_model", "run_layers"),
         "llamagym.agent": ("load_agent",),
-        "llamagym.training.run_state": ("make_engine",),
+        "llamagym.training.loop.run_state": ("make_engine",),
     },
     "llamagym.session": {"llamagym.algorithms.algorithm": ("Algorithm",)},
     "llamagym.plugin_manager": {
@@ -139,12 +155,13 @@ MOVED_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
         "llamagym.algorithms.batching": ("seed_groups",),
     },
     "llamagym.training.checkpoint": {
-        "llamagym.training.checkpoint_errors": ("CheckpointMismatchError", "UntrustedModelError"),
-        "llamagym.training.checkpoint_trust": ("check_model_source", "untrusted_config"),
+        "llamagym.training.checkpoint.errors": ("CheckpointMismatchError", "UntrustedModelError"),
+        "llamagym.training.checkpoint.trust": ("check_model_source", "untrusted_config"),
     },
-    "llamagym.training.trainer": {
-        "llamagym.training.final_evaluation": ("evaluate_with_baselines",),
-        "llamagym.training.update_metrics": ("SANE_UPDATE_KL",),
+    # What 0.3's llamagym.training.trainer offered, asked of the module's new place.
+    "llamagym.training.loop.trainer": {
+        "llamagym.training.loop.final_evaluation": ("evaluate_with_baselines",),
+        "llamagym.training.loop.update_metrics": ("SANE_UPDATE_KL",),
     },
 }
 

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from llamagym.rollout.engine import RolloutEngine
     from llamagym.schedule import Control
     from llamagym.session import Session
-    from llamagym.training.run_state import Run
+    from llamagym.training.loop.run_state import Run
 
 __all__ = ["Agent", "load_agent"]
 

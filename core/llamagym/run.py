@@ -39,10 +39,10 @@ from llamagym.models.policy import Policy
 from llamagym.models.trunk_precision import lower_trunk_precision
 from llamagym.plugin_manager import get_plugins
 from llamagym.schedule import Control, Schedule
-from llamagym.training import checkpoint as checkpoints
-from llamagym.training import run_state  # a run's parts: their types are the training's
-from llamagym.training.checkpoint_trust import check_model_source, untrusted_config
-from llamagym.training.export import RUN_EXPORT, VALUE_HEAD, read_export_meta
+from llamagym.training.checkpoint import store as checkpoints
+from llamagym.training.checkpoint.trust import check_model_source, untrusted_config
+from llamagym.training.loop import run_state  # a run's parts: their types are the loop's
+from llamagym.training.records.export import RUN_EXPORT, VALUE_HEAD, read_export_meta
 
 if TYPE_CHECKING:
     from llamagym.algorithms.algorithm import Algorithm

@@ -21,7 +21,7 @@ from llamagym.rollout.slots import Slot
 from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.run import build_run, load_policy
 from llamagym.schedule import Control, Schedule
-from llamagym.training.run_state import Run, make_engine
+from llamagym.training.loop.run_state import Run, make_engine
 
 if TYPE_CHECKING:
     from llamagym.task import Task
@@ -31,7 +31,7 @@ __all__ = ["Session"]
 
 class Session:
     """One task's policy, run and open episode, each built on first use. It is the
-    :class:`~llamagym.training.run_state.RunParts` a trainer builds its run with."""
+    :class:`~llamagym.training.loop.run_state.RunParts` a trainer builds its run with."""
 
     def __init__(self, task: Task, model: Any = None, tokenizer: Any = None):
         self.task = task

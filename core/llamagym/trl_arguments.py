@@ -42,7 +42,7 @@ UNBOUNDED_EPISODES = 10_000_000
 
 class RunSettingsRefused(ConfigError):
     """GRPOConfig refused what the run's own sections set, with no ``trl.*`` value to
-    blame (:func:`check_supported <llamagym.training.trl_settings.check_supported>`
+    blame (:func:`check_supported <llamagym.trl_backend.settings.check_supported>`
     names the setting to change)."""
 
 

@@ -16,7 +16,7 @@ from llamagym.errors import ConfigError
 from llamagym.plugin_manager import get_plugins
 from llamagym.rollout.evaluation import evaluate_baseline
 from llamagym.testing import assert_agent_conforms, tiny_agent
-from llamagym.training.trainer import Trainer
+from llamagym.training.loop.trainer import Trainer
 
 WALL, BALL, KEY, DOOR = 2, 6, 5, 4
 RED, GREEN, BLUE = 0, 1, 2

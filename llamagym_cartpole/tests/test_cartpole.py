@@ -19,7 +19,7 @@ from llamagym.errors import ConfigError
 from llamagym.plugin_manager import get_plugins
 from llamagym.rollout.evaluation import evaluate_baseline
 from llamagym.testing import tiny_agent
-from llamagym.training.trainer import Trainer
+from llamagym.training.loop.trainer import Trainer
 
 
 @pytest.fixture(scope="module", autouse=True)

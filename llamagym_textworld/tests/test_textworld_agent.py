@@ -28,7 +28,7 @@ from llamagym.errors import MissingDependencyError as LlamaGymMissingDependency
 from llamagym.plugin_manager import get_plugins
 from llamagym.rollout.evaluation import evaluate_agent, evaluate_baseline
 from llamagym.testing import tiny_agent
-from llamagym.training.trainer import Trainer
+from llamagym.training.loop.trainer import Trainer
 from llamagym_textworld import plugin
 
 # Two small games whose quests are both two commands long (see the env tests).
@@ -165,7 +165,7 @@ def test_the_goal_is_said_once_in_the_system_prompt_and_the_banner_dropped(env) 
     slot = agent.engine.new_slot(observation, info, None, None)
     assert slot.system_prompt == f"{agent.get_system_prompt()}\n\nGoal: {info['objective']}"
     # The episode keeps it, and so does its transcript.
-    from llamagym.training.transcripts import transcript
+    from llamagym.training.records.transcripts import transcript
 
     assert transcript(agent, slot.episode, "training", 0)["system"] == slot.system_prompt
     # Every turn of the episode starts with the same tokens: system prompt and goal.

@@ -5,7 +5,7 @@
 * ``wandb-logger``: Weights & Biases, only when ``WANDB_PROJECT`` is set; ``wandb`` is
   never imported otherwise, so a default run makes no network call.
 
-``metrics.jsonl`` (one line per update, fields in :mod:`llamagym.training.report`) is not a
+``metrics.jsonl`` (one line per update, fields in :mod:`llamagym.training.records.report`) is not a
 plugin: the trainer writes it, and the report is made from it.
 
 Each takes the run directory from the hook's ``run`` argument
@@ -85,7 +85,7 @@ class TensorBoardLogger:
         returns = returns[np.isfinite(returns)]  # a NaN reward must not break the logger
         if returns.size:
             writer.add_histogram("train/episode_return", returns, step)
-        from llamagym.training.transcripts import render
+        from llamagym.training.records.transcripts import render
 
         texts = [render(record) for record in update_transcripts(run_dir, update)]
         if texts:  # markdown: each transcript as a code block it cannot close
@@ -101,8 +101,8 @@ class TensorBoardLogger:
 
 def update_transcripts(run_dir: Path, update: int) -> list[dict[str, Any]]:
     """The transcripts the trainer kept for ``update`` (written before the loggers run)."""
-    from llamagym.training.run_files import read_transcripts
-    from llamagym.training.transcripts import TRANSCRIPTS
+    from llamagym.training.records.run_files import read_transcripts
+    from llamagym.training.records.transcripts import TRANSCRIPTS
 
     return [
         record for record in read_transcripts(run_dir / TRANSCRIPTS, on_damage="skip")
@@ -150,7 +150,7 @@ class WandbLogger:
         if records:
             import wandb
 
-            from llamagym.training.transcripts import render
+            from llamagym.training.records.transcripts import render
 
             logged["transcripts"] = wandb.Table(
                 columns=["update", "kind", "seed", "return", "transcript"],

@@ -121,8 +121,8 @@ def eval_command(
     status = Console(stderr=True)
     configure_logging(status, quiet=as_json or quiet, verbose=False)
 
-    from llamagym.training.final_evaluation import evaluate_with_baselines
-    from llamagym.training.progress import EvaluationProgress
+    from llamagym.training.loop.final_evaluation import evaluate_with_baselines
+    from llamagym.training.loop.progress import EvaluationProgress
 
     display = contextlib.nullcontext() if quiet else EvaluationProgress(status)
     with display as progress:
@@ -158,7 +158,7 @@ def _print_results(
     greedy: bool, untrained: bool,
 ) -> None:
     """The evaluation as a table beside the baselines, and the agent's line below it."""
-    from llamagym.training.progress import evaluation_table
+    from llamagym.training.loop.progress import evaluation_table
 
     console = Console()
     console.print(f"[bold]{shown(agent)}[/] {heading}, {mode} mode; evaluation seed {seed}")

@@ -15,8 +15,8 @@ def report_command(
     run_dir: Path = typer.Argument(..., help="A run directory (holding metrics.jsonl)."),
 ) -> None:
     """Regenerate report.md and learning_curve.png from metrics.jsonl and config.yaml."""
-    from llamagym.training.checkpoint import META, run_dir_of
-    from llamagym.training.report import METRICS, write_report
+    from llamagym.training.checkpoint.store import META, run_dir_of
+    from llamagym.training.records.report import METRICS, write_report
 
     if (run_dir / META).is_file():  # a checkpoint was given: use the run it belongs to
         run_dir = run_dir_of(run_dir)

@@ -216,7 +216,7 @@ def run_command(
 ) -> None:
     """Train AGENT online, then evaluate it beside its baselines and write a report."""
     from llamagym import distributed
-    from llamagym.training.checkpoint_trust import check_model_source
+    from llamagym.training.checkpoint.trust import check_model_source
 
     _check_num_processes(num_processes)
     run_arguments = command_words(context, leave_out={"num_processes"})
@@ -278,8 +278,8 @@ def _lost_process(error: LlamaGymError) -> int:
 def _check_trl_backend(resolved: Any, num_processes: int | None) -> None:
     """``--backend trl``: TRL is installed, and supports what the config asks of it."""
     from llamagym import distributed
-    from llamagym.training.trl_settings import check_supported
     from llamagym.trl_arguments import require_trl
+    from llamagym.trl_backend.settings import check_supported
 
     require_trl()
     check_supported(resolved, num_processes or distributed.launched_processes())
@@ -307,9 +307,9 @@ def _resumed(
     the run continues in the directory the checkpoint belongs to (set in ``flags``)."""
     if resume is None:
         return None, None, None
-    from llamagym.training import checkpoint as checkpoints
-    from llamagym.training.checkpoint_trust import untrusted_config
-    from llamagym.training.trl_backend import trl_checkpoint, trl_run_dir
+    from llamagym.training.checkpoint import store as checkpoints
+    from llamagym.training.checkpoint.trust import untrusted_config
+    from llamagym.trl_backend.trainer import trl_checkpoint, trl_run_dir
 
     trl_resume = trl_checkpoint(resume)
     if trl_resume is not None:
@@ -362,8 +362,8 @@ def _train(
     budget: str,
 ) -> None:
     from llamagym import distributed
-    from llamagym.training.progress import RunProgress, summary_table
-    from llamagym.training.trainer import Trainer
+    from llamagym.training.loop.progress import RunProgress, summary_table
+    from llamagym.training.loop.trainer import Trainer
 
     main_process = distributed.is_main()
     console = Console(quiet=not main_process)  # the other processes print nothing
@@ -374,7 +374,7 @@ def _train(
     progress = None if config.output.quiet or not main_process else RunProgress(status)
     trainer_class: type[Trainer] = Trainer
     if config.training.backend == "trl":
-        from llamagym.training.trl_backend import TRLTrainer
+        from llamagym.trl_backend.trainer import TRLTrainer
 
         trainer_class = TRLTrainer
     trainer = trainer_class(

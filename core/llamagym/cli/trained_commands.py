@@ -13,8 +13,8 @@ from llamagym.cli.app import app, report_plugin_problems
 from llamagym.config import check_episode_memory
 from llamagym.display import printable
 from llamagym.errors import LlamaGymError
-from llamagym.training.run_files import read_metrics, read_transcripts
-from llamagym.training.transcripts import TRANSCRIPTS, render, transcript
+from llamagym.training.records.run_files import read_metrics, read_transcripts
+from llamagym.training.records.transcripts import TRANSCRIPTS, render, transcript
 
 
 @app.command("export")
@@ -38,9 +38,9 @@ def export_command(
     adapter or the whole model, the tokenizer with its chat template, the run's sampling
     settings, the value head, and a model card with its evaluation beside the baselines."""
     from llamagym.agent import load_agent
-    from llamagym.training import checkpoint as checkpoints
-    from llamagym.training.export import check_export_target, export_agent
-    from llamagym.training.report import METRICS
+    from llamagym.training.checkpoint import store as checkpoints
+    from llamagym.training.records.export import check_export_target, export_agent
+    from llamagym.training.records.report import METRICS
 
     report_plugin_problems()
     check_export_target(to, overwrite)  # before the model loads

@@ -222,7 +222,7 @@ class Generation:
                 return_dict_in_generate=True,
                 output_logits=True,  # before any processor: the policy's own
                 # Each process generates on its own: a sharded model's parameters are
-                # gathered for the whole rollout first (training/sharded.py), where
+                # gathered for the whole rollout first (trl_backend/sharded.py), where
                 # transformers would otherwise step every process together.
                 synced_gpus=False,
             )

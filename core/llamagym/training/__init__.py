@@ -1,6 +1,8 @@
-"""Learning from episodes: the trainer loop, the algorithm base and its shared
-loop, credit rules, the schedule, checkpoints, several processes, progress
-display and the report."""
+"""Learning from episodes, in three rooms, highest first: the loop (``loop``: the
+trainer, starting and resuming, budgets, the loop's state, progress, the final
+evaluation), checkpoints (``checkpoint``) and what a run leaves to be read
+(``records``: run files, report, transcripts, the lock, export). A room uses only the
+rooms below it (docs/architecture.md, "Layers")."""
 
 from typing import TYPE_CHECKING
 

@@ -53,17 +53,16 @@ from llamagym.rollout.evaluation import EvalResult
 from llamagym.schedule import Control, run_budgets
 from llamagym.specs import RunContext
 from llamagym.task import Task
-from llamagym.training import checkpoint as checkpoints
-from llamagym.training.budget import (
+from llamagym.training.checkpoint import store as checkpoints
+from llamagym.training.loop.budget import (
     TIME_BUDGET,
     CollectionWatch,
     budget_fraction,
     refuse_a_spent_budget,
     stop_cause,
 )
-from llamagym.training.final_evaluation import evaluate_run
-from llamagym.training.report import METRICS, append_record, write_report
-from llamagym.training.run_directory import (
+from llamagym.training.loop.final_evaluation import evaluate_run
+from llamagym.training.loop.run_directory import (
     OWN_TEMPORARIES,
     PLUGINS,
     RANK_RECORDS,
@@ -72,10 +71,8 @@ from llamagym.training.run_directory import (
     default_output_dir,
     holds_a_run,
 )
-from llamagym.training.run_files import read_metrics, read_transcripts
-from llamagym.training.run_lock import RunDirectoryLock
-from llamagym.training.run_start import make_first_env, restore_run, warn_if_plugins_changed
-from llamagym.training.run_state import (
+from llamagym.training.loop.run_start import make_first_env, restore_run, warn_if_plugins_changed
+from llamagym.training.loop.run_state import (
     MOVING_AVERAGE_EPISODES,
     Counters,
     RandomState,
@@ -88,13 +85,16 @@ from llamagym.training.run_state import (
     reseed_process,
     seed_everything,
 )
-from llamagym.training.transcripts import (
+from llamagym.training.loop.update_metrics import count_update, warn_if_first_update_moved_far
+from llamagym.training.records.report import METRICS, append_record, write_report
+from llamagym.training.records.run_files import read_metrics, read_transcripts
+from llamagym.training.records.run_lock import RunDirectoryLock
+from llamagym.training.records.transcripts import (
     PER_UPDATE,
     TRANSCRIPTS,
     TranscriptLog,
     transcript,
 )
-from llamagym.training.update_metrics import count_update, warn_if_first_update_moved_far
 
 logger = logging.getLogger(__name__)
 
@@ -588,7 +588,7 @@ class Trainer:
         self, counters: Counters, engine: RolloutEngine
     ) -> tuple[EvalResult, list[EvalResult], dict]:
         """The final evaluation beside the baselines, on ``engine`` (one of its own:
-        :func:`~llamagym.training.run_state.make_engine` with ``observe=False``),
+        :func:`~llamagym.training.loop.run_state.make_engine` with ``observe=False``),
         recorded in the run directory."""
         return evaluate_run(
             engine, self.config, self.progress, self._transcripts, self.output_dir, counters

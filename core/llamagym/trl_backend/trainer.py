@@ -25,7 +25,7 @@ The pieces, in the order TRL calls them:
   ``report.md`` and learning curve as a native one.
 
 The settings' side (what carries over, ``GRPOConfig``, the seed dataset) is in
-``trl_settings.py``; the rollout function and the sequences in ``trl_rollout.py``; a
+``settings.py`` beside it; the rollout function and the sequences in ``rollout.py``; a
 sharded model's gathering in ``sharded.py``. This module is the run: the trainer, its
 callbacks and the end of a run.
 """
@@ -56,18 +56,10 @@ from llamagym.models.lora_choice import trains_through_lora
 from llamagym.models.policy import Policy
 from llamagym.paths import check_own_entry
 from llamagym.schedule import Schedule
-from llamagym.training.checkpoint import CHECKPOINTS
-from llamagym.training.export import RUN_EXPORT, export_agent
-from llamagym.training.report import (
-    METRICS,
-    append_record,
-    records_until,
-    rewrite_records,
-)
-from llamagym.training.run_directory import RUN_FILES, check_writable
-from llamagym.training.run_files import read_metrics
-from llamagym.training.run_start import make_first_env
-from llamagym.training.run_state import (
+from llamagym.training.checkpoint.store import CHECKPOINTS
+from llamagym.training.loop.run_directory import RUN_FILES, check_writable
+from llamagym.training.loop.run_start import make_first_env
+from llamagym.training.loop.run_state import (
     MOVING_AVERAGE_EPISODES,
     Counters,
     RunSummary,
@@ -75,12 +67,20 @@ from llamagym.training.run_state import (
     make_engine,
     seed_everything,
 )
-from llamagym.training.sharded import full_state_dict, whole_model
-from llamagym.training.trainer import Trainer
-from llamagym.training.transcripts import PER_UPDATE, TRANSCRIPTS, TranscriptLog, transcript
-from llamagym.training.trl_rollout import EpisodeRollouts
-from llamagym.training.trl_settings import check_supported, seed_dataset
+from llamagym.training.loop.trainer import Trainer
+from llamagym.training.records.export import RUN_EXPORT, export_agent
+from llamagym.training.records.report import (
+    METRICS,
+    append_record,
+    records_until,
+    rewrite_records,
+)
+from llamagym.training.records.run_files import read_metrics
+from llamagym.training.records.transcripts import PER_UPDATE, TRANSCRIPTS, TranscriptLog, transcript
 from llamagym.trl_arguments import episode_budget, grpo_args, require_trl, steps_per_update
+from llamagym.trl_backend.rollout import EpisodeRollouts
+from llamagym.trl_backend.settings import check_supported, seed_dataset
+from llamagym.trl_backend.sharded import full_state_dict, whole_model
 
 logger = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ class TRLTrainer(Trainer):
             resumed_from=resume, greedy=config.training.eval_greedy,
         )
         # Every process takes part in gathering a sharded model; the main one alone
-        # evaluates and exports it (see training/sharded.py).
+        # evaluates and exports it (see trl_backend/sharded.py).
         weights = full_state_dict(trainer)
         with whole_model(trainer) as trained:
             if distributed.is_main():

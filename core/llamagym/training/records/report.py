@@ -10,7 +10,7 @@
 
 :func:`write_report` turns it and ``config.yaml`` into ``report.md`` and
 ``learning_curve.png``; ``llamagym report DIR`` calls it for a finished run, reading the
-files back through :mod:`llamagym.training.run_files` (a damaged record is left out with
+files back through :mod:`llamagym.training.records.run_files` (a damaged record is left out with
 one warning). Names and text from those files reach the Markdown escaped
 (:mod:`llamagym.display`).
 """
@@ -38,13 +38,13 @@ from llamagym.display import (
 from llamagym.errors import RunFileError, WriteError
 from llamagym.paths import append_line, write_atomically
 from llamagym.plugin_manager import get_plugins
-from llamagym.training.run_files import (
+from llamagym.training.records.run_files import (
     read_metrics,
     read_plugins_record,
     read_run_config,
     read_transcripts,
 )
-from llamagym.training.transcripts import TRANSCRIPTS, render
+from llamagym.training.records.transcripts import TRANSCRIPTS, render
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from llamagym.training.checkpoint_errors import (
+from llamagym.training.checkpoint.errors import (
     CheckpointMismatchError,
     damaged,
     first_line,

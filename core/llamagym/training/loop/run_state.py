@@ -24,7 +24,7 @@ from llamagym.models.policy import Policy
 from llamagym.rollout.engine import RolloutEngine
 from llamagym.rollout.evaluation import EvalResult
 from llamagym.schedule import Control, Schedule
-from llamagym.training.checkpoint_state import capture_global_rng, restore_global_rng
+from llamagym.training.checkpoint.state import capture_global_rng, restore_global_rng
 
 if TYPE_CHECKING:
     from llamagym.task import Task

@@ -12,9 +12,9 @@ from typing import Any
 import gymnasium
 
 from llamagym.errors import LlamaGymError
-from llamagym.training import checkpoint as checkpoints
-from llamagym.training.report import records_until, rewrite_records
-from llamagym.training.run_state import Counters, Run, isolated_rng
+from llamagym.training.checkpoint import store as checkpoints
+from llamagym.training.loop.run_state import Counters, Run, isolated_rng
+from llamagym.training.records.report import records_until, rewrite_records
 
 logger = logging.getLogger(__name__)
 

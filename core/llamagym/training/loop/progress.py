@@ -23,7 +23,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from llamagym.training.report import format_speed
+from llamagym.training.records.report import format_speed
 
 # The algorithm statistics worth a glance, in order of preference; the first three an
 # algorithm reports are shown.
@@ -165,7 +165,7 @@ class EvaluationProgress:
     """A bar over an evaluation's episodes: the agent's, then each baseline's on the
     same seeds. Use it as a context manager and call it with ``(policy, episodes
     finished, episodes in all)``, as
-    :func:`llamagym.training.final_evaluation.evaluate_with_baselines` does.
+    :func:`llamagym.training.loop.final_evaluation.evaluate_with_baselines` does.
 
     It draws on a terminal only, and is gone once the evaluation ends (the table comes
     next): a log file or a pipe gets no bar lines, and output on stdout (``llamagym eval
@@ -271,7 +271,7 @@ def evaluation_table(
 
 
 def summary_table(summary: Any) -> Table:
-    """The end-of-run evaluation table of a :class:`llamagym.training.trainer.RunSummary`."""
+    """The end-of-run evaluation table of a :class:`llamagym.training.loop.trainer.RunSummary`."""
     if summary.evaluation is None:
         return Table(title="No evaluation")
     greedy = getattr(summary, "greedy", True)

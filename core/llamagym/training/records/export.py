@@ -42,7 +42,7 @@ from llamagym.display import markdown_line, outcome_names, outcome_shares
 from llamagym.errors import LlamaGymError, WriteError
 from llamagym.models.registry import get_model_entry
 from llamagym.paths import write_failure, write_failure_text
-from llamagym.training.run_files import ExportMeta, check, read_json_file
+from llamagym.training.records.run_files import ExportMeta, check, read_json_file
 
 if TYPE_CHECKING:
     from llamagym.models.policy import Policy
@@ -267,7 +267,7 @@ def _base_model_id(agent: Task, policy: Policy) -> str:
 
 def read_export_meta(directory: Path) -> dict[str, Any] | None:
     """The ``llamagym.json`` of an exported directory, checked against its schema
-    (:class:`~llamagym.training.run_files.ExportMeta`), or None when it is not one."""
+    (:class:`~llamagym.training.records.run_files.ExportMeta`), or None when it is not one."""
     path = Path(directory) / EXPORT_META
     if not path.is_file():
         return None

@@ -12,10 +12,10 @@ from pathlib import Path
 
 from llamagym.errors import LlamaGymError
 from llamagym.paths import check_own_entry
-from llamagym.training import checkpoint as checkpoints
-from llamagym.training.report import CURVE, METRICS, REPORT
-from llamagym.training.run_lock import LOCK, WRITER
-from llamagym.training.transcripts import TRANSCRIPTS
+from llamagym.training.checkpoint import store as checkpoints
+from llamagym.training.records.report import CURVE, METRICS, REPORT
+from llamagym.training.records.run_lock import LOCK, WRITER
+from llamagym.training.records.transcripts import TRANSCRIPTS
 
 RANK_RECORDS = ".ranks"
 #: The plugins that answered per-step hooks (prompt, observation, parsing, reward).

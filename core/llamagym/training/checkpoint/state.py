@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 # The warnings of checkpoints come from one logger, whichever module gives them.
-logger = logging.getLogger("llamagym.training.checkpoint")
+logger = logging.getLogger("llamagym.training.checkpoint.store")
 
 
 # -- nested state <-> JSON plus named tensors -------------------------------------------

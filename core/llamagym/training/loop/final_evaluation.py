@@ -12,9 +12,9 @@ from typing import Any
 from llamagym.config import check_episode_memory
 from llamagym.rollout.engine import RolloutEngine
 from llamagym.rollout.evaluation import EvalResult, evaluate_agent, evaluate_baseline
-from llamagym.training.report import METRICS, append_record
-from llamagym.training.run_state import Counters
-from llamagym.training.transcripts import PER_UPDATE, TranscriptLog, transcript
+from llamagym.training.loop.run_state import Counters
+from llamagym.training.records.report import METRICS, append_record
+from llamagym.training.records.transcripts import PER_UPDATE, TranscriptLog, transcript
 
 
 def evaluate_run(
@@ -74,7 +74,7 @@ def evaluate_with_baselines(
     task's baselines on the same ``episodes`` seeded episodes
     (``examples`` receives the agent's episodes). ``on_progress`` is told ``(policy,
     finished, episodes)`` as each one plays, ``policy`` being ``"agent"`` or the
-    baseline's name (e.g. :class:`llamagym.training.progress.EvaluationProgress`).
+    baseline's name (e.g. :class:`llamagym.training.loop.progress.EvaluationProgress`).
     ``seconds`` bounds the agent's evaluation (:func:`evaluate_agent`)."""
     check_episode_memory(episodes, "the evaluation's episodes")
 

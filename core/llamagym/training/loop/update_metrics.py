@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from llamagym import distributed
-from llamagym.training.run_state import Training
+from llamagym.training.loop.run_state import Training
 
 logger = logging.getLogger(__name__)
 

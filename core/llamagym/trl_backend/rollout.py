@@ -20,8 +20,8 @@ from llamagym.models.policy import Policy, Replies
 from llamagym.rollout.engine import RolloutEngine
 from llamagym.rollout.slots import Slot
 from llamagym.rollout.trajectory import Episode, Turn
-from llamagym.training.sharded import whole_model
-from llamagym.training.trl_settings import seed_of
+from llamagym.trl_backend.settings import seed_of
+from llamagym.trl_backend.sharded import whole_model
 
 
 # -- episodes as sequences ------------------------------------------------------------------
@@ -215,7 +215,7 @@ class EpisodeRollouts:
         started = time.perf_counter()
         episodes: dict[int, Episode] = {}
         # A sharded model's parameters are gathered once for all the turns, since the
-        # processes play different numbers of forward passes (see training/sharded.py).
+        # processes play different numbers of forward passes (see trl_backend/sharded.py).
         with whole_model(trainer) as model:
             vllm = trainer.vllm_generation if trainer.use_vllm else None
             engine = self._engine_for(model, vllm)

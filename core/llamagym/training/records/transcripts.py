@@ -7,7 +7,7 @@ flat over a long run). Each line holds the system prompt and, per turn, the obse
 text, the model's reply (generate mode) or the chosen action's probability (score mode),
 the action taken, which parser found it, and the reward. ``report.md`` shows two of them
 and ``llamagym play`` prints new ones the same way. The file is read back through
-:func:`llamagym.training.run_files.read_transcripts`, which checks every record, and
+:func:`llamagym.training.records.run_files.read_transcripts`, which checks every record, and
 :func:`render` shows what a model or an env wrote with its control characters escaped.
 """
 
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from llamagym.display import printable
 from llamagym.paths import write_atomically
-from llamagym.training.run_files import read_transcripts
+from llamagym.training.records.run_files import read_transcripts
 
 if TYPE_CHECKING:
     from llamagym.rollout.trajectory import Episode

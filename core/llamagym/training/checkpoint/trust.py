@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from llamagym.paths import expand_user
-from llamagym.training.checkpoint_errors import UntrustedModelError
+from llamagym.training.checkpoint.errors import UntrustedModelError
 
 # The warnings of checkpoints come from one logger, whichever module gives them.
-logger = logging.getLogger("llamagym.training.checkpoint")
+logger = logging.getLogger("llamagym.training.checkpoint.store")
 
 #: How a user lets a checkpoint's model run its own code, wherever a checkpoint is loaded.
 TRUST_HINT = (

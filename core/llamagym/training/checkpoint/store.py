@@ -19,11 +19,10 @@ checkpoint is named and never half-loaded: every tensor is checked against the m
 optimizer it goes into (name, shape, dtype, finite values) before any is copied, and a
 run directory whose newest checkpoint is damaged falls back to its newest intact one.
 
-This module writes, finds and reads checkpoints; its pieces have modules of their own,
-and their names are imported from there: the errors (``checkpoint_errors``), the
-training state as JSON and named tensors (``checkpoint_state``), the checks on tensors
-before they load (``checkpoint_tensors``) and on the model a checkpoint names
-(``checkpoint_trust``).
+This module writes, finds and reads checkpoints; its pieces have modules of their own
+beside it, and their names are imported from there: the errors (``errors``), the
+training state as JSON and named tensors (``state``), the checks on tensors before they
+load (``tensors``) and on the model a checkpoint names (``trust``).
 """
 
 from __future__ import annotations
@@ -37,40 +36,39 @@ import tempfile
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import safetensors.torch
 import torch
 from safetensors import SafetensorError, safe_open
 
 from llamagym import __version__
-from llamagym import moved_name as _moved_name
 from llamagym.algorithms.algorithm_config import nest_warm_start_keys
 from llamagym.errors import LlamaGymError
 from llamagym.paths import check_own_entry, write_failure, write_failure_text
-from llamagym.training.checkpoint_errors import (
+from llamagym.training.checkpoint.errors import (
     CheckpointError,
     CheckpointWriteError,
     DamagedCheckpointError,
     damaged,
     first_line,
 )
-from llamagym.training.checkpoint_state import (
+from llamagym.training.checkpoint.state import (
     capture_global_rng,
     decode_state,
     encode_state,
     restore_global_rng,
     tensor_names,
 )
-from llamagym.training.checkpoint_tensors import (
+from llamagym.training.checkpoint.tensors import (
     check_optimizer_state,
     check_tensors,
     load_tensors,
 )
-from llamagym.training.checkpoint_trust import (
+from llamagym.training.checkpoint.trust import (
     dotted,
 )
-from llamagym.training.run_files import CheckpointMeta, check, read_json_file
+from llamagym.training.records.run_files import CheckpointMeta, check, read_json_file
 
 __all__ = [
     "CHECKPOINTS",
@@ -228,7 +226,7 @@ def save_training_checkpoint(
     keep: int | None = None,
     plugins: list[dict[str, Any]] | None = None,
 ) -> Path:
-    """Checkpoint a training run (a :class:`llamagym.training.run_state.Run`) after update
+    """Checkpoint a training run (a :class:`llamagym.training.loop.run_state.Run`) after update
     ``counters["updates"]``; keep the last ``keep`` checkpoints of ``run_dir``.
     ``plugins`` lists the plugins that answered per-step hooks so far.
 
@@ -372,7 +370,7 @@ def run_dir_of(checkpoint: Path) -> Path:
 
 def read_meta(directory: Path) -> dict[str, Any]:
     """The checkpoint's ``checkpoint.json``, checked against its schema
-    (:class:`~llamagym.training.run_files.CheckpointMeta`: counters are counts, the config
+    (:class:`~llamagym.training.records.run_files.CheckpointMeta`: counters are counts, the config
     sections mappings...), or :class:`DamagedCheckpointError` naming the checkpoint and
     the field."""
     path = Path(directory) / META
@@ -518,8 +516,8 @@ def load_checkpoint(policy: Any, directory: Path) -> dict[str, Any]:
 
 def restore_training_checkpoint(directory: Path, run: Any) -> dict[str, Any]:
     """Load weights, optimizer, algorithm, engine and global RNG state into ``run`` (a
-    :class:`llamagym.training.run_state.Run`); return the saved counters. Everything is read and
-    checked before anything is loaded."""
+    :class:`llamagym.training.loop.run_state.Run`); return the saved counters. Everything
+    is read and checked before anything is loaded."""
     directory = Path(directory)
     meta = read_meta(directory)
     if "state" not in meta:
@@ -556,7 +554,3 @@ def restore_training_checkpoint(directory: Path, run: Any) -> dict[str, Any]:
         ) from None
     return dict(meta["counters"])
 
-
-if not TYPE_CHECKING:  # to a type checker a moved name is missing, as it is
-    def __getattr__(name: str) -> object:
-        return _moved_name(__name__, name)

@@ -10,7 +10,7 @@ from typing import Any
 
 from llamagym.errors import LlamaGymError
 from llamagym.schedule import run_budgets
-from llamagym.training.run_state import Counters
+from llamagym.training.loop.run_state import Counters
 
 TIME_BUDGET = "time budget"  # the stop reason when --minutes is used up
 
