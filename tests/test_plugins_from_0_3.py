@@ -86,6 +86,24 @@ def test_the_version_is_one_and_the_env_plugins_admit_it() -> None:
     assert refused == []
 
 
+def test_a_method_0_4_moved_names_its_place_and_is_there() -> None:
+    from llamagym.algorithms.algorithm import MOVED_METHODS, Algorithm
+    from llamagym.algorithms.turn_scoring import TurnScoring
+
+    class Old(Algorithm):  # built bare: the lookups below need no policy
+        pass
+
+    algorithm = Old.__new__(Old)
+    for name, place in MOVED_METHODS.items():
+        with pytest.raises(AttributeError) as raised:
+            getattr(algorithm, name)
+        assert str(raised.value) == f"Old.{name} is {place} since LlamaGym 0.4"
+        if place.startswith("self.scoring."):
+            assert callable(getattr(TurnScoring, name))
+    with pytest.raises(AttributeError, match="'Old' object has no attribute 'no_such_name'"):
+        algorithm.no_such_name  # noqa: B018
+
+
 @pytest.mark.parametrize("package", sorted(PACKAGES))
 def test_pip_installs_a_0_3_plugin_beside_this_release_once_its_range_is_widened(
     package: str, tmp_path: Path
@@ -122,20 +140,21 @@ def installed(root: Path, site: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1"}
 
 
-def own_tests(root: Path, env: dict[str, str]) -> str:
-    """The package's own tests, run in a process of their own: the summary line."""
+def own_tests(root: Path, env: dict[str, str], passing: bool = True) -> str:
+    """The package's own tests, run in a process of their own: their output, whose last
+    line sums them up."""
     tests = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
         cwd=root, capture_output=True, text=True, timeout=900, env=env,
     )
-    assert tests.returncode == 0, tests.stdout + tests.stderr
-    return tests.stdout.strip().splitlines()[-1]
+    assert (tests.returncode == 0) == passing, tests.stdout + tests.stderr
+    return tests.stdout.strip()
 
 
 @pytest.mark.slow
 def test_a_0_3_env_plugin_passes_its_own_tests_unchanged(tmp_path: Path) -> None:
     root = widened_copy("llamagym-lake03", tmp_path)
-    summary = own_tests(root, installed(root, tmp_path / "site"))
+    summary = own_tests(root, installed(root, tmp_path / "site")).splitlines()[-1]
     assert summary.startswith(f"{PACKAGES['llamagym-lake03']} passed"), summary
 
 
@@ -173,8 +192,9 @@ def test_a_0_3_algorithm_plugin_is_told_each_change_and_passes_with_the_guides(
 ) -> None:
     """As 0.3.0 wrote it, a run with the algorithm stops before anything is written, in one
     line naming the module that moved; with the guide's imports, in one line naming the
-    constructor 0.4 builds algorithms with; with that constructor and the scoring the
-    algorithm now holds, the plugin passes its own tests."""
+    constructor 0.4 builds algorithms with; with that constructor, its update's call of
+    `self.evaluate` fails naming `self.scoring.evaluate`; with that too, the plugin passes
+    its own tests."""
     root = widened_copy("llamagym-steps03", tmp_path, requirement="llamagym>=0.4,<0.5")
     module = root / "src" / "llamagym_steps03" / "algorithm.py"
     loading = ("error: algorithm 'steps03' from plugin 'steps03' (distribution "
@@ -187,6 +207,10 @@ def test_a_0_3_algorithm_plugin_is_told_each_change_and_passes_with_the_guides(
     assert line.startswith(loading + "TypeError: llamagym_steps03.algorithm.Steps03.__init__")
     assert "`def __init__(self, context: AlgorithmContext)`" in line
     upgraded(module, 1)
+    # The update still asks for a method 0.4 moved: the error names its place.
+    output = own_tests(root, installed(root, tmp_path / "site-2"), passing=False)
+    assert ("AttributeError: Steps03.evaluate is self.scoring.evaluate since LlamaGym 0.4"
+            in output)
     upgraded(module, 2)
-    summary = own_tests(root, installed(root, tmp_path / "site-2"))
+    summary = own_tests(root, installed(root, tmp_path / "site-3")).splitlines()[-1]
     assert summary.startswith(f"{PACKAGES['llamagym-steps03']} passed"), summary

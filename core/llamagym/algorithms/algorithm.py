@@ -64,6 +64,7 @@ from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.schedule import Control, LearningRate, Schedule
 
 __all__ = [
+    "MOVED_METHODS",
     "TARGET_KL_TOLERANCE",
     "Algorithm",
     "AlgorithmContext",
@@ -125,6 +126,20 @@ class AlgorithmContext:
     control: Control = field(default_factory=Control)
 
 
+#: What an Algorithm offered in LlamaGym 0.3 that 0.4 moved, and where it is now: a 0.3
+#: algorithm that asks for one is told in one line (:meth:`Algorithm.__getattr__`).
+MOVED_METHODS = {
+    **{name: f"self.scoring.{name}" for name in (
+        "evaluate", "sampling_temperature", "named_actions", "old_logprobs", "padded",
+        "reference_logprobs", "reference_logprob_lists", "keep_trunk",
+    )},
+    "annealed_lr": "self.learning_rate = LearningRate(context.schedule, lr, anneal) "
+                   "(llamagym.schedule), which self.step applies",
+    "warmup_share": "LearningRate(...).at(step) (llamagym.schedule)",
+    "progress": "self.schedule.progress",
+}
+
+
 class Algorithm:
     Config: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
     #: Credit rules this algorithm accepts (mirrors its Config's; documented in credit.py).
@@ -170,6 +185,15 @@ class Algorithm:
         #: Supervised steps (demonstrations before RL, the best episodes between
         #: updates), in an algorithm configured for them.
         self.sft: Supervised | None = None
+
+    if not TYPE_CHECKING:  # to a type checker a moved method is missing, as it is
+        def __getattr__(self, name: str) -> object:
+            """Only for a name the instance lacks: one that 0.4 moved names its place."""
+            if name in MOVED_METHODS:
+                raise AttributeError(f"{type(self).__name__}.{name} is "
+                                     f"{MOVED_METHODS[name]} since LlamaGym 0.4")
+            raise AttributeError(
+                f"{type(self).__name__!r} object has no attribute {name!r}", name=name, obj=self)
 
     # -- phases of a run -----------------------------------------------------------
     def warm_start(self) -> dict[str, float]:
