@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 # LoRA targets per architecture, checked against freshly built tiny configs of
-# each model type in tests/test_models.py.
+# each model type in tests/models/test_models.py.
 LLAMA_LIKE_TARGETS: tuple[str, ...] = (
     "q_proj",
     "k_proj",

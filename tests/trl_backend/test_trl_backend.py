@@ -465,7 +465,7 @@ def test_vllm_colocate_generation_when_vllm_is_installed(tmp_path) -> None:
     assert summary.updates == 2
 
 
-FSDP2_CONFIG = Path(__file__).resolve().parents[1] / "docs" / "accelerate" / "fsdp2.yaml"
+FSDP2_CONFIG = Path(__file__).resolve().parents[2] / "docs" / "accelerate" / "fsdp2.yaml"
 
 
 @pytest.mark.slow
@@ -557,7 +557,7 @@ def test_two_processes_under_accelerate_end_with_identical_weights(tmp_path, lau
 def test_the_documented_accelerate_configs_are_accelerates_format(name) -> None:
     from accelerate.commands.config.config_args import load_config_from_file
 
-    path = Path(__file__).parent.parent / "docs" / "accelerate" / f"{name}.yaml"
+    path = Path(__file__).parents[2] / "docs" / "accelerate" / f"{name}.yaml"
     config = load_config_from_file(str(path))
     expected = "FSDP" if name.startswith("fsdp") else "DEEPSPEED"
     assert config.distributed_type.value == expected

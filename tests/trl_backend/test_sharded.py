@@ -1,5 +1,5 @@
 """A model accelerate shards with FSDP2, on two CPU processes over gloo: the TRL backend's
-multi-turn rollout, a training step and the end of a run (tests/fsdp2_worker.py)."""
+multi-turn rollout, a training step and the end of a run (tests/trl_backend/fsdp2_worker.py)."""
 
 from __future__ import annotations
 

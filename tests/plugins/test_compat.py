@@ -14,7 +14,7 @@ import pytest
 
 from llamagym import MOVED_MODULES, MOVED_NAMES
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"llamagym_builtins": ROOT / "plugins" / "llamagym_builtins",
             "llamagym": ROOT / "core" / "llamagym"}
 #: Where code that imports LlamaGym lives: the package, its plugins, the env plugins,

@@ -1,4 +1,4 @@
-"""One process of the FSDP2 test (tests/test_sharded.py), started by torchrun with two
+"""One process of the FSDP2 test (tests/trl_backend/test_sharded.py), started by torchrun with two
 processes over gloo: the tiny model sharded by accelerate's own FSDP2 preparation, the
 TRL backend's rollout function playing a different number of episodes in each process,
 a training step on the sharded model, and the end of a run (gathered weights, the main

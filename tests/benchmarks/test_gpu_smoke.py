@@ -21,7 +21,7 @@ from benchmarks import gpu_smoke
 from llamagym.cli.app import app
 from llamagym.cli.run_commands import resolve_run_config
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_smoke.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_smoke.py"
 NO_GPU = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
 NAMES = [
     "native-1",

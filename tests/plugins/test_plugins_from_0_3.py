@@ -28,7 +28,7 @@ except ModuleNotFoundError:  # Python 3.10
 from llamagym import __version__
 from llamagym.devtools.scaffold import TEMPLATES
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PLUGINS_0_3 = ROOT / "tests" / "data" / "plugins-0.3"
 #: Each package, and how many tests its own suite holds.
 PACKAGES = {"llamagym-lake03": 7, "llamagym-steps03": 5}
