@@ -35,7 +35,7 @@ def test_a_pretrained_model_restates_the_sum_at_the_start_of_its_reply() -> None
     slot = engine.new_slot((np.int64(14), np.int64(10), np.int64(1)), {}, None, None)
     [prompt], [filled] = engine.generation_prompts([slot])
     assert filled == '{"sum": 14, "action": "'
-    tail = agent.policy.tokenizer.decode(prompt[-len(engine.reply_prefix_tokens(filled)) :])
+    tail = agent.policy.tokenizer.decode(prompt[-len(engine.prompts.reply_prefix_tokens(filled)) :])
     assert tail == filled
     assert "Sum 14, dealer 10" in agent.policy.tokenizer.decode(prompt)
 

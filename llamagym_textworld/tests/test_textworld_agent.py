@@ -227,7 +227,7 @@ def test_prompts_never_exceed_the_context(agent: TextWorldAgent, env) -> None:
     policy = long_memory.policy
     budget = policy.max_context - long_memory.config.rollout.max_new_tokens
     full = policy.tokenizer.apply_chat_template(
-        engine._messages(slot, user_texts[0], slot.history), tokenize=False
+        engine.prompts._messages(slot, user_texts[0], slot.history), tokenize=False
     )
     uncut = policy.tokenizer(full, verbose=False)["input_ids"]
     assert len(uncut) > policy.max_context  # the whole history would not fit
