@@ -166,6 +166,7 @@ def test_new_plugin_command_writes_an_env_class(tmp_path: Path) -> None:
     assert not (tmp_path / "llamagym-other").exists()
 
 
+@pytest.mark.slow  # a whole run in fresh processes: `make test` runs it, `make test-fast` does not
 def test_a_new_plugin_installs_lists_checks_and_trains(tmp_path: Path) -> None:
     """The whole path of a plugin author, each step in its own process: generate,
     install (into a directory of its own, so nothing stays installed), list, check, run."""

@@ -54,6 +54,7 @@ def two_process_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess
     return run_dir, completed
 
 
+@pytest.mark.slow  # a whole run in fresh processes: `make test` runs it, `make test-fast` does not
 def test_each_process_plays_its_own_episodes(two_process_run) -> None:
     run_dir, _ = two_process_run
     first, second = rank_records(run_dir, 0), rank_records(run_dir, 1)
@@ -63,6 +64,7 @@ def test_each_process_plays_its_own_episodes(two_process_run) -> None:
         assert set(mine["seeds"]).isdisjoint(theirs["seeds"])
 
 
+@pytest.mark.slow  # a whole run in fresh processes: `make test` runs it, `make test-fast` does not
 def test_weights_are_identical_across_processes_after_every_update(two_process_run) -> None:
     run_dir, _ = two_process_run
     digests = [[r["parameters_sha256"] for r in rank_records(run_dir, rank)] for rank in (0, 1)]
@@ -70,6 +72,7 @@ def test_weights_are_identical_across_processes_after_every_update(two_process_r
     assert len(set(digests[0])) == 2  # and the weights moved between the updates
 
 
+@pytest.mark.slow  # a whole run in fresh processes: `make test` runs it, `make test-fast` does not
 def test_rank_zero_alone_writes_logs_and_evaluates(two_process_run) -> None:
     run_dir, completed = two_process_run
     records = read_metrics(run_dir / "metrics.jsonl")
@@ -86,6 +89,7 @@ def test_rank_zero_alone_writes_logs_and_evaluates(two_process_run) -> None:
     assert completed.stdout.count("trained agent") == 1  # one evaluation table
 
 
+@pytest.mark.slow  # a whole run in fresh processes: `make test` runs it, `make test-fast` does not
 def test_a_two_process_run_resumes_on_every_process(two_process_run) -> None:
     run_dir, _ = two_process_run
     completed = llamagym(

@@ -121,6 +121,7 @@ def model_above_the_lora_threshold(directory: Path) -> Path:
     return directory
 
 
+@pytest.mark.slow  # a whole run in fresh processes: `make test` runs it, `make test-fast` does not
 @pytest.mark.parametrize("weights", ["merged", "adapter"])
 def test_an_export_loads_without_llamagym_and_acts_the_same(weights, tmp_path, cli) -> None:
     run_dir, export = tmp_path / "run", tmp_path / "export"
