@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from llamagym import distributed
 from llamagym import moved_name as _moved_name
-from llamagym.errors import EnvFailureError, LlamaGymError, TrainingDivergedError, WriteError
+from llamagym.errors import EnvFailureError, LlamaGymError, WriteError
 from llamagym.paths import write_atomically
 from llamagym.rollout.engine import RolloutEngine
 from llamagym.rollout.evaluation import EvalResult
@@ -62,6 +62,7 @@ from llamagym.training.loop.budget import (
     stop_cause,
 )
 from llamagym.training.loop.final_evaluation import evaluate_run
+from llamagym.training.loop.release_memory import release_freed_memory
 from llamagym.training.loop.run_directory import (
     OWN_TEMPORARIES,
     PLUGINS,
@@ -85,7 +86,11 @@ from llamagym.training.loop.run_state import (
     reseed_process,
     seed_everything,
 )
-from llamagym.training.loop.update_metrics import count_update, warn_if_first_update_moved_far
+from llamagym.training.loop.update_metrics import (
+    check_skipped_steps,
+    count_update,
+    warn_if_first_update_moved_far,
+)
 from llamagym.training.records.report import METRICS, append_record, write_report
 from llamagym.training.records.run_files import read_metrics, read_transcripts
 from llamagym.training.records.run_lock import RunDirectoryLock
@@ -480,23 +485,13 @@ class Trainer:
         algorithm = training.run.algorithm
         self._show_phase("updating")  # until the algorithm reports its epochs
         skipped_before = algorithm.skipped_updates
+        release_freed_memory()  # the collection's freed blocks, before the update's peak
         update_metrics = algorithm.update(batch)
-        if algorithm.skipped_updates == skipped_before:
-            training.skipped_in_a_row = 0
-            return update_metrics
-        training.skipped_in_a_row += 1
-        logger.warning(
-            "update %d: %d optimizer step(s) skipped for a non-finite loss or gradient; "
-            "the weights were left unchanged",
-            training.counters.updates + 1,
-            algorithm.skipped_updates - skipped_before,
+        release_freed_memory()
+        check_skipped_steps(
+            training, algorithm.skipped_updates - skipped_before,
+            self.config.training.max_skipped_updates, self._last_checkpoint,
         )
-        if training.skipped_in_a_row >= self.config.training.max_skipped_updates:
-            raise TrainingDivergedError(
-                f"{training.skipped_in_a_row} updates in a row had a non-finite loss or "
-                f"gradient; stopping. The last good checkpoint is {self._last_checkpoint}; "
-                "try a lower algorithm.lr, or check the rewards for inf/nan"
-            )
         return update_metrics
 
     def _record(

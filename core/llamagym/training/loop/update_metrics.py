@@ -1,6 +1,6 @@
 """An update's numbers: what every process did during it, added to the run's counters
-and made into the update's metrics line, and the warning when the first update moved
-the policy too far."""
+and made into the update's metrics line; the warning when the first update moved the
+policy too far, and the stop when too many in a row skipped their steps."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from llamagym import distributed
+from llamagym.errors import TrainingDivergedError
 from llamagym.training.loop.run_state import Training
 
 logger = logging.getLogger(__name__)
@@ -86,3 +87,26 @@ def warn_if_first_update_moved_far(metrics: dict[str, float], config: Any) -> No
         SANE_UPDATE_KL,
         fix,
     )
+
+
+def check_skipped_steps(
+    training: Training, skipped: int, max_in_a_row: int, last_checkpoint: Any
+) -> None:
+    """Count an update that ``skipped`` optimizer steps (a non-finite loss or gradient);
+    ``max_in_a_row`` such updates in a row end the run, naming ``last_checkpoint``."""
+    if not skipped:
+        training.skipped_in_a_row = 0
+        return
+    training.skipped_in_a_row += 1
+    logger.warning(
+        "update %d: %d optimizer step(s) skipped for a non-finite loss or gradient; "
+        "the weights were left unchanged",
+        training.counters.updates + 1,
+        skipped,
+    )
+    if training.skipped_in_a_row >= max_in_a_row:
+        raise TrainingDivergedError(
+            f"{training.skipped_in_a_row} updates in a row had a non-finite loss or "
+            f"gradient; stopping. The last good checkpoint is {last_checkpoint}; "
+            "try a lower algorithm.lr, or check the rewards for inf/nan"
+        )
