@@ -1,0 +1,363 @@
+"""What a small model learns on the TextArena and BabyAI env plugins: for each agent,
+its baselines, the untrained model (zero-shot) and the model after a training run, all
+evaluated greedily on the same evaluation seeds.
+
+    nice -n 19 python benchmarks/env_plugins.py                  # tiny, the seven agents
+    nice -n 19 python benchmarks/env_plugins.py --model smollm2-135m --zero-shot-only
+    nice -n 19 python benchmarks/env_plugins.py --model smollm2-135m --minutes 30
+    python benchmarks/env_plugins.py --quick --agents babyai     # a smoke run
+    python benchmarks/env_plugins.py --agents textarena-tower-of-hanoi:TowerOfHanoi-v0-medium
+
+An agent is its name, or ``NAME:VARIANT`` for another game or level than its default
+(the agent's ``game`` or ``level`` option). For each, one at a time:
+
+1. ``llamagym eval AGENT --model M -n N --seed E --json``: the untrained model, greedy,
+   beside the baselines the agent names (``random``, and its expert: a solver, an oracle
+   or BabyAI's bot), all on the evaluation seeds E, E+1, ...;
+2. ``llamagym run AGENT --model M --seed S --episodes K`` (or ``--minutes``), the
+   command a user types with the agent's defaults, its own final evaluation off;
+3. ``llamagym eval AGENT --checkpoint RUN -n N --seed E --json``: the trained agent on
+   the same seeds.
+
+Every number comes from ``llamagym eval``'s JSON: mean return with its 95% CI, the share
+of episodes won (``won`` or ``success``), the share the game ended for invalid moves,
+and the share of replies that named no legal move. Every process runs with ``--threads``
+torch threads (default 2) and this script's niceness, which the result records.
+Result: ``benchmarks/results/env-plugins-<model>.json`` (``-quick`` for ``--quick``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a file: make the `benchmarks` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import (  # noqa: E402
+    add_allow_dirty,
+    log,
+    recorded_arguments,
+    refuse_dirty_tree,
+    worker_environment,
+    write_script_result,
+)
+
+AGENTS = (
+    "textarena-frozen-lake",
+    "textarena-guess-the-number",
+    "textarena-lights-out",
+    "textarena-mastermind",
+    "textarena-sudoku",
+    "textarena-tower-of-hanoi",
+    "babyai",
+)
+#: The agent options that choose a game or level (``NAME:VARIANT``).
+VARIANT_OPTIONS = ("game", "level")
+#: The outcomes that mean the episode was won, as the agents name them.
+WIN_OUTCOMES = ("won", "success")
+INVALID_OUTCOME = "invalid move"
+DEFAULT_EPISODES = 320  # training episodes per agent when no budget is given
+DEFAULT_EVAL_EPISODES = 100
+EVAL_SEED = 10_000  # evaluation episodes' seeds start here, away from training's
+MAX_EVAL_EPISODES = 10_000
+COMMAND_TIMEOUT_SECONDS = 3 * 3600
+NAME = "env-plugins"
+
+
+# -- pure parts -------------------------------------------------------------------------
+def result_name(model: str) -> str:
+    """``env-plugins-<model>``, the model's name made safe for a file name."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model).strip("-.") or "model"
+    return f"{NAME}-{slug[:80]}"
+
+
+def split_agent(spec: str) -> tuple[str, str | None]:
+    """``NAME`` or ``NAME:VARIANT`` -> (name, variant or None)."""
+    name, _, variant = spec.partition(":")
+    return name, (variant or None)
+
+
+def eval_line(agent: str, subject: Sequence[str], episodes: int, seed: int, threads: int,
+              assignments: Sequence[str]) -> list[str]:
+    """``llamagym eval AGENT SUBJECT -n N --seed E --json --quiet --set ...``; ``subject``
+    is ``--model M`` or ``--checkpoint RUN``."""
+    line = ["eval", agent, *subject, "-n", str(episodes), "--seed", str(seed), "--json",
+            "--quiet", "--set", f"training.threads={threads}"]
+    for assignment in assignments:
+        line += ["--set", assignment]
+    return line
+
+
+def run_line(agent: str, model: str, seed: int, budget: Mapping[str, float], output: Path,
+             threads: int, assignments: Sequence[str]) -> list[str]:
+    """``llamagym run AGENT --model M --seed S --episodes K|--minutes M ...``, the run's
+    own final evaluation off (the trained agent is evaluated by ``llamagym eval``)."""
+    (kind, amount), = budget.items()
+    line = ["run", agent, "--model", model, "--seed", str(seed), f"--{kind}",
+            str(amount if kind == "minutes" else int(amount)), "--threads", str(threads),
+            "--eval-episodes", "0", "--output", str(output), "--quiet",
+            "--set", "output.report=false"]
+    for assignment in assignments:
+        line += ["--set", assignment]
+    return line
+
+
+def summarise(evaluation: Mapping[str, Any]) -> dict[str, Any]:
+    """One policy's numbers from ``llamagym eval --json``: mean return and CI, the share
+    won, the share ended by invalid moves, the share of replies naming no legal move."""
+    outcomes = evaluation.get("outcomes") or {}
+    won = next((outcomes[key] for key in WIN_OUTCOMES if key in outcomes), None)
+    return {
+        "episodes": evaluation["episodes"],
+        "mean": evaluation["mean"],
+        "ci95": evaluation["ci95"],
+        "won": won,
+        "invalid_move": outcomes.get(INVALID_OUTCOME),
+        "invalid_reply": evaluation["invalid_rate"],
+        "outcomes": dict(outcomes),
+        "distinct_episodes": evaluation.get("distinct_episodes"),
+    }
+
+
+def summarise_training(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A run's ``metrics.jsonl`` records -> its updates, episodes, time and curve."""
+    updates = [r for r in records if r.get("kind") == "update"]
+    last = updates[-1] if updates else {}
+    return {
+        "updates": len(updates),
+        "episodes": int(last.get("total_episodes", 0)),
+        "env_steps": int(last.get("env_steps", 0)),
+        "train_seconds": float(last.get("seconds", 0.0)),
+        "curve": [{"update": int(r["update"]), "seconds": float(r["seconds"]),
+                   "return_mean": float(r["return_mean"]),
+                   "invalid_rate": r.get("invalid_rate")} for r in updates],
+    }
+
+
+def budget_of(args: argparse.Namespace, agent: str | None = None) -> dict[str, float]:
+    """``{"episodes": K}`` or ``{"minutes": M}``: the training budget ``agent``'s run
+    gets (``--agent-episodes`` over ``--episodes``; without ``agent``, the default)."""
+    if args.minutes is not None:
+        return {"minutes": args.minutes}
+    named = dict(args.agent_episodes)
+    if agent in named:
+        return {"episodes": named[agent]}
+    return {"episodes": args.episodes or (16 if args.quick else DEFAULT_EPISODES)}
+
+
+def agent_budget(text: str) -> tuple[str, int]:
+    """``AGENT=K`` -> (AGENT, K), K a whole number above 0."""
+    agent, _, count = text.partition("=")
+    if not agent or not count.isdigit() or int(count) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give AGENT=EPISODES, e.g. "
+                                         "textarena-mastermind=16")
+    return agent, int(count)
+
+
+# -- commands ---------------------------------------------------------------------------
+def llamagym_executable() -> str:
+    return shutil.which("llamagym", path=str(Path(sys.executable).parent)) or "llamagym"
+
+
+def run_llamagym(words: Sequence[str], threads: int) -> tuple[str, float]:
+    """Run ``llamagym WORDS`` (stdout, wall seconds); a failure is a one-line error."""
+    started = time.perf_counter()
+    done = subprocess.run([llamagym_executable(), *words], env=worker_environment(threads),
+                          capture_output=True, text=True, check=False,
+                          timeout=COMMAND_TIMEOUT_SECONDS)
+    if done.returncode != 0:
+        said = [line for line in done.stderr.strip().splitlines() if line.strip()]
+        raise SystemExit(f"{NAME}: `llamagym {' '.join(words[:2])}` failed (exit "
+                         f"{done.returncode}): {said[-1] if said else 'no message'}")
+    return done.stdout, time.perf_counter() - started
+
+
+def evaluate(agent: str, subject: Sequence[str], args: argparse.Namespace,
+             assignments: Sequence[str]) -> dict[str, Any]:
+    words = eval_line(agent, subject, args.eval_episodes, args.eval_seed, args.threads,
+                      assignments)
+    stdout, seconds = run_llamagym(words, args.threads)
+    data = json.loads(stdout)
+    return {"command": "llamagym " + " ".join(words), "seconds": seconds,
+            "agent": summarise(data),
+            "baselines": {b["name"]: summarise(b) for b in data.get("baselines", [])}}
+
+
+def variant_assignments(agent: str, variant: str | None, model: str) -> tuple[list[str], str]:
+    """The ``--set`` that picks ``variant`` and the env id the agent then plays (its
+    ``game`` or ``level``), from the agent's validated options; a bad name or variant
+    stops with the agent's own one-line message."""
+    from llamagym.cli.run_commands import resolve_run_config
+    from llamagym.errors import LlamaGymError
+
+    try:
+        _, resolved = resolve_run_config(agent, None, [], {"model.name": model})
+        options = resolved.agent_options
+        key = next((k for k in VARIANT_OPTIONS if hasattr(options, k)), None)
+        if variant is not None and key is None:
+            raise LlamaGymError(f"agent {agent!r} has no game or level option: "
+                                f"give it without ':{variant}'")
+        assignments = [] if variant is None else [f"agent.{key}={variant}"]
+        if assignments:
+            _, resolved = resolve_run_config(agent, None, assignments, {"model.name": model})
+        env_id = getattr(resolved.agent_options, key, None) if key else agent
+    except LlamaGymError as error:
+        raise SystemExit(f"{NAME}: {' '.join(str(error).split())}") from error
+    return assignments, str(env_id)
+
+
+def measure(spec: str, args: argparse.Namespace, runs: Path) -> dict[str, Any]:
+    """One agent: baselines and zero-shot, then (unless --zero-shot-only) a training run
+    and its trained agent, on the same evaluation seeds."""
+    agent, variant = split_agent(spec)
+    assignments, env_id = variant_assignments(agent, variant, args.model)
+    log(NAME, f"{agent} ({env_id}): zero-shot and baselines")
+    zero_shot = evaluate(agent, ["--model", args.model], args, assignments)
+    row: dict[str, Any] = {"agent": agent, "env_id": env_id, "set": assignments,
+                           "baselines": zero_shot.pop("baselines"), "zero_shot": zero_shot}
+    if args.zero_shot_only:
+        return row
+    output = runs / f"{agent}-{variant or 'default'}-seed{args.seed}".replace("/", "-")
+    shutil.rmtree(output, ignore_errors=True)
+    budget = budget_of(args, spec)
+    words = run_line(agent, args.model, args.seed, budget, output, args.threads, assignments)
+    log(NAME, f"{agent}: llamagym {' '.join(words)}")
+    _, wall = run_llamagym(words, args.threads)
+    metrics = output / "metrics.jsonl"  # absent when the budget ended inside update 1
+    records = [json.loads(line) for line in metrics.read_text().splitlines()] \
+        if metrics.is_file() else []
+    training = {"command": "llamagym " + " ".join(recorded_arguments(words)), **budget,
+                "wall_seconds": wall, **summarise_training(records)}
+    trained = evaluate(agent, ["--checkpoint", str(output)], args, assignments)
+    trained.pop("baselines")
+    trained["command"] = trained["command"].replace(str(output), "RUN_DIR")
+    return {**row, "training": training, "trained": trained}
+
+
+# -- the command line -------------------------------------------------------------------
+def positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be above 0")
+        return value
+    return parse
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--agents", nargs="+", default=list(AGENTS), metavar="AGENT",
+                        help="agents to measure, NAME or NAME:VARIANT (default: the six "
+                        "textarena agents and babyai)")
+    parser.add_argument("--model", default="tiny",
+                        help="the model: tiny, smollm2-135m or any model name (default tiny)")
+    budget = parser.add_mutually_exclusive_group()
+    budget.add_argument("--episodes", type=positive(int),
+                        help=f"training episodes per agent (default {DEFAULT_EPISODES}; "
+                        "16 with --quick)")
+    budget.add_argument("--minutes", type=positive(float),
+                        help="training minutes per agent instead of an episode budget")
+    parser.add_argument("--agent-episodes", type=agent_budget, action="append", default=[],
+                        metavar="AGENT=K", help="training episodes of one agent (as given "
+                        "in --agents), over --episodes; repeatable")
+    parser.add_argument("--seed", type=int, default=0, help="training seed (default 0)")
+    parser.add_argument("--eval-episodes", type=positive(int), default=None,
+                        help=f"evaluation episodes per policy (default "
+                        f"{DEFAULT_EVAL_EPISODES}; 4 with --quick; at most {MAX_EVAL_EPISODES})")
+    parser.add_argument("--eval-seed", type=int, default=EVAL_SEED,
+                        help=f"the first evaluation seed (default {EVAL_SEED})")
+    parser.add_argument("--threads", type=positive(int), default=2,
+                        help="torch threads of every process (default 2)")
+    parser.add_argument("--zero-shot-only", action="store_true",
+                        help="baselines and the untrained model only, no training")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run: 4 evaluation episodes, 16 training episodes")
+    parser.add_argument("--keep-runs", type=Path, help="keep the run directories here")
+    parser.add_argument("--output", type=Path,
+                        help="the result file (default: results/env-plugins-<model>.json)")
+    add_allow_dirty(parser)
+    return parser
+
+
+def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The options, checked: a bad value exits 2 with one line naming it."""
+    arguments = parser()
+    args = arguments.parse_args(argv)
+    args.eval_episodes = args.eval_episodes or (4 if args.quick else DEFAULT_EVAL_EPISODES)
+    if args.eval_episodes > MAX_EVAL_EPISODES:
+        arguments.error(f"--eval-episodes {args.eval_episodes} is over "
+                        f"{MAX_EVAL_EPISODES}: give fewer")
+    if args.minutes is not None and args.agent_episodes:
+        arguments.error("--agent-episodes is an episode budget: give it without --minutes")
+    unknown = sorted({agent for agent, _ in args.agent_episodes} - set(args.agents))
+    if unknown:
+        arguments.error(f"--agent-episodes names {', '.join(unknown)}, not among --agents: "
+                        "give an agent exactly as --agents does")
+    for spec in args.agents:
+        agent, variant = split_agent(spec)
+        if not re.fullmatch(r"[A-Za-z0-9._-]+", agent) or (
+                variant is not None and not re.fullmatch(r"[A-Za-z0-9._-]+", variant)):
+            arguments.error(f"--agents {spec!r}: give NAME or NAME:VARIANT (letters, digits, "
+                            "'.', '_', '-'), e.g. textarena-sudoku:Sudoku-v0-easy")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_arguments(argv)
+    refuse_dirty_tree(NAME, args.quick, args.allow_dirty)
+    started = time.perf_counter()
+    runs = args.keep_runs or Path(tempfile.mkdtemp(prefix="llamagym-env-plugins-"))
+    runs.mkdir(parents=True, exist_ok=True)
+    try:
+        rows = [measure(spec, args, runs) for spec in args.agents]
+    finally:
+        if args.keep_runs is None:
+            shutil.rmtree(runs, ignore_errors=True)
+    result = {
+        "model": args.model,
+        "threads": args.threads,
+        "niceness": os.nice(0),
+        "zero_shot_only": args.zero_shot_only,
+        "budget": None if args.zero_shot_only else budget_of(args),
+        "training_seed": args.seed,
+        "eval_episodes": args.eval_episodes,
+        "eval_seed": args.eval_seed,
+        "greedy": True,
+        "agents": rows,
+        "total_seconds": time.perf_counter() - started,
+    }
+    name = result_name(args.model)
+    output = args.output or Path(__file__).resolve().parent / "results" / (
+        f"{name}{'-quick' if args.quick else ''}.json")
+    path = write_script_result(name, args.quick, output, result, argv)
+    for row in rows:
+        line = f"{row['agent']} ({row['env_id']}): zero-shot {_won(row['zero_shot'])}"
+        if "trained" in row:
+            line += f", trained {_won(row['trained'])}"
+        print(line)
+    print(f"written to {path}")
+    return 0
+
+
+def _won(evaluation: Mapping[str, Any]) -> str:
+    numbers = evaluation["agent"]
+    won = "–" if numbers["won"] is None else f"{numbers['won']:.0%}"
+    return f"won {won}, mean return {numbers['mean']:+.3f}"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
