@@ -178,8 +178,9 @@ def run_llamagym(words: Sequence[str], threads: int) -> tuple[str, float]:
                           timeout=COMMAND_TIMEOUT_SECONDS)
     if done.returncode != 0:
         said = [line for line in done.stderr.strip().splitlines() if line.strip()]
-        raise SystemExit(f"{NAME}: `llamagym {' '.join(words[:2])}` failed (exit "
-                         f"{done.returncode}): {said[-1] if said else 'no message'}")
+        print(f"{NAME}: `llamagym {' '.join(words[:2])}` failed (exit {done.returncode}): "
+              f"{said[-1] if said else 'no message'}", file=sys.stderr)
+        raise SystemExit(2 if done.returncode == 2 else 1)  # 2: the input was refused
     return done.stdout, time.perf_counter() - started
 
 
@@ -212,8 +213,9 @@ def variant_assignments(agent: str, variant: str | None, model: str) -> tuple[li
         if assignments:
             _, resolved = resolve_run_config(agent, None, assignments, {"model.name": model})
         env_id = getattr(resolved.agent_options, key, None) if key else agent
-    except LlamaGymError as error:
-        raise SystemExit(f"{NAME}: {' '.join(str(error).split())}") from error
+    except LlamaGymError as error:  # bad input: one line, exit code 2, as argparse does
+        print(f"{NAME}: {' '.join(str(error).split())}", file=sys.stderr)
+        raise SystemExit(2) from error
     return assignments, str(env_id)
 
 
@@ -322,6 +324,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     runs = args.keep_runs or Path(tempfile.mkdtemp(prefix="llamagym-env-plugins-"))
     runs.mkdir(parents=True, exist_ok=True)
+    for spec in args.agents:  # every name and variant checked before anything runs
+        variant_assignments(*split_agent(spec), args.model)
     try:
         rows = [measure(spec, args, runs) for spec in args.agents]
     finally:

@@ -266,10 +266,61 @@ def textworld_section(result: Mapping[str, Any]) -> str:
         note])
 
 
+def _policy(numbers: Mapping[str, Any]) -> str:
+    """``40% won, +0.52``, with the invalid moves and replies where there were any."""
+    won = "–" if numbers.get("won") is None else f"{numbers['won']:.0%}"
+    text = f"{won} won, {numbers['mean']:+.2f}"
+    for key, label in (("invalid_move", "invalid moves"), ("invalid_reply", "invalid replies")):
+        if numbers.get(key):
+            text += f", {numbers[key]:.0%} {label}"
+    return text
+
+
+def _commit(result: Mapping[str, Any]) -> str:
+    commit = str(result.get("commit") or "?")[:12]
+    return {True: f"{commit} + changes", None: f"{commit}?"}.get(result.get("dirty"), commit)
+
+
+def env_plugins_section(result: Mapping[str, Any]) -> str:
+    """``benchmarks/env_plugins.py``: per agent, its baselines, zero-shot and trained."""
+    rows = []
+    for row in result["agents"]:
+        baselines = row["baselines"]
+        training = row.get("training")
+        rows.append([
+            f"`{row['agent']}`", f"`{row['env_id']}`",
+            _policy(baselines["random"]) if "random" in baselines else "–",
+            "; ".join(f"{name}: {_policy(numbers)}" for name, numbers in baselines.items()
+                      if name != "random") or "–",
+            _policy(row["zero_shot"]["agent"]),
+            _policy(row["trained"]["agent"]) if "trained" in row else "–",
+            "–" if training is None else (
+                f"{training['episodes']:,} episodes, {training['updates']} update"
+                f"{'' if training['updates'] == 1 else 's'}, "
+                f"{training['train_seconds'] / 60:.1f} min"),
+            f"`{(training or row['zero_shot'])['command']}`",
+            machine_label(result.get("machine") or {}), _commit(result),
+        ])
+    first, count = result["eval_seed"], result["eval_episodes"]
+    heading = (f"### TextArena and BabyAI: what a small model learns ({result['model']}"
+               f"{', zero-shot only' if result['zero_shot_only'] else ''})")
+    note = (f"Greedy evaluation, {count} episodes per policy on the same seeds "
+            f"({first}-{first + count - 1}): share won, mean return, and the share of episodes "
+            "a game ended for invalid moves and of replies naming no legal move, where any. "
+            f"{result['threads']} torch threads, one run at a time, at niceness "
+            f"{result['niceness']} on a machine shared with other benchmarks. Made by "
+            f"`{result['command']}`, {str(result.get('date', '–'))[:10]}.")
+    return "\n\n".join([heading, _table(
+        ("Agent", "Env", "Random", "Expert", "Zero-shot", "Trained", "Training", "Command",
+         "CPU", "Commit"), rows), note])
+
+
 SECTIONS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "algorithms": algorithms_section,
     "cartpole": cartpole_section,
     "textworld": textworld_section,
+    "env-plugins-tiny": env_plugins_section,
+    "env-plugins-smollm2-135m": env_plugins_section,
     "throughput": throughput_section,
     "breakdown": profile_section,
     "learning": learning_section,

@@ -1,0 +1,109 @@
+"""benchmarks/env_plugins.py: its options refuse bad input in one line (exit 2) before
+anything runs, an agent's variant becomes the ``--set`` its commands carry, and
+``llamagym eval --json`` (the tiny model, for real) becomes the numbers its table shows."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from benchmarks import env_plugins, table
+
+
+def test_the_result_files_are_the_ones_the_results_table_reads() -> None:
+    assert env_plugins.result_name("tiny") in table.SECTIONS
+    assert env_plugins.result_name("smollm2-135m") in table.SECTIONS
+    # A Hub id or a path is a model name too: it names a file, never a folder.
+    assert env_plugins.result_name("HuggingFaceTB/SmolLM2-135M-Instruct") == (
+        "env-plugins-HuggingFaceTB-SmolLM2-135M-Instruct")
+    assert "/" not in env_plugins.result_name("../../etc/x")
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--episodes", "5", "--minutes", "3"], "not allowed with argument --episodes"),
+        (["--episodes", "0"], "must be above 0"),
+        (["--agent-episodes", "babyai=x"], "give AGENT=EPISODES"),
+        (["--agents", "babyai", "--agent-episodes", "textarena-sudoku=4"],
+         "not among --agents"),
+        (["--minutes", "2", "--agent-episodes", "babyai=4"], "give it without --minutes"),
+        (["--agents", "babyai;rm"], "give NAME or NAME:VARIANT"),
+        (["--eval-episodes", "100000"], "is over 10000"),
+    ],
+)
+def test_bad_options_stop_with_one_line_naming_the_fix(argv, said, capsys) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        env_plugins.parse_arguments(argv)
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert said in error
+
+
+def test_the_budget_of_an_agent_named_alone_comes_before_the_default() -> None:
+    args = env_plugins.parse_arguments(
+        ["--agents", "babyai", "textarena-sudoku", "--episodes", "64",
+         "--agent-episodes", "babyai=32"])
+    assert env_plugins.budget_of(args, "babyai") == {"episodes": 32}
+    assert env_plugins.budget_of(args, "textarena-sudoku") == {"episodes": 64}
+    quick = env_plugins.parse_arguments(["--quick"])
+    assert env_plugins.budget_of(quick) == {"episodes": 16} and quick.eval_episodes == 4
+    minutes = env_plugins.parse_arguments(["--minutes", "30"])
+    assert env_plugins.budget_of(minutes, "babyai") == {"minutes": 30.0}
+
+
+def test_a_variant_is_the_agents_game_or_level_option() -> None:
+    assignments, env_id = env_plugins.variant_assignments(
+        "textarena-tower-of-hanoi", "TowerOfHanoi-v0-medium", "tiny")
+    assert assignments == ["agent.game=TowerOfHanoi-v0-medium"]
+    assert env_id == "TowerOfHanoi-v0-medium"
+    assert env_plugins.variant_assignments("babyai", None, "tiny") == (
+        [], "BabyAI-GoToLocal-v0")
+    line = env_plugins.run_line("babyai", "tiny", 3, {"minutes": 1.5}, env_plugins.Path("/r"),
+                                2, ["agent.level=BabyAI-GoToObj-v0"])
+    recorded = " ".join(env_plugins.recorded_arguments(line))
+    assert "--minutes 1.5 --threads 2" in recorded and "--seed 3" in recorded
+    assert recorded.endswith("--set agent.level=BabyAI-GoToObj-v0")
+    assert "/r" not in recorded  # where the run went is no part of its command
+
+
+@pytest.mark.parametrize(("agent", "variant"), [("textarena-sudoku", "Nope"),
+                                                ("no-such-agent", None)])
+def test_an_unknown_agent_or_variant_stops_in_one_line(agent, variant, capsys) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        env_plugins.variant_assignments(agent, variant, "tiny")
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and error.startswith("env-plugins: ")
+
+
+def test_llamagym_eval_json_becomes_the_tables_numbers() -> None:
+    args = argparse.Namespace(eval_episodes=2, eval_seed=10_000, threads=1)
+    measured = env_plugins.evaluate("textarena-guess-the-number", ["--model", "tiny"], args,
+                                    ["agent.game=GuessTheNumber-v0"])
+    assert measured["command"].startswith(
+        "llamagym eval textarena-guess-the-number --model tiny -n 2 --seed 10000 --json")
+    agent, baselines = measured["agent"], measured["baselines"]
+    assert set(baselines) == {"random", "binary-search"}
+    assert baselines["binary-search"]["won"] == 1.0  # the solver always wins in 20 numbers
+    for numbers in (agent, *baselines.values()):
+        assert numbers["episodes"] == 2
+        assert numbers["won"] == numbers["outcomes"]["won"]
+        assert numbers["invalid_move"] == numbers["outcomes"]["invalid move"]
+    cell = table._policy(baselines["binary-search"])
+    assert cell == f"100% won, {baselines['binary-search']['mean']:+.2f}"
+
+
+def test_the_outcome_that_means_a_win_is_read_for_each_env_and_invalid_ones_shown() -> None:
+    babyai = env_plugins.summarise({"episodes": 4, "mean": 0.2, "ci95": 0.1,
+                                    "invalid_rate": 0.25,
+                                    "outcomes": {"success": 0.25, "failure": 0.75}})
+    assert babyai["won"] == 0.25 and babyai["invalid_move"] is None
+    textarena = env_plugins.summarise({"episodes": 4, "mean": 0.1, "ci95": 0.1,
+                                       "invalid_rate": 0.0,
+                                       "outcomes": {"won": 0.0, "lost": 0.5,
+                                                    "invalid move": 0.5}})
+    assert textarena["won"] == 0.0 and textarena["invalid_move"] == 0.5
+    assert table._policy(babyai) == "25% won, +0.20, 25% invalid replies"
+    assert table._policy(textarena) == "0% won, +0.10, 50% invalid moves"
