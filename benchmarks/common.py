@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import importlib.metadata
 import json
 import math
@@ -147,7 +148,14 @@ def code_source(package: Path, scripts: Path) -> dict[str, Any]:
 
 def source_commit() -> dict[str, Any]:
     """:func:`code_source` of the ``llamagym`` package this interpreter imports and of
-    these scripts."""
+    these scripts, as it was when this process first asked (:func:`refuse_dirty_tree`
+    asks as a benchmark starts): a run of half an hour names the code it loaded, not a
+    commit made in the tree while it ran."""
+    return dict(_source_at_start())
+
+
+@functools.cache
+def _source_at_start() -> dict[str, Any]:
     import llamagym
 
     return code_source(Path(llamagym.__file__).resolve().parent, BENCHMARKS_DIR)
@@ -295,9 +303,9 @@ def refuse_dirty_tree(name: str, quick: bool, allow_dirty: bool) -> None:
     """Stop before a full measurement of code no commit holds, or whose commit cannot be
     told: its result file could not name the code it measured. A ``--quick`` smoke run
     or ``--allow-dirty`` go ahead."""
+    source = source_commit()  # the tree as the measurement starts, for its result file
     if quick or allow_dirty:
         return
-    source = source_commit()
     if source["dirty"] is None:
         raise SystemExit(
             f"{name}: cannot tell which commit would be measured ({source.get('unknown')}), "

@@ -205,3 +205,17 @@ def test_every_writer_starts_with_the_same_header(monkeypatch, tmp_path: Path) -
         assert record["machine"]["cores"] >= 1 and record["rows"] == []
     assert part.name == "part-quick.json"
     assert json.loads(script.read_text(encoding="utf-8"))["command"].endswith(" --quick")
+
+
+def test_a_result_names_the_commit_its_run_started_on(monkeypatch) -> None:
+    """A commit made while a long benchmark runs is not the code it loaded: the tree is
+    read once, when the run starts, and the result file names that."""
+    states = iter([{"commit": "a" * 40, "dirty": False}, {"commit": "b" * 40, "dirty": False}])
+    monkeypatch.setattr(common, "code_source", lambda *_: next(states))
+    common._source_at_start.cache_clear()
+    try:
+        common.refuse_dirty_tree("textworld", quick=False, allow_dirty=False)
+        header = common.result_header("textworld", "python benchmarks/textworld.py", False)
+    finally:
+        common._source_at_start.cache_clear()
+    assert header["commit"] == "a" * 40
