@@ -195,3 +195,30 @@ def test_short_training_run_changes_every_trainable_parameter(tmp_path) -> None:
         if parameter.requires_grad and torch.equal(before[name], parameter.detach())
     ]
     assert unchanged == []
+
+
+def test_a_mastermind_update_holds_the_codes_of_a_few_turns_at_a_time(tmp_path) -> None:
+    """Every turn ranks up to 360 codes: a minibatch of 32 turns in one pass held 15.8 GB
+    on the tiny model and was killed for memory. The update runs forward and backward
+    over a few turns at a time, so only their activations are alive at once."""
+    from llamagym_textarena.agent import MASTERMIND_MICROBATCH, MastermindAgent
+
+    agent = tiny_agent(
+        MastermindAgent,
+        rollout={"num_envs": 1},
+        algorithm={"episodes_per_update": 2, "minibatch_size": 32, "epochs": 1,
+                   "microbatch_size": MastermindAgent.defaults["algorithm"]["microbatch_size"]},
+        training={"episodes": 2, "minutes": None, "eval_episodes": 0},
+        output={"dir": str(tmp_path), "quiet": True},
+        agent={"max_episode_steps": 3},
+    )
+    backward_passes: list[int] = []
+    weight = agent.policy.model.get_input_embeddings().weight
+    hook = weight.register_hook(lambda grad: backward_passes.append(1))
+    try:
+        summary = Trainer(agent, agent.session).run()
+    finally:
+        hook.remove()
+    assert summary.updates == 1 and summary.env_steps == 6  # 6 turns, one minibatch
+    assert MASTERMIND_MICROBATCH < 6
+    assert len(backward_passes) == -(-6 // MASTERMIND_MICROBATCH)  # 2 passes, not 1

@@ -67,6 +67,10 @@ def expert_move(observation: Any, info: dict, legal: Sequence[str], rng: Any) ->
     return move if move in legal else random_move(observation, info, legal, rng)
 
 
+#: Mastermind's turns per forward pass in an update (each turn ranks up to 360 codes).
+MASTERMIND_MICROBATCH = 4
+
+
 def _defaults(history_turns: int | None) -> dict[str, Any]:
     return {
         "rollout": {"mode": "score", "num_envs": 8, "history_turns": history_turns,
@@ -202,6 +206,9 @@ class MastermindAgent(TextArenaAgent):
     Config = _options(plugin.MASTERMIND, family)
     baselines = {"random": random_move, "consistent-guess": expert_move}
     defaults = _defaults(history_turns=None)  # the answers are in the earlier turns
+    # Up to 360 codes ranked per turn: a minibatch of 32 turns in one pass held 15.8 GB
+    # on the tiny model (and was killed for memory); in passes of 4 turns, 2.2 GB.
+    defaults["algorithm"]["microbatch_size"] = MASTERMIND_MICROBATCH
 
 
 @plugin.SUDOKU.bind
