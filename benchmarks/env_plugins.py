@@ -170,17 +170,33 @@ def llamagym_executable() -> str:
     return shutil.which("llamagym", path=str(Path(sys.executable).parent)) or "llamagym"
 
 
+class CommandFailed(RuntimeError):
+    """A ``llamagym`` command exited with an error: the agent's row records it."""
+
+
+def failure(command: str, code: int, stderr: str) -> str:
+    """One line: which command failed, how, and its last word on it."""
+    said = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
+    how = f"killed by signal {-code}" if code < 0 else f"exit {code}"
+    if code == -9:
+        how += " (the kernel's out-of-memory killer, or a kill)"
+    return f"`{command}` failed ({how}): {said[-1][:300] if said else 'no message'}"
+
+
 def run_llamagym(words: Sequence[str], threads: int) -> tuple[str, float]:
-    """Run ``llamagym WORDS`` (stdout, wall seconds); a failure is a one-line error."""
+    """Run ``llamagym WORDS`` (stdout, wall seconds). A command that refuses its input
+    (exit 2) stops the benchmark in one line; any other failure is a CommandFailed."""
     started = time.perf_counter()
     done = subprocess.run([llamagym_executable(), *words], env=worker_environment(threads),
                           capture_output=True, text=True, check=False,
                           timeout=COMMAND_TIMEOUT_SECONDS)
+    if done.returncode == 2:
+        print(f"{NAME}: " + failure(f"llamagym {' '.join(words[:2])}", 2, done.stderr),
+              file=sys.stderr)
+        raise SystemExit(2)
     if done.returncode != 0:
-        said = [line for line in done.stderr.strip().splitlines() if line.strip()]
-        print(f"{NAME}: `llamagym {' '.join(words[:2])}` failed (exit {done.returncode}): "
-              f"{said[-1] if said else 'no message'}", file=sys.stderr)
-        raise SystemExit(2 if done.returncode == 2 else 1)  # 2: the input was refused
+        raise CommandFailed(failure(f"llamagym {' '.join(words[:2])}", done.returncode,
+                                    done.stderr))
     return done.stdout, time.perf_counter() - started
 
 
@@ -219,6 +235,25 @@ def variant_assignments(agent: str, variant: str | None, model: str) -> tuple[li
     return assignments, str(env_id)
 
 
+DONE_FILE = "env-plugins-run.json"
+
+
+def train(words: Sequence[str], output: Path, threads: int) -> float | None:
+    """Run the training command into ``output`` (its wall seconds). A run directory that
+    this exact command already finished (``--keep-runs``) is kept, not run again."""
+    done = output / DONE_FILE
+    if done.is_file():
+        record = json.loads(done.read_text(encoding="utf-8"))
+        if record.get("words") == list(words):
+            log(NAME, f"{output.name}: finished before, kept")
+            return record.get("wall_seconds")
+    shutil.rmtree(output, ignore_errors=True)
+    log(NAME, f"llamagym {' '.join(words)}")
+    _, wall = run_llamagym(words, threads)
+    done.write_text(json.dumps({"words": list(words), "wall_seconds": wall}), encoding="utf-8")
+    return wall
+
+
 def measure(spec: str, args: argparse.Namespace, runs: Path) -> dict[str, Any]:
     """One agent: baselines and zero-shot, then (unless --zero-shot-only) a training run
     and its trained agent, on the same evaluation seeds."""
@@ -231,16 +266,19 @@ def measure(spec: str, args: argparse.Namespace, runs: Path) -> dict[str, Any]:
     if args.zero_shot_only:
         return row
     output = runs / f"{agent}-{variant or 'default'}-seed{args.seed}".replace("/", "-")
-    shutil.rmtree(output, ignore_errors=True)
     budget = budget_of(args, spec)
     words = run_line(agent, args.model, args.seed, budget, output, args.threads, assignments)
-    log(NAME, f"{agent}: llamagym {' '.join(words)}")
-    _, wall = run_llamagym(words, args.threads)
+    training: dict[str, Any] = {"command": "llamagym " + " ".join(recorded_arguments(words)),
+                                **budget}
+    try:
+        wall = train(words, output, args.threads)
+    except CommandFailed as error:  # recorded in the row; the next agent still runs
+        log(NAME, f"{agent}: {error}")
+        return {**row, "training": {**training, "failed": str(error)}}
     metrics = output / "metrics.jsonl"  # absent when the budget ended inside update 1
     records = [json.loads(line) for line in metrics.read_text().splitlines()] \
         if metrics.is_file() else []
-    training = {"command": "llamagym " + " ".join(recorded_arguments(words)), **budget,
-                "wall_seconds": wall, **summarise_training(records)}
+    training.update({"wall_seconds": wall, **summarise_training(records)})
     trained = evaluate(agent, ["--checkpoint", str(output)], args, assignments)
     trained.pop("baselines")
     trained["command"] = trained["command"].replace(str(output), "RUN_DIR")
@@ -326,8 +364,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs.mkdir(parents=True, exist_ok=True)
     for spec in args.agents:  # every name and variant checked before anything runs
         variant_assignments(*split_agent(spec), args.model)
+    rows = []
     try:
-        rows = [measure(spec, args, runs) for spec in args.agents]
+        for spec in args.agents:
+            try:
+                rows.append(measure(spec, args, runs))
+            except CommandFailed as error:  # an evaluation failed: said in the row
+                log(NAME, f"{spec}: {error}")
+                agent, variant = split_agent(spec)
+                rows.append({"agent": agent, "env_id": variant_assignments(
+                    agent, variant, args.model)[1], "failed": str(error)})
     finally:
         if args.keep_runs is None:
             shutil.rmtree(runs, ignore_errors=True)
@@ -349,7 +395,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{name}{'-quick' if args.quick else ''}.json")
     path = write_script_result(name, args.quick, output, result, argv)
     for row in rows:
+        if "zero_shot" not in row:
+            print(f"{row['agent']} ({row['env_id']}): {row['failed']}")
+            continue
         line = f"{row['agent']} ({row['env_id']}): zero-shot {_won(row['zero_shot'])}"
+        if "failed" in row.get("training", {}):
+            line += f", training {row['training']['failed']}"
         if "trained" in row:
             line += f", trained {_won(row['trained'])}"
         print(line)

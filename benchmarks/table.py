@@ -285,6 +285,9 @@ def env_plugins_section(result: Mapping[str, Any]) -> str:
     """``benchmarks/env_plugins.py``: per agent, its baselines, zero-shot and trained."""
     rows = []
     for row in result["agents"]:
+        if "zero_shot" not in row:  # its evaluation failed: the row says how
+            rows.append([f"`{row['agent']}`", f"`{row['env_id']}`", row["failed"], *[""] * 7])
+            continue
         baselines = row["baselines"]
         training = row.get("training")
         rows.append([
@@ -294,7 +297,7 @@ def env_plugins_section(result: Mapping[str, Any]) -> str:
                       if name != "random") or "–",
             _policy(row["zero_shot"]["agent"]),
             _policy(row["trained"]["agent"]) if "trained" in row else "–",
-            "–" if training is None else (
+            "–" if training is None else training.get("failed") or (
                 f"{training['episodes']:,} episodes, {training['updates']} update"
                 f"{'' if training['updates'] == 1 else 's'}, "
                 f"{training['train_seconds'] / 60:.1f} min"),
