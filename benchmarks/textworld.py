@@ -103,10 +103,12 @@ def load_trained_agent(run_dir: Path) -> Any:
 
 
 def untrained_agent(model: str, settings: dict[str, Any], extra: list[str]) -> Any:
-    """The agent as a run would start it: the model before any update."""
+    """The agent as a run would start it: the model before any update, and before any
+    warm start (the algorithm's settings, demonstrations among them, are left out)."""
     from llamagym.cli.run_commands import resolve_run_config
 
-    assignments = [f"agent.{key}={value}" for key, value in settings.items()] + extra
+    assignments = [f"agent.{key}={value}" for key, value in settings.items()]
+    assignments += [item for item in extra if not item.startswith("algorithm.")]
     agent_class, resolved = resolve_run_config("textworld", None, assignments,
                                                {"model.name": model})
     return agent_class(config=resolved)

@@ -326,9 +326,12 @@ class WarmStart:
             return None
         return cls(algorithm, config)
 
+    @torch.enable_grad()
     def supervised_step(self, turns: Sequence[Turn]) -> float:
         """One masked cross-entropy step on the actions of ``turns``; returns the loss.
-        Score mode's policy is the one that acts now (the schedule's temperature)."""
+        Score mode's policy is the one that acts now (the schedule's temperature). It
+        takes its gradients even when called under ``torch.no_grad()`` (a run built
+        inside an evaluation trains its demonstrations all the same)."""
         algorithm = self.algorithm
         evaluation = algorithm.scoring.evaluate(
             turns, temperature=algorithm.schedule.temperature()

@@ -642,3 +642,21 @@ def test_state_dicts_alone_resume_an_update_exactly(name: str) -> None:
     second.algorithm.load_state_dict(saved["algorithm"])
     second.engine.load_state_dict(saved["engine"])
     assert second.algorithm.update(collect(second, 16)) == expected
+
+
+def test_a_run_built_under_no_grad_still_trains(tmp_path: Path) -> None:
+    """An evaluation that builds a run with demonstrations configured (its first use of
+    ``agent.engine`` inside ``torch.no_grad()``) trains them all the same, and an update
+    asked for under no_grad takes its steps."""
+    demo = {"system": BanditAgent().get_system_prompt(), "prompt": "Which lever?",
+            "response": "right"}
+    path = write_lines(tmp_path / "demos.jsonl", [json.dumps(demo)] * 8)
+    agent = agent_for("ppo", warm_start={"demonstrations": str(path), "lr": 1e-2})
+    with torch.no_grad():
+        algorithm = agent.algorithm  # builds the run: the warm start is its first phase
+        assert algorithm.sft.demonstrations_done and algorithm.sft.steps == 1
+        before = trained_parameters(algorithm)
+        metrics = algorithm.update(collect(agent, 8))
+    after = trained_parameters(algorithm)
+    assert metrics["policy_loss"] == metrics["policy_loss"]  # a number, not NaN
+    assert any(not torch.equal(before[name], after[name]) for name in before)

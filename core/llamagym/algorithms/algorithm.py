@@ -417,6 +417,7 @@ class Algorithm:
             self.sync_adapt_kl(averages["kl_ref"], len(turns))
         return Optimisation(averages, steps, epochs_run, stopped, interrupted)
 
+    @torch.enable_grad()  # an update asked for under torch.no_grad() still learns
     def _accumulate(
         self,
         turns: Sequence[Turn],
