@@ -168,7 +168,8 @@ def run_one(
     if setup.demonstrations is not None:
         demos = runs_dir / f"{setup.name}-seed{seed}-demonstrations.jsonl"
         record = [line[0], "record", "blackjack", "--baseline", setup.demonstrations,
-                  "--episodes", "200" if quick else "2000", "--seed", str(seed), "-o", str(demos)]
+                  "--mode", setup.mode, "--episodes", "200" if quick else "2000",
+                  "--seed", str(seed), "-o", str(demos)]
         subprocess.run(record, capture_output=True, text=True, check=True)
         line += ["--set", f"algorithm.warm_start.demonstrations={demos}"]
     completed = subprocess.run(line, capture_output=True, text=True)

@@ -27,6 +27,11 @@ Demonstration file, one JSON object per line (blank lines are skipped)::
                   {"role": "assistant", "content": "hit"}]}
     {"prompt": "Your sum: 12. Dealer shows: 10. Usable ace: no.", "response": "hit"}
     {"system": "Blackjack: reply stick or hit.", "prompt": "...", "response": "stick"}
+    {"messages": [...], "legal_actions": ["stick", "hit"]}
+
+A line that names its ``legal_actions`` (score mode's recordings) answers with one of
+them; in a score-mode run the file's lines then train the choice among them. Any other
+line trains its reply's tokens.
 
 The last message must be the assistant's. Everything before it is rendered with the
 tokenizer's chat template and a generation prompt, exactly as the rollout engine renders
@@ -41,7 +46,7 @@ import heapq
 import json
 import logging
 import string
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +56,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from llamagym.algorithms.losses import masked_mean
 from llamagym.errors import ConfigError
 from llamagym.models.chat_template import render_chat
+from llamagym.models.policy import name_tokens
 from llamagym.rollout.prompts import reply_closing
 from llamagym.rollout.trajectory import Episode, Turn
 
@@ -188,13 +194,28 @@ class ReplayBuffer:
 
 
 # -- demonstrations --------------------------------------------------------------------
-def load_demonstrations(path: Path) -> list[list[dict[str, str]]]:
-    """Read a JSONL demonstrations file into conversations (lists of messages) whose last
-    message is the assistant's. A bad line is a ConfigError naming its number."""
+#: Bounds on a demonstration's ``legal_actions`` (a file is data, not trusted).
+MAX_LEGAL_ACTIONS, MAX_ACTION_CHARS = 4096, 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class Demonstration:
+    """One decision of a demonstrations file: the conversation, ending with the
+    assistant's reply, and the legal actions it was chosen from (score mode's
+    recordings name them; None where the line names none)."""
+
+    messages: list[dict[str, str]]
+    legal_actions: list[str] | None = None
+
+
+def load_demonstrations(path: Path) -> list[Demonstration]:
+    """Read a JSONL demonstrations file: conversations whose last message is the
+    assistant's, each with the legal actions its line names. A bad line is a
+    ConfigError naming its number."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"no demonstrations file at {str(path)!r}")
-    conversations = []
+    demonstrations = []
     with path.open(encoding="utf-8") as lines:
         for number, line in enumerate(lines, start=1):
             if not line.strip():
@@ -204,10 +225,34 @@ def load_demonstrations(path: Path) -> list[list[dict[str, str]]]:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
                 raise ConfigError(f"{where}: not valid JSON ({error.msg})") from None
-            conversations.append(_conversation(record, where))
-    if not conversations:
+            messages = _conversation(record, where)
+            demonstrations.append(
+                Demonstration(messages, _legal_actions(record, messages[-1]["content"], where))
+            )
+    if not demonstrations:
         raise ConfigError(f"{path}: no demonstrations in the file")
-    return conversations
+    return demonstrations
+
+
+def _legal_actions(record: dict[str, Any], reply: str, where: str) -> list[str] | None:
+    if "legal_actions" not in record:
+        return None
+    names = record["legal_actions"]
+    if not (
+        isinstance(names, list)
+        and 0 < len(names) <= MAX_LEGAL_ACTIONS
+        and all(isinstance(n, str) and len(n) <= MAX_ACTION_CHARS for n in names)
+    ):
+        raise ConfigError(
+            f"{where}: 'legal_actions' must be a list of 1 to {MAX_LEGAL_ACTIONS:,} strings "
+            f"of at most {MAX_ACTION_CHARS:,} characters"
+        )
+    if reply not in names:
+        raise ConfigError(
+            f"{where}: the reply {reply[:200]!r} is not one of its 'legal_actions' (a "
+            "score-mode demonstration answers with the name of the action it took)"
+        )
+    return names
 
 
 def _conversation(record: Any, where: str) -> list[dict[str, str]]:
@@ -298,6 +343,38 @@ def demonstration_turns(
                 action_tokens=reply,
             )
         )
+    return _kept(turns, too_long)
+
+
+def choice_turns(
+    demonstrations: Sequence[Demonstration],
+    tokenizer: Any,
+    max_context: int,
+    candidate_tokens: Callable[[str], list[int]],
+) -> list[Turn]:
+    """Score-mode demonstrations as the turns a score-mode rollout makes: the prompt,
+    each legal action's tokens as a candidate (``candidate_tokens``, the rollout's own
+    tokenization), and the demonstrated one as the choice. Their loss is score mode's,
+    ``-log pi(demonstrated | legal actions)``."""
+    turns, too_long = [], 0
+    for demonstration in demonstrations:
+        names = demonstration.legal_actions
+        if names is None:
+            raise ValueError("a choice turn needs the demonstration's legal actions")
+        [text] = render_chat(tokenizer, [demonstration.messages[:-1]])
+        prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
+        candidates = [candidate_tokens(name) for name in names]
+        if len(prompt) + max(len(c) for c in candidates) > max_context:
+            too_long += 1
+            continue
+        reply = demonstration.messages[-1]["content"]
+        turns.append(Turn(prompt_tokens=prompt, legal_actions=list(names),
+                          action_index=names.index(reply), reply=reply, logprobs=[],
+                          value=0.0, candidates=candidates))
+    return _kept(turns, too_long)
+
+
+def _kept(turns: list[Turn], too_long: int) -> list[Turn]:
     if too_long:
         logger.warning("%d demonstrations longer than the model's context were skipped", too_long)
     if not turns:
@@ -342,18 +419,40 @@ class WarmStart:
             self.steps += 1
         return loss.item()
 
+    def demonstration_turns(self, demonstrations: Sequence[Demonstration]) -> list[Turn]:
+        """The file's decisions as turns of this run's mode: in score mode, recordings
+        that name their legal actions become choices among them; other demonstrations
+        are replies, their tokens the target."""
+        policy, rollout = self.algorithm.policy, self.algorithm.rollout
+        named = sum(d.legal_actions is not None for d in demonstrations)
+        if rollout.mode == "score" and named == len(demonstrations):
+            return choice_turns(
+                demonstrations, policy.tokenizer, policy.max_context,
+                lambda name: name_tokens(policy.tokenizer, policy.eos_id, [name])[0],
+            )
+        if rollout.mode == "score" and named:
+            raise ConfigError(
+                f"{named:,} of {len(demonstrations):,} demonstrations name their legal "
+                "actions and the others do not: record them in one mode (llamagym record "
+                "--mode score) and train on one file of them"
+            )
+        if rollout.mode == "score":
+            logger.warning(
+                "the demonstrations name no legal actions (recorded in generate mode): a "
+                "score-mode run trains them as replies; `llamagym record --mode score` "
+                "records the choices score mode makes"
+            )
+        return demonstration_turns(
+            [d.messages for d in demonstrations], policy.tokenizer, policy.max_context,
+            reply_prefix=rollout.reply_prefix if rollout.mode == "generate" else "",
+        )
+
     def train_on_demonstrations(self) -> dict[str, float]:
         """Before RL: ``demonstration_epochs`` passes over the demonstrations file."""
         path = self.config.demonstrations
         if path is None or self.demonstrations_done:
             return {}
-        policy = self.algorithm.policy
-        turns = demonstration_turns(
-            load_demonstrations(path),
-            policy.tokenizer,
-            policy.max_context,
-            reply_prefix=self.algorithm.rollout.reply_prefix,
-        )
+        turns = self.demonstration_turns(load_demonstrations(path))
         losses = []
         size = self.config.batch_size
         for _ in range(self.config.demonstration_epochs):

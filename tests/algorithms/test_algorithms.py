@@ -395,7 +395,7 @@ def test_demonstrations_loader_reads_both_formats(tmp_path: Path) -> None:
                         "response": "right"}),
         ],
     )
-    conversations = load_demonstrations(path)
+    conversations = [demonstration.messages for demonstration in load_demonstrations(path)]
     assert len(conversations) == 2
     assert conversations[1][0] == {"role": "system", "content": "Pull one lever."}
     assert all(c[-1] == {"role": "assistant", "content": "right"} for c in conversations)
@@ -409,6 +409,12 @@ def test_demonstrations_loader_reads_both_formats(tmp_path: Path) -> None:
          "line 3: the last message must be the assistant's"),
         ('{"question": "Which lever?"}', "line 3: expected"),
         ('["right"]', "line 3: expected"),
+        ('{"prompt": "Which lever?", "response": "up", "legal_actions": ["left", "right"]}',
+         "line 3: the reply 'up' is not one of its 'legal_actions'"),
+        ('{"prompt": "Which lever?", "response": "left", "legal_actions": "left"}',
+         "line 3: 'legal_actions' must be a list of 1 to 4,096 strings"),
+        ('{"prompt": "Which lever?", "response": "left", "legal_actions": []}',
+         "line 3: 'legal_actions' must be a list"),
     ],
 )
 def test_demonstrations_loader_names_the_bad_line(

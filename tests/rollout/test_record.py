@@ -24,9 +24,13 @@ def state_of(user_text: str) -> tuple[int, int, bool]:
 
 def test_each_decision_of_the_baseline_becomes_a_demonstration(tmp_path, cli) -> None:
     path = tmp_path / "demos" / "basic.jsonl"
-    code, out, _ = cli("record", "blackjack", "-b", "basic-strategy", "-n", "50", "-o", path)
+    code, out, _ = cli("record", "blackjack", "-b", "basic-strategy", "-n", "50", "-o", path,
+                       "--mode", "generate")
     assert code == 0, out
-    conversations = load_demonstrations(path)  # the file the warm-start reads
+    # The file the warm-start reads; generate mode names no legal actions.
+    demonstrations = load_demonstrations(path)
+    assert all(demonstration.legal_actions is None for demonstration in demonstrations)
+    conversations = [demonstration.messages for demonstration in demonstrations]
     assert len(conversations) >= 50  # at least one decision per episode
     assert f"{len(conversations)} demonstrations from 50 episodes" in out
     # Recorded as the model sees it in generate mode, where the reply format is asked for.
@@ -56,7 +60,8 @@ def test_unknown_baseline_names_the_known_ones_and_writes_nothing(tmp_path, cli)
 
 def test_random_play_teaches_the_reply_format_and_no_preference(tmp_path, cli) -> None:
     path = tmp_path / "random.jsonl"
-    assert cli("record", "blackjack", "-b", "random", "-n", "600", "-o", path)[0] == 0
+    assert cli("record", "blackjack", "-b", "random", "-n", "600", "-o", path,
+               "--mode", "generate")[0] == 0
     before, after = (
         BlackjackAgent(
             # A whole config: the built-in defaults, not the agent's, but for the reply
@@ -104,7 +109,10 @@ def test_recording_filtered_to_an_outcome_keeps_only_those_episodes(tmp_path, cl
     assert code == 0, out
     kept = int(re.search(r"from (\d+) of 40 episodes", out).group(1))
     assert 0 < kept < 40  # random play wins some of these games, not all
-    conversations = load_demonstrations(path)
+    demonstrations = load_demonstrations(path)
+    conversations = [demonstration.messages for demonstration in demonstrations]
+    # Recorded in score mode, TextWorld's: each reply is a command among those offered.
+    assert all(d.messages[-1]["content"] in d.legal_actions for d in demonstrations)
     # With the whole history, an episode's first decision is the one without any, and
     # its last decision holds all of it.
     starts = [k for k, messages in enumerate(conversations) if len(messages) == 3]
@@ -114,8 +122,7 @@ def test_recording_filtered_to_an_outcome_keeps_only_those_episodes(tmp_path, cl
                                              "quest_max_length": 2, "max_episode_steps": 10}})
     env = agent.make_env()
     for messages in episodes:
-        commands = [json.loads(m["content"])["command"] for m in messages
-                    if m["role"] == "assistant"]
+        commands = [m["content"] for m in messages if m["role"] == "assistant"]
         goal = messages[0]["content"].split("Goal: ", 1)[1]
         won = False
         for game in range(2):
@@ -130,3 +137,43 @@ def test_recording_filtered_to_an_outcome_keeps_only_those_episodes(tmp_path, cl
     code, _, err = cli("record", "textworld", "-b", "random", "--outcome", "victory",
                        "-o", tmp_path / "none.jsonl", *games)
     assert code == 2 and "no outcome 'victory'" in err and "won, lost" in err
+
+
+def test_score_mode_demonstrations_teach_the_choice_among_the_legal_actions(
+    tmp_path, cli
+) -> None:
+    """Recorded in score mode (Blackjack's), a demonstration is the prompt a score-mode
+    rollout renders, the action's name and the actions it was chosen from; the warm
+    start trains score mode's own choice on it: after it, the greedy policy plays the
+    basic strategy in more of the reachable states than before."""
+    path = tmp_path / "basic.jsonl"
+    code, out, _ = cli("record", "blackjack", "-b", "basic-strategy", "-n", "400", "-o", path)
+    assert code == 0, out
+    demonstrations = load_demonstrations(path)
+    system_prompt = BlackjackAgent().get_system_prompt()  # score mode's
+    for demonstration in demonstrations:
+        system, user, reply = demonstration.messages
+        assert system == {"role": "system", "content": system_prompt}
+        assert demonstration.legal_actions == ["stick", "hit"]
+        assert reply["content"] == basic_strategy(state_of(user["content"]), {}, [], None)
+    before, after = (
+        BlackjackAgent(config={"rollout": {"num_envs": 8}, "algorithm": {"warm_start": {
+            "lr": 3e-3, "demonstration_epochs": 3,
+            **({"demonstrations": str(demos)} if demos else {}),
+        }}})
+        for demos in (None, path)
+    )
+    states = reachable_states()
+    agreement = []
+    for agent in (before, after):
+        with torch.no_grad():  # building the run (and its warm start) under no_grad
+            turns = agent.engine.decide(
+                [agent.engine.new_slot(state, {}, None, None) for state in states],
+                greedy=True,
+            )
+        assert all(turn.candidates for turn in turns)  # score mode's choices
+        played = [turn.legal_actions[turn.action_index] for turn in turns]
+        expert = [basic_strategy(state, {}, [], None) for state in states]
+        agreement.append(sum(a == b for a, b in zip(played, expert, strict=True)) / len(states))
+    assert after.algorithm.sft.demonstrations_done
+    assert agreement[1] > agreement[0] + 0.1, agreement

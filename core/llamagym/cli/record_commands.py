@@ -18,6 +18,13 @@ def record_command(
     output: Path = typer.Option(..., "--output", "-o", help="The JSONL file to write."),
     episodes: int = typer.Option(1000, "--episodes", "-n", min=1, help="Episodes to play."),
     seed: int = typer.Option(0, "--seed", help="Seed of the recorded episodes."),
+    model: str = typer.Option(
+        None, "--model", "-m",
+        help="The model the run will train: its defaults shape the prompts (and the mode).",
+    ),
+    mode: str = typer.Option(
+        None, "--mode", help="score or generate: the run's mode (default: the agent's)."
+    ),
     outcome: list[str] = typer.Option(
         [], "--outcome", help="Keep only episodes with this outcome (repeatable), e.g. won."
     ),
@@ -25,14 +32,17 @@ def record_command(
     assignments: list[str] = typer.Option([], "--set", help="KEY=VALUE, e.g. agent.games=20"),
 ) -> None:
     """Play one of the agent's baselines and write each decision as a demonstration:
-    the conversation the model sees in generate mode, answered with the baseline's
-    action. Train on it first with `--set algorithm.warm_start.demonstrations=FILE`."""
+    the conversation the model sees in the run's mode, answered with the baseline's
+    action (in score mode, with the legal actions it was chosen from). Train on it
+    first with `--set algorithm.warm_start.demonstrations=FILE`, the same --model and
+    --mode."""
     from llamagym.rollout.demonstrations import check_recording, record_demonstrations
 
     check_seed(seed, "--seed")
     check_episode_memory(episodes, "--episodes")  # every demonstration is held until written
-    # Generate mode: the prompts keep room for a reply, as when the file is trained on.
-    flags = {"rollout.mode": "generate"}
+    # The prompts are the ones the run renders: its model's defaults and its mode.
+    flags = {key: value for key, value in (("model.name", model), ("rollout.mode", mode))
+             if value is not None}
     agent_class, resolved = resolve_run_config(agent, config_file, assignments, flags)
     task = agent_class(config=resolved)
     check_recording(task, baseline, outcome)

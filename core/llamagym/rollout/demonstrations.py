@@ -1,13 +1,16 @@
 """Demonstrations recorded from an agent's baseline policies, for the SFT warm-start.
 
 ``llamagym record AGENT --baseline NAME`` plays the baseline and writes one JSONL line per
-decision: ``{"messages": [...]}``, the conversation exactly as the agent's model would see
-it in generate mode (system prompt, the history the agent keeps, the observation), ending
-with the baseline's action as the assistant's reply, written as the model would write it:
-after the agent's ``rollout.reply_prefix`` and closed (``{"action": "hit"}``), so a
-model fine-tuned on the file, here or with another tool, learns the format the prompt
-asks for. ``algorithm.warm_start.demonstrations``
-reads the file back (``llamagym_builtins.sft.load_demonstrations``).
+decision: ``{"messages": [...]}``, the conversation exactly as the agent's model sees it
+in the run's mode (system prompt, the history the agent keeps, the observation), ending
+with the baseline's action as the assistant's reply, written as the model says it. In
+generate mode that is after the agent's ``rollout.reply_prefix`` and closed
+(``{"action": "hit"}``), so a model fine-tuned on the file, here or with another tool,
+learns the format the prompt asks for. In score mode it is the action's name, and the
+line also lists the ``legal_actions`` it was chosen from: the warm start then trains
+score mode's own choice, the action against the others.
+``algorithm.warm_start.demonstrations`` reads the file back
+(``llamagym_builtins.sft.load_demonstrations``).
 
 What a demonstration teaches depends on the baseline. The ``random`` baseline carries no
 strategy at all, only the reply format: a model warm-started on it answers with a legal
@@ -93,10 +96,17 @@ def record_demonstrations(
             episode_records = []
         slot.observation, slot.info = step.observation, step.info
         [user_text], _, [messages] = engine.render_prompts([slot])
-        prefix = fill_reply_prefix(engine.settings.reply_prefix, agent, step.observation)
-        text = prefix + step.action + reply_closing(prefix) if prefix else step.action
-        reply = {"role": "assistant", "content": text}
-        episode_records.append({"messages": [*messages, reply]})
+        record: dict[str, Any]
+        if engine.settings.mode == "score":  # the action's name, among the others
+            reply = {"role": "assistant", "content": step.action}
+            legal = list(agent.named_actions(step.observation, step.info))
+            record = {"messages": [*messages, reply], "legal_actions": legal}
+        else:
+            prefix = fill_reply_prefix(engine.settings.reply_prefix, agent, step.observation)
+            text = prefix + step.action + reply_closing(prefix) if prefix else step.action
+            reply = {"role": "assistant", "content": text}
+            record = {"messages": [*messages, reply]}
+        episode_records.append(record)
         slot.history += [{"role": "user", "content": user_text}, reply]
         returns[step.episode] += step.reward
         if step.done and (
