@@ -46,7 +46,7 @@ import heapq
 import json
 import logging
 import string
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -350,10 +350,10 @@ def choice_turns(
     demonstrations: Sequence[Demonstration],
     tokenizer: Any,
     max_context: int,
-    candidate_tokens: Callable[[str], list[int]],
+    eos_id: int,
 ) -> list[Turn]:
     """Score-mode demonstrations as the turns a score-mode rollout makes: the prompt,
-    each legal action's tokens as a candidate (``candidate_tokens``, the rollout's own
+    each legal action's tokens as a candidate (:func:`name_tokens`, the rollout's own
     tokenization), and the demonstrated one as the choice. Their loss is score mode's,
     ``-log pi(demonstrated | legal actions)``."""
     turns, too_long = [], 0
@@ -363,7 +363,7 @@ def choice_turns(
             raise ValueError("a choice turn needs the demonstration's legal actions")
         [text] = render_chat(tokenizer, [demonstration.messages[:-1]])
         prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
-        candidates = [candidate_tokens(name) for name in names]
+        candidates = name_tokens(tokenizer, eos_id, names)
         if len(prompt) + max(len(c) for c in candidates) > max_context:
             too_long += 1
             continue
@@ -427,8 +427,7 @@ class WarmStart:
         named = sum(d.legal_actions is not None for d in demonstrations)
         if rollout.mode == "score" and named == len(demonstrations):
             return choice_turns(
-                demonstrations, policy.tokenizer, policy.max_context,
-                lambda name: name_tokens(policy.tokenizer, policy.eos_id, [name])[0],
+                demonstrations, policy.tokenizer, policy.max_context, policy.eos_id
             )
         if rollout.mode == "score" and named:
             raise ConfigError(
