@@ -152,7 +152,7 @@ class TRLTrainer(Trainer):
         seed_everything(distributed.process_seed(config.training.seed, rank))
         resume = self._checkpoint_to_resume()
         check_trl_entries(self.output_dir)
-        self._replaces_a_run(resume)
+        self.directory.replaces_a_run(resume)
         if distributed.is_main():
             check_writable(self.output_dir, resume is not None, create=False)
         make_first_env(agent)
@@ -173,7 +173,7 @@ class TRLTrainer(Trainer):
         if config.training.threads is not None:
             torch.set_num_threads(config.training.threads)
         # Everything that can refuse the run has run: now the directory is written.
-        self._prepare_output_dir(resume)
+        self.directory.claim(resume)
         self._transcripts = TranscriptLog(
             self.output_dir / TRANSCRIPTS if distributed.is_main() else None
         )
@@ -197,7 +197,7 @@ class TRLTrainer(Trainer):
         # The run's own progress bar and metrics.jsonl stand in for TRL's printed logs.
         trainer.remove_callback(PrinterCallback)
         self._train(trainer, clock, rollouts, resume)
-        self.stop_signal = self._signal_received
+        self.stop_signal = self._signals.received
         counters = Counters(
             updates=clock.updates,
             episodes=clock.episodes,
@@ -270,7 +270,7 @@ class TRLTrainer(Trainer):
                 clock.seconds_before,
             )
         try:
-            with self._stop_on_signals(), _quiet_trl():
+            with self._signals, _quiet_trl():
                 trainer.train(resume_from_checkpoint=str(resume) if resume else None)
         finally:
             if self.progress is not None:
@@ -478,7 +478,7 @@ class _Clock(TrainerCallback):
             self.owner.progress.update(self.episodes, row["seconds"], row)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
-        stop = self.owner._signal_received is not None or (
+        stop = self.owner._signals.received is not None or (
             self.time_budget is not None and self.seconds() >= self.time_budget
         )
         if any(distributed.all_gather(stop)):

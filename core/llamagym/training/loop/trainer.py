@@ -31,22 +31,18 @@ everywhere.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import shutil
-import signal
-import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llamagym import distributed
 from llamagym import moved_name as _moved_name
-from llamagym.errors import EnvFailureError, LlamaGymError, WriteError
+from llamagym.errors import EnvFailureError, WriteError
 from llamagym.paths import write_atomically
 from llamagym.rollout.engine import RolloutEngine
 from llamagym.rollout.evaluation import EvalResult
@@ -64,13 +60,12 @@ from llamagym.training.loop.budget import (
 from llamagym.training.loop.final_evaluation import evaluate_run
 from llamagym.training.loop.release_memory import release_freed_memory
 from llamagym.training.loop.run_directory import (
-    OWN_TEMPORARIES,
     PLUGINS,
     RANK_RECORDS,
     RUN_FILES,
+    RunDirectory,
     check_writable,
     default_output_dir,
-    holds_a_run,
 )
 from llamagym.training.loop.run_start import make_first_env, restore_run, warn_if_plugins_changed
 from llamagym.training.loop.run_state import (
@@ -86,6 +81,7 @@ from llamagym.training.loop.run_state import (
     reseed_process,
     seed_everything,
 )
+from llamagym.training.loop.stop_signals import StopSignals
 from llamagym.training.loop.update_metrics import (
     check_skipped_steps,
     count_update,
@@ -93,7 +89,6 @@ from llamagym.training.loop.update_metrics import (
 )
 from llamagym.training.records.report import METRICS, append_record, write_report
 from llamagym.training.records.run_files import read_metrics, read_transcripts
-from llamagym.training.records.run_lock import RunDirectoryLock
 from llamagym.training.records.transcripts import (
     PER_UPDATE,
     TRANSCRIPTS,
@@ -127,7 +122,10 @@ class Trainer:
         self.resume_from = Path(resume_from) if resume_from is not None else None
         #: The signal that stops the run, agreed by every process before each update.
         self.stop_signal: str | None = None
-        self._signal_received: str | None = None  # this process's own
+        #: this process's own: the first SIGINT/SIGTERM while the run is in its loop
+        self._signals = StopSignals(
+            "this update" if distributed.world_size() > 1 else "this step"
+        )
         self._last_checkpoint: Path | None = None
         self._last_checkpoint_update = -1
         self._config_dict: dict[str, Any] = {}
@@ -137,8 +135,10 @@ class Trainer:
         self._transcripts = TranscriptLog(None)  # the run directory's, once it is ready
         #: the plugins a resumed checkpoint recorded; compared after the first update
         self._resumed_plugins: list[dict[str, Any]] | None = None
-        #: the run directory's lock, held by rank 0 while it writes the directory
-        self._lock: RunDirectoryLock | None = None
+        #: where the run writes, claimed (its lock taken) just before the first write
+        self.directory = RunDirectory(
+            self.output_dir, self.run_files, self.run_dir_of, self.config.output.overwrite
+        )
 
     # -- set-up -------------------------------------------------------------------
     #: What a new run in a directory that holds an older one replaces.
@@ -148,44 +148,6 @@ class Trainer:
     def run_dir_of(checkpoint: Path) -> Path:
         """The run directory a checkpoint of this trainer's belongs to."""
         return checkpoints.run_dir_of(checkpoint)
-
-    def _replaces_a_run(self, resume_checkpoint: Path | None) -> bool:
-        """Whether this run replaces another in its directory (``output.overwrite``);
-        without ``output.overwrite`` that is refused."""
-        directory = self.output_dir
-        resuming_in_place = resume_checkpoint is not None and (
-            self.run_dir_of(resume_checkpoint) == directory.resolve()
-        )
-        replacing = holds_a_run(directory) and not resuming_in_place
-        if replacing and not self.config.output.overwrite:
-            raise LlamaGymError(
-                f"output directory {str(directory)!r} already holds a run; continue it "
-                f"with --resume {directory}, choose another --output, or set "
-                "output.overwrite=true to replace it"
-            )
-        return replacing
-
-    def _prepare_output_dir(self, resume_checkpoint: Path | None) -> None:
-        """Create the run directory and take its lock (rank 0): the first write of a run,
-        after everything that can refuse it."""
-        directory = self.output_dir
-        self._replaces_a_run(resume_checkpoint)
-        # Every process has looked at the directory before rank 0 writes to it: a process
-        # that looks later would take rank 0's first files for another run's.
-        distributed.barrier()
-        if not distributed.is_main():
-            return
-        # Created if need be, and known to be writable before anything in it is deleted.
-        check_writable(directory, resuming=resume_checkpoint is not None)
-        self._lock = RunDirectoryLock(directory, OWN_TEMPORARIES)
-        self._lock.acquire()
-        replacing = self._replaces_a_run(resume_checkpoint)  # again, now as its one writer
-        for name in self.run_files if replacing else ():
-            path = directory / name
-            if path.is_dir():
-                shutil.rmtree(path)
-            elif path.exists():
-                path.unlink()
 
     def _write_config(self) -> None:
         agent_name = self.config.agent.name
@@ -222,35 +184,6 @@ class Trainer:
         self._last_checkpoint, self._last_checkpoint_update = checkpoint, counters.updates
         return history
 
-    @contextlib.contextmanager
-    def _stop_on_signals(self) -> Iterator[None]:
-        """SIGINT/SIGTERM ask the loop to stop (and checkpoint): one process stops after
-        the current env step or minibatch, several after the current update. A second
-        signal raises KeyboardInterrupt at once."""
-        if threading.current_thread() is not threading.main_thread():
-            yield  # signal handlers can only be installed from the main thread
-            return
-        where = "this update" if distributed.world_size() > 1 else "this step"
-
-        def request_stop(signum: int, frame: Any) -> None:
-            if self._signal_received is not None:
-                raise KeyboardInterrupt
-            self._signal_received = signal.Signals(signum).name
-            logger.warning(
-                "%s received: finishing %s, then writing a checkpoint "
-                "(send it again to stop at once, without one)",
-                self._signal_received,
-                where,
-            )
-
-        signals = (signal.SIGINT, signal.SIGTERM)
-        previous = {sig: signal.signal(sig, request_stop) for sig in signals}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
     def _show_phase(self, text: str) -> None:
         if self.progress is not None and hasattr(self.progress, "phase"):
             self.progress.phase(text, self._time_used())
@@ -261,8 +194,8 @@ class Trainer:
     def _stop_reason(self) -> str | None:
         """Why this process should stop now (one process only): the signal received
         ("SIGTERM"...), else "time budget" once it is used up, else None."""
-        if self._signal_received is not None:
-            return self._signal_received
+        if self._signals.received is not None:
+            return self._signals.received
         if self._time_budget is not None and self._time_used() >= self._time_budget:
             return TIME_BUDGET
         return None
@@ -318,15 +251,14 @@ class Trainer:
         except WriteError as error:  # a run file (metrics, transcripts, config) failed
             raise WriteError(f"{error}, {checkpoints.how_to_continue(self.output_dir)}") from error
         finally:
-            if self._lock is not None:
-                self._lock.release()
+            self.directory.release()
 
     def _run(self) -> RunSummary:
         """The run's phases: start, then per update collect, update, record and (when
         due) checkpoint, until the budget is spent or a stop is asked for; then finish."""
         training = self._start()
         try:
-            with self._stop_on_signals():
+            with self._signals:
                 while not self._should_stop(training):
                     batch = self._collect(training)
                     if batch is None:  # cut short: its episodes are dropped, the run ends
@@ -364,12 +296,12 @@ class Trainer:
         # Every refusal comes before the run directory is touched: a damaged run file, a
         # directory that holds another run or cannot be written, a missing env, a model
         # that does not load.
-        self._replaces_a_run(resume_checkpoint)
+        self.directory.replaces_a_run(resume_checkpoint)
         if distributed.is_main():
             check_writable(self.output_dir, resume_checkpoint is not None, create=False)
         make_first_env(agent)
         policy = self.parts.policy  # loads the model, drawing from the streams as it always has
-        self._prepare_output_dir(resume_checkpoint)
+        self.directory.claim(resume_checkpoint)
         # Rank 0 keeps the transcripts; the others keep theirs in memory only.
         self._transcripts = TranscriptLog(
             self.output_dir / TRANSCRIPTS if distributed.is_main() else None
@@ -414,7 +346,7 @@ class Trainer:
     def _should_stop(self, training: Training) -> bool:
         """Before each update: a signal to any process stops them all before the same
         update; else the spent budget."""
-        signals = distributed.all_gather(self._signal_received)
+        signals = distributed.all_gather(self._signals.received)
         self.stop_signal = next((name for name in signals if name), None)
         counters = training.counters
         return (
@@ -543,7 +475,7 @@ class Trainer:
         beside the baselines, and the report."""
         config, counters = self.config, training.counters
         # A signal after the last update still skips the evaluation (no collective follows).
-        self.stop_signal = self.stop_signal or self._signal_received
+        self.stop_signal = self.stop_signal or self._signals.received
         distributed.barrier()  # every process has finished training; rank 0 goes on alone
         summary = RunSummary(
             self.output_dir,
