@@ -3,6 +3,8 @@
     python benchmarks/real_model.py blackjack --mode score --seeds 0 1 2 --minutes 30 --jobs 2
     python benchmarks/real_model.py blackjack --mode generate --seeds 0 1 2 --minutes 30
     python benchmarks/real_model.py cartpole --mode score --seeds 0 1 2 --minutes 30
+    python benchmarks/real_model.py blackjack --model tiny --seeds 0 --episodes 100000 \
+        --threads 1 --output benchmarks/results/demo-blackjack-tiny.json  # `make demo`'s run
     python benchmarks/real_model.py memory     # peak RSS of one PPO update, both modes
     python benchmarks/real_model.py speed      # env steps/s, s/update, rollout vs bare forward
     python benchmarks/real_model.py formats    # zero-shot invalid replies of every env plugin
@@ -596,8 +598,10 @@ def train_run(args: argparse.Namespace, agent: str, seed: int, runs: Path) -> di
     ``metrics.jsonl``."""
     executable = shutil.which("llamagym", path=str(Path(sys.executable).parent)) or "llamagym"
     output = runs / f"{agent}-{args.mode}-seed{seed}"
+    budget = (["--episodes", str(args.episodes)] if args.episodes is not None
+              else ["--minutes", str(args.minutes)])
     command = [executable, "run", agent, "--model", args.model, "--mode", args.mode,
-               "--minutes", str(args.minutes), "--seed", str(seed),
+               *budget, "--seed", str(seed),
                "--eval-episodes", str(args.eval_episodes), "--output", str(output), "--quiet",
                "--set", f"training.threads={args.threads}"]
     for override in args.extra:
@@ -654,7 +658,8 @@ def cartpole(args: argparse.Namespace) -> dict[str, Any]:
     means = [seed["final_evaluation"]["mean"] for seed in seeds]
     target = TARGETS[f"cartpole_{args.mode}"]
     return {
-        "model": args.model, "mode": args.mode, "minutes": args.minutes, "jobs": args.jobs,
+        "model": args.model, "mode": args.mode, "minutes": args.minutes,
+        "episodes": args.episodes, "jobs": args.jobs,
         "threads": args.threads, "overrides": args.extra, "seeds": seeds,
         "greedy_mean_length": statistics.fmean(means), "worst_seed": min(means),
         "target": target,
@@ -670,7 +675,8 @@ def blackjack(args: argparse.Namespace) -> dict[str, Any]:
         seeds = list(pool.map(lambda seed: train_seed(args, seed, runs), args.seeds))
     exacts = [seed["exact"] for seed in seeds]
     return {
-        "model": args.model, "mode": args.mode, "minutes": args.minutes, "jobs": args.jobs,
+        "model": args.model, "mode": args.mode, "minutes": args.minutes,
+        "episodes": args.episodes, "jobs": args.jobs,
         "threads": args.threads, "overrides": args.extra,
         "zero_shot": zero,
         "exact_baselines": exact_baselines(),
@@ -804,7 +810,12 @@ def main() -> None:
     parser.add_argument("--model", default=MODEL)
     parser.add_argument("--mode", choices=("score", "generate"), default="score")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--minutes", type=float, default=30.0)
+    budget = parser.add_mutually_exclusive_group()
+    budget.add_argument("--minutes", type=float, default=30.0)
+    budget.add_argument("--episodes", type=int,
+                        help="blackjack, cartpole: an episode budget instead of --minutes "
+                             "(the budget of `make demo`: --model tiny --episodes 100000 "
+                             "--threads 1)")
     parser.add_argument("--eval-episodes", type=int,
                         help="Final greedy episodes (blackjack 20,000, cartpole 100).")
     parser.add_argument("--jobs", type=int, default=1, help="Seeds trained at once.")
