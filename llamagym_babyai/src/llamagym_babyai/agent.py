@@ -72,6 +72,18 @@ class BabyAIAgent(Agent):
                       "entropy_coef": 0.01},
         "training": {"minutes": 15, "eval_episodes": 100, "threads": 1},
     }
+    # A pretrained model: an untrained policy fails most missions, so an episode runs to
+    # the level's limit (64 steps on GoToLocal), and SmolLM2-135M plays about 3 env steps
+    # a second on a 2-core CPU. The generic pretrained batch (64 episodes on 16 envs) is
+    # 4,096 decisions: one update did not finish in 19 minutes. 16 episodes on 8 envs
+    # (a quarter of those decisions per update), a larger step and a looser KL stop, as
+    # TextWorld's pretrained defaults have them.
+    pretrained_defaults = {
+        "score": {
+            "rollout": {"num_envs": 8},
+            "algorithm": {"episodes_per_update": 16, "lr": 5e-4, "target_kl": 0.05},
+        }
+    }
     Config = BabyAIOptions
     options: BabyAIOptions
 
