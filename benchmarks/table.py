@@ -305,13 +305,17 @@ def env_plugins_section(result: Mapping[str, Any]) -> str:
             machine_label(result.get("machine") or {}), _commit(result),
         ])
     first, count = result["eval_seed"], result["eval_episodes"]
+    budget = result.get("budget") or {}
+    trained = (f", {budget['minutes']:g} min of training per agent" if budget.get("minutes")
+               else ", an episode budget per agent" if budget.get("episodes") else "")
     heading = (f"### TextArena and BabyAI: what a small model learns ({result['model']}"
-               f"{', zero-shot only' if result['zero_shot_only'] else ''})")
+               f"{', zero-shot only' if result['zero_shot_only'] else trained}, "
+               f"commit {str(result.get('commit') or '?')[:7]})")
     note = (f"Greedy evaluation, {count} episodes per policy on the same seeds "
             f"({first}-{first + count - 1}): share won, mean return, and the share of episodes "
             "a game ended for invalid moves and of replies naming no legal move, where any. "
             f"{result['threads']} torch threads, one run at a time, at niceness "
-            f"{result['niceness']} on a machine shared with other benchmarks. Made by "
+            f"{result['niceness']}. Made by "
             f"`{result['command']}`, {str(result.get('date', '–'))[:10]}.")
     return "\n\n".join([heading, _table(
         ("Agent", "Env", "Random", "Expert", "Zero-shot", "Trained", "Training", "Command",
@@ -324,6 +328,8 @@ SECTIONS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "textworld": textworld_section,
     "env-plugins-tiny": env_plugins_section,
     "env-plugins-smollm2-135m": env_plugins_section,
+    "env-plugins-smollm2-135m-trained": env_plugins_section,
+    "env-plugins-smollm2-135m-babyai": env_plugins_section,
     "throughput": throughput_section,
     "breakdown": profile_section,
     "learning": learning_section,
