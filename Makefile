@@ -30,10 +30,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-# The loop while developing: without the smoke runs of benchmarks and multi-process runs
-# (`slow`) and without the real SmolLM2 (`real_model`); `make test` runs everything.
+# The loop while developing: on two workers (pytest-xdist), without the tests of a minute
+# or more (`slow`: benchmark smoke runs, several processes, TRL, property searches) and
+# without the real SmolLM2 (`real_model`); `make test` runs everything, as CI does.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not real_model"
+	$(BIN)/python -m pytest -q -n 2 -m "not slow and not real_model"
 
 # Style (ruff), types (mypy on core/ and plugins/) and floors (import-linter).
 lint: $(STAMP)

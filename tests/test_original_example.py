@@ -23,6 +23,7 @@ class BlackjackAgent(Agent):
         return 0 if "stay" in response else 1
 
 
+@pytest.mark.slow  # trains the example for real
 def test_the_original_example_runs_and_trains() -> None:
     model, tokenizer = load_model_and_tokenizer("tiny")  # the one changed line
     device = "cpu"

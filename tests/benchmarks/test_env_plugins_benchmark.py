@@ -78,6 +78,7 @@ def test_an_unknown_agent_or_variant_stops_in_one_line(agent, variant, capsys) -
     assert "\n" not in error and error.startswith("env-plugins: ")
 
 
+@pytest.mark.slow  # the benchmark through the CLI
 def test_llamagym_eval_json_becomes_the_tables_numbers() -> None:
     args = argparse.Namespace(eval_episodes=2, eval_seed=10_000, threads=1)
     measured = env_plugins.evaluate("textarena-guess-the-number", ["--model", "tiny"], args,

@@ -21,6 +21,8 @@ from benchmarks import gpu_smoke
 from llamagym.cli.app import app
 from llamagym.cli.run_commands import resolve_run_config
 
+pytestmark = pytest.mark.slow  # the benchmark's planned commands, each through the CLI
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_smoke.py"
 NO_GPU = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
 NAMES = [

@@ -207,6 +207,7 @@ def test_wandb_logs_only_when_its_project_is_set(tmp_path, monkeypatch) -> None:
     assert columns[-1] == "transcript" and data[0][2] == 7 and "action: hit" in data[0][-1]
 
 
+@pytest.mark.slow  # a whole run in a fresh process
 def test_wandb_is_never_imported_without_wandb_project(tmp_path) -> None:
     """A whole run in a fresh process: every logger plugin loaded, ``wandb`` untouched.
     A fake ``wandb`` first on the path fails loudly if anything imports it."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -66,12 +67,14 @@ def check(reply: str, legal: list[str]) -> int | None:
     return index
 
 
+@pytest.mark.slow  # 5,000 drawn replies
 @settings(max_examples=5000, deadline=None, suppress_health_check=list(HealthCheck))
 @given(replies)
 def test_discrete_space(reply: str) -> None:
     check(reply, DISCRETE)
 
 
+@pytest.mark.slow  # 5,000 drawn replies
 @settings(max_examples=5000, deadline=None, suppress_health_check=list(HealthCheck))
 @given(replies)
 def test_text_command_space(reply: str) -> None:

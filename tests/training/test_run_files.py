@@ -485,6 +485,7 @@ READERS = {
     how=st.sampled_from(["truncate", "flip bytes", "garbage line", "change a JSON value"]),
     seed=st.integers(0, 2**32 - 1),
 )
+@pytest.mark.slow  # many damaged files, each read
 def test_random_damage_to_run_files_is_never_a_traceback(trained_run, tmp_path, cli, file,
                                                          how, seed) -> None:
     run_dir = Path(tempfile.mkdtemp(dir=tmp_path)) / "run"  # one per example

@@ -16,6 +16,8 @@ from llamagym.testing import free_port
 
 pytest.importorskip("trl")
 
+pytestmark = pytest.mark.slow  # several processes under torchrun
+
 WORKER = Path(__file__).with_name("fsdp2_worker.py")
 
 

@@ -33,6 +33,9 @@ from llamagym.trl_backend.trainer import TRLTrainer
 
 pytest.importorskip("trl")
 
+# Each test starts TRL (or a process that does): minutes in all; `make test-fast` skips them.
+pytestmark = pytest.mark.slow
+
 LLAMAGYM = [sys.executable, "-m", "llamagym.cli"]
 SMALL = {
     "training": {"backend": "trl", "episodes": 32, "eval_episodes": 20, "threads": 1},
