@@ -27,8 +27,9 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/llamagym run blackjack
 
+# The whole suite, as CI runs it, on two workers (pytest-xdist).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2
 
 # The loop while developing: on two workers (pytest-xdist), without the tests of a minute
 # or more (`slow`: benchmark smoke runs, several processes, TRL, property searches) and
