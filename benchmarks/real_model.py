@@ -833,10 +833,13 @@ def main() -> None:
     add_allow_dirty(parser)
     args = parser.parse_args()
     refuse_dirty_tree(f"real_model.py {args.part}", args.quick, args.allow_dirty)
+    if args.episodes is not None:
+        args.minutes = None  # the run has an episode budget, no time budget
     if args.eval_episodes is None:
         args.eval_episodes = 100 if args.part == "cartpole" else 20_000
     if args.quick:
-        args.seeds, args.minutes = args.seeds[:1], 1.0
+        args.seeds = args.seeds[:1]
+        args.minutes = None if args.episodes is not None else 1.0
         args.eval_episodes = 20 if args.part == "cartpole" else 200
     if args.part == "blackjack":
         data, name = blackjack(args), f"smollm2-blackjack-{args.mode}"
