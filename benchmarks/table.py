@@ -330,6 +330,7 @@ SECTIONS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "env-plugins-smollm2-135m": env_plugins_section,
     "env-plugins-smollm2-135m-trained": env_plugins_section,
     "env-plugins-smollm2-135m-babyai": env_plugins_section,
+    "env-plugins-smollm2-135m-hanoi": env_plugins_section,
     "throughput": throughput_section,
     "breakdown": profile_section,
     "learning": learning_section,
