@@ -839,7 +839,8 @@ def main() -> None:
         args.eval_episodes = 100 if args.part == "cartpole" else 20_000
     if args.quick:
         args.seeds = args.seeds[:1]
-        args.minutes = None if args.episodes is not None else 1.0
+        if args.episodes is None:
+            args.minutes = 1.0
         args.eval_episodes = 20 if args.part == "cartpole" else 200
     if args.part == "blackjack":
         data, name = blackjack(args), f"smollm2-blackjack-{args.mode}"
