@@ -22,11 +22,22 @@ from benchmarks.common import DEFAULT_RESULTS_DIR, machine_label, result_path
 Row = list[str]
 
 
-def _load(directory: Path, name: str, quick: bool) -> dict[str, Any] | None:
-    path = result_path(directory, name, quick)
-    if not path.is_file():
-        return None
-    return json.loads(path.read_text(encoding="utf-8"))
+def _paths(directory: Path, name: str, quick: bool) -> list[Path]:
+    """The result files of a section: ``<name>.json`` (``<name>-quick.json``), or for a
+    name ending in ``*`` every file it matches (full or quick, as asked)."""
+    if not name.endswith("*"):
+        path = result_path(directory, name, quick)
+        return [path] if path.is_file() else []
+    found = Path(directory).glob(result_path(Path(), name, quick).name)
+    return [path for path in found if path.stem.endswith("-quick") == quick]
+
+
+def _load(directory: Path, name: str, quick: bool) -> list[dict[str, Any]]:
+    """The results of a section; those of a ``*`` name by model (``tiny`` first), then
+    by the date each was made."""
+    results = [json.loads(path.read_text(encoding="utf-8"))
+               for path in _paths(directory, name, quick)]
+    return sorted(results, key=lambda r: (r.get("model") != "tiny", str(r.get("date"))))
 
 
 def _number(value: float | None, digits: int = 1) -> str:
@@ -326,11 +337,8 @@ SECTIONS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "algorithms": algorithms_section,
     "cartpole": cartpole_section,
     "textworld": textworld_section,
-    "env-plugins-tiny": env_plugins_section,
-    "env-plugins-smollm2-135m": env_plugins_section,
-    "env-plugins-smollm2-135m-trained": env_plugins_section,
-    "env-plugins-smollm2-135m-babyai": env_plugins_section,
-    "env-plugins-smollm2-135m-hanoi": env_plugins_section,
+    # One file per model and run (`env_plugins.py --output`).
+    "env-plugins-*": env_plugins_section,
     "throughput": throughput_section,
     "breakdown": profile_section,
     "learning": learning_section,
@@ -341,9 +349,7 @@ SECTIONS: dict[str, Callable[[Mapping[str, Any]], str]] = {
 def render(directory: Path, quick: bool = False) -> str:
     parts = []
     for name, section in SECTIONS.items():
-        result = _load(directory, name, quick)
-        if result is not None:
-            parts.append(section(result))
+        parts.extend(section(result) for result in _load(directory, name, quick))
     if not parts:
         return "(no benchmark results yet: run `python -m benchmarks all`)\n"
     title = "## Benchmarks" + (" (smoke run: --quick, not for comparison)" if quick else "")
@@ -354,7 +360,7 @@ def write_table(directory: Path, quick: bool | None = None) -> Path:
     """Write ``table.md`` (full results, if any) or ``table-quick.md``; return its path."""
     directory = Path(directory)
     if quick is None:  # the kind of result that exists, full preferred
-        quick = not any(result_path(directory, n, False).is_file() for n in SECTIONS)
+        quick = not any(_paths(directory, name, False) for name in SECTIONS)
     path = directory / f"table{'-quick' if quick else ''}.md"
     directory.mkdir(parents=True, exist_ok=True)
     path.write_text(render(directory, quick), encoding="utf-8")
