@@ -20,6 +20,7 @@ from llamagym_textarena.agent import (
 )
 from llamagym_textarena.env import TextArenaEnv
 
+from llamagym.cli.run_commands import resolve_run_config
 from llamagym.errors import ConfigError
 from llamagym.plugin_manager import get_plugins
 from llamagym.rollout.evaluation import evaluate_baseline
@@ -222,3 +223,25 @@ def test_a_mastermind_update_holds_the_codes_of_a_few_turns_at_a_time(tmp_path) 
     assert summary.updates == 1 and summary.env_steps == 6  # 6 turns, one minibatch
     assert MASTERMIND_MICROBATCH < 6
     assert len(backward_passes) == -(-6 // MASTERMIND_MICROBATCH)  # 2 passes, not 1
+
+
+def test_a_pretrained_model_writes_its_mastermind_code_and_tiny_ranks_them() -> None:
+    """Ranking 360 codes a turn is too slow for a pretrained model on a CPU: it writes
+    the code (generate mode) unless told to rank, and ranking keeps the small passes."""
+    from llamagym_textarena.agent import MASTERMIND_MICROBATCH
+
+    def resolved(**chosen: str):
+        return resolve_run_config("textarena-mastermind", None, [], chosen)[1]
+
+    tiny, real = resolved(), resolved(**{"model.name": "smollm2-135m"})
+    assert tiny.config.rollout.mode == "score"
+    assert real.config.rollout.mode == "generate"
+    assert real.sources["rollout.mode"] == "pretrained-model defaults"
+    ranked = resolved(**{"model.name": "smollm2-135m", "rollout.mode": "score"})
+    assert ranked.config.rollout.mode == "score"
+    assert ranked.config.algorithm.microbatch_size == MASTERMIND_MICROBATCH
+    # Other games keep ranking their moves on a pretrained model.
+    _, hanoi = resolve_run_config(
+        "textarena-tower-of-hanoi", None, [], {"model.name": "smollm2-135m"}
+    )
+    assert hanoi.config.rollout.mode == "score"

@@ -209,6 +209,14 @@ class MastermindAgent(TextArenaAgent):
     # Up to 360 codes ranked per turn: a minibatch of 32 turns in one pass held 15.8 GB
     # on the tiny model (and was killed for memory); in passes of 4 turns, 2.2 GB.
     defaults["algorithm"]["microbatch_size"] = MASTERMIND_MICROBATCH
+    # A pretrained model writes its code instead: ranking 360 codes is ~2,000 tokens a
+    # turn, and 20 of SmolLM2-135M's games did not finish in 27 minutes on a 2-core CPU
+    # (5.8 GB). A reply of a few tokens names the code, and the update trains only those
+    # tokens. `--set rollout.mode=score` still ranks them, a few turns per pass.
+    pretrained_defaults = {
+        "score": {"rollout": {"mode": "generate"},
+                  "algorithm": {"microbatch_size": MASTERMIND_MICROBATCH}}
+    }
 
 
 @plugin.SUDOKU.bind
