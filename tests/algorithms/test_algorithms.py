@@ -666,3 +666,27 @@ def test_a_run_built_under_no_grad_still_trains(tmp_path: Path) -> None:
     after = trained_parameters(algorithm)
     assert metrics["policy_loss"] == metrics["policy_loss"]  # a number, not NaN
     assert any(not torch.equal(before[name], after[name]) for name in before)
+
+
+def test_a_turn_with_more_legal_actions_than_the_entropy_takes_runs_only_its_reply() -> None:
+    """Generate mode's entropy runs each legal action's name through the model; a turn
+    with more names than that bound (Mastermind's 360 codes) gets the next-token entropy
+    and its update runs only its reply."""
+    from llamagym.algorithms.turn_scoring import MOST_NAMED_ACTIONS
+
+    agent = tiny_agent(BanditAgent, rollout={"mode": "generate"})
+    policy, scoring = agent.policy, agent.algorithm.scoring
+    encode = lambda text: policy.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    few = ["left", "right", "stay"]
+    many = [f"code {k}" for k in range(MOST_NAMED_ACTIONS + 1)]
+    reply = encode("pull it")  # no action's name (a pair met twice runs once)
+    turns = [Turn(encode(prompt), names, 0, "pull it", [-0.1] * len(reply), 0.0,
+                  action_tokens=reply)
+             for prompt, names in (("Which lever?", few), ("Which code?", many))]
+    names = scoring.named_actions(turns)
+    assert [len(row) for row in names] == [len(few), 0]
+    before = policy.head_positions
+    with torch.no_grad():
+        evaluation = scoring.evaluate(turns)
+    assert policy.head_positions - before == 2 * len(reply) + sum(map(len, names[0]))
+    assert float(evaluation.entropy[1, 0]) > math.log(len(few))  # the vocabulary's spread

@@ -18,6 +18,11 @@ from llamagym.models.passes import padded
 from llamagym.models.policy import Evaluation, Policy, name_tokens
 from llamagym.rollout.trajectory import Turn
 
+#: The most legal actions a generate-mode turn's entropy is taken over. Each name runs
+#: through the model in the update as a score-mode candidate does: Mastermind's 360
+#: codes made SmolLM2-135M's first update ask for 26 GB.
+MOST_NAMED_ACTIONS = 64
+
 
 class TurnScoring:
     """How an algorithm scores its turns under ``policy``."""
@@ -54,12 +59,15 @@ class TurnScoring:
         )
 
     def named_actions(self, turns: Sequence[Turn]) -> list[list[list[int]]]:
-        """Each generate-mode turn's legal actions as tokens (empty where the agent names
-        none): the entropy bonus is taken over them (:meth:`Policy.evaluate_replies`)."""
-        names = sorted({name for turn in turns for name in turn.legal_actions})
+        """Each generate-mode turn's legal actions as tokens: the entropy bonus is taken
+        over them (:meth:`Policy.evaluate_replies`). Empty where the agent names none or
+        more than :data:`MOST_NAMED_ACTIONS`: such a turn gets the next-token entropy."""
+        named = [turn.legal_actions if len(turn.legal_actions) <= MOST_NAMED_ACTIONS else []
+                 for turn in turns]
+        names = sorted({name for row in named for name in row})
         encoded = name_tokens(self.policy.tokenizer, self.policy.eos_id, names)
         tokens = dict(zip(names, encoded, strict=True))
-        return [[tokens[name] for name in turn.legal_actions] for turn in turns]
+        return [[tokens[name] for name in row] for row in named]
 
     def old_logprobs(self, turns: Sequence[Turn], width: int) -> torch.Tensor:
         """The rollout-time log-probabilities, padded to ``width`` action units."""
