@@ -151,6 +151,29 @@ def test_reply_parsing(reply: str, move: str | None) -> None:
     assert (legal[index] if index is not None else None) == move
 
 
+@pytest.mark.parametrize(
+    ("reply", "move"),
+    [
+        ("[4,3,2,1,3,2,", "[4 3 2 1]"),  # ran on to the token limit
+        ('[5 4 2 1, 2 3 "1', "[5 4 2 1]"),
+        ("[4 3 2 1]", "[4 3 2 1]"),
+        ("[5 5 4 2]", None),  # a closed move is taken as it is: repeats a digit
+        ("[1 2 3", None),  # too few digits
+        ("[1 2 3 4] tried", None),  # tried already
+    ],
+)
+def test_a_mastermind_reply_that_runs_on_names_its_first_four_digits(reply, move) -> None:
+    from llamagym_textarena.agent import MastermindAgent
+
+    agent = tiny_agent(MastermindAgent, rollout={"mode": "generate"})
+    env = agent.make_env()
+    _, info = env.reset(seed=3)
+    _, _, _, _, info = env.step("[1 2 3 4]")
+    legal = agent.legal_actions(None, info)
+    chosen = agent.action_index(agent.extract_action(reply), legal)
+    assert (None if chosen is None else legal[chosen]) == move
+
+
 def test_generate_mode_lists_a_few_moves_and_asks_for_the_format() -> None:
     agent = tiny_agent(FrozenLakeAgent, rollout={"mode": "generate"})
     env = agent.make_env()

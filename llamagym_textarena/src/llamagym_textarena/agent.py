@@ -69,6 +69,8 @@ def expert_move(observation: Any, info: dict, legal: Sequence[str], rng: Any) ->
 
 #: Mastermind's turns per forward pass in an update (each turn ranks up to 360 codes).
 MASTERMIND_MICROBATCH = 4
+#: The digits of a Mastermind code, in both of its games.
+MASTERMIND_CODE_LENGTH = 4
 
 
 def _defaults(history_turns: int | None) -> dict[str, Any]:
@@ -217,6 +219,16 @@ class MastermindAgent(TextArenaAgent):
         "score": {"rollout": {"mode": "generate"},
                   "algorithm": {"microbatch_size": MASTERMIND_MICROBATCH}}
     }
+
+    def extract_action(self, response: str) -> str | None:
+        """A bracketed move, else the reply's first four digits as a code: a reply that
+        runs on past its code (``[4,3,2,1,3,2,`` at the token limit) still names one."""
+        text = response[:_MAX_REPLY_CHARS]
+        if _BRACKETED.search(text) is None:
+            digits = re.findall(r"[0-9]", text[:_MAX_MOVE_CHARS])
+            if len(digits) >= MASTERMIND_CODE_LENGTH:
+                return "[" + " ".join(digits[:MASTERMIND_CODE_LENGTH]) + "]"
+        return super().extract_action(text)
 
 
 @plugin.SUDOKU.bind
