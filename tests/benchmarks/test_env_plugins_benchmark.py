@@ -10,6 +10,7 @@ from fnmatch import fnmatch
 import pytest
 
 from benchmarks import env_plugins, table
+from llamagym.cli.run_commands import resolve_run_config
 
 
 def test_the_result_files_are_the_ones_the_results_table_reads() -> None:
@@ -68,6 +69,14 @@ def test_a_variant_is_the_agents_game_or_level_option() -> None:
     assert "--minutes 1.5 --threads 2" in recorded and "--seed 3" in recorded
     assert recorded.endswith("--set agent.level=BabyAI-GoToObj-v0")
     assert "/r" not in recorded  # where the run went is no part of its command
+    assert "training.minutes" not in recorded
+    # An episode budget alone: the agent's default minutes do not end the run first.
+    counted = env_plugins.run_line("babyai", "tiny", 3, {"episodes": 16}, env_plugins.Path("/r"),
+                                   2, [])
+    sets = [counted[i + 1] for i, word in enumerate(counted) if word == "--set"]
+    _, resolved = resolve_run_config("babyai", None, sets, {"training.episodes": 16})
+    assert resolved.config.training.minutes is None
+    assert resolved.config.training.episodes == 16
 
 
 @pytest.mark.parametrize(("agent", "variant"), [("textarena-sudoku", "Nope"),
