@@ -378,6 +378,15 @@ LOCATION_OPTIONS = ("--output", "--output-dir", "--runs-dir", "--keep-runs", "--
 UNRECORDED_FLAGS = ("--allow-dirty",)
 
 
+def budget_arguments(episodes: int | None, minutes: float | None) -> list[str]:
+    """``llamagym run``'s budget flags: ``--episodes K`` as the run's only budget (the
+    agent's default minutes would otherwise end a slow run first, and its numbers would
+    depend on the machine's load), else ``--minutes M``."""
+    if episodes is not None:
+        return ["--episodes", str(int(episodes)), "--set", "training.minutes=null"]
+    return ["--minutes", str(minutes)]
+
+
 def recorded_arguments(argv: Sequence[str]) -> list[str]:
     """``argv`` without the options that only place files and the flags that change no
     number, so a recorded command reproduces the numbers anywhere."""

@@ -46,6 +46,7 @@ if __package__ in (None, ""):  # run as a file: make the `benchmarks` package im
 
 from benchmarks.common import (  # noqa: E402
     add_allow_dirty,
+    budget_arguments,
     log,
     recorded_arguments,
     refuse_dirty_tree,
@@ -102,16 +103,12 @@ def eval_line(agent: str, subject: Sequence[str], episodes: int, seed: int, thre
 def run_line(agent: str, model: str, seed: int, budget: Mapping[str, float], output: Path,
              threads: int, assignments: Sequence[str]) -> list[str]:
     """``llamagym run AGENT --model M --seed S --episodes K|--minutes M ...``, the run's
-    own final evaluation off (the trained agent is evaluated by ``llamagym eval``). An
-    episode budget is the only one: the agent's default minutes would otherwise end a
-    slow run first, and its numbers would depend on the machine's load."""
-    (kind, amount), = budget.items()
-    line = ["run", agent, "--model", model, "--seed", str(seed), f"--{kind}",
-            str(amount if kind == "minutes" else int(amount)), "--threads", str(threads),
-            "--eval-episodes", "0", "--output", str(output), "--quiet",
-            "--set", "output.report=false"]
-    if kind == "episodes":
-        line += ["--set", "training.minutes=null"]
+    own final evaluation off (the trained agent is evaluated by ``llamagym eval``); an
+    episode budget is the run's only one (:func:`budget_arguments`)."""
+    line = ["run", agent, "--model", model, "--seed", str(seed),
+            *budget_arguments(budget.get("episodes"), budget.get("minutes")),
+            "--threads", str(threads), "--eval-episodes", "0", "--output", str(output),
+            "--quiet", "--set", "output.report=false"]
     for assignment in assignments:
         line += ["--set", assignment]
     return line

@@ -99,6 +99,7 @@ if __package__ in (None, ""):  # run as a file: make the `benchmarks` package im
 from benchmarks.common import (  # noqa: E402
     REPO_ROOT,
     add_allow_dirty,
+    budget_arguments,
     emit_result,
     parse_result,
     peak_rss_mb,
@@ -598,10 +599,8 @@ def train_run(args: argparse.Namespace, agent: str, seed: int, runs: Path) -> di
     ``metrics.jsonl``."""
     executable = shutil.which("llamagym", path=str(Path(sys.executable).parent)) or "llamagym"
     output = runs / f"{agent}-{args.mode}-seed{seed}"
-    budget = (["--episodes", str(args.episodes)] if args.episodes is not None
-              else ["--minutes", str(args.minutes)])
     command = [executable, "run", agent, "--model", args.model, "--mode", args.mode,
-               *budget, "--seed", str(seed),
+               *budget_arguments(args.episodes, args.minutes), "--seed", str(seed),
                "--eval-episodes", str(args.eval_episodes), "--output", str(output), "--quiet",
                "--set", f"training.threads={args.threads}"]
     for override in args.extra:
