@@ -9,7 +9,9 @@ at most :data:`MAX_TEMPLATE_SECONDS` per conversation.
 
 Both are measured while it runs. A trace function on the compiled template's own frames
 checks the clock at every line and counts the characters of every piece of output, so a
-runaway loop stops at the limit, not at its end. One operation can build a huge value in
+runaway loop stops at the limit, not at its end. The clock is the rendering thread's CPU
+time less the garbage collector's (:class:`_RenderClock`): what the template itself
+spends, not a busy machine's pauses. One operation can build a huge value in
 a single step the trace cannot interrupt (``'x' * 10**9``, ``'%1000000000s' % x``,
 ``'{:>1000000000}'.format(x)``, ``x|center(10**9)``): :class:`BoundedSandbox`, the sandbox
 transformers compiles every template in, measures each one before it runs, through
@@ -26,10 +28,12 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import gc
 import math
 import re
 import string
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -45,7 +49,7 @@ from llamagym.errors import LlamaGymError
 #: Characters a template may add to a conversation's own text (a real one adds a few
 #: tokens per message).
 MAX_TEMPLATE_EXTRA_CHARS = 256 * 1024
-#: Seconds a template may take per conversation (a real one takes a millisecond).
+#: CPU seconds a template may take per conversation (a real one takes a millisecond).
 MAX_TEMPLATE_SECONDS = 1.0
 #: The file name Jinja gives a template compiled from a string: its frames are the
 #: template's own code.
@@ -79,13 +83,13 @@ def render_chat(
     given = sum(len(m.get("content") or "") for c in conversations for m in c)
     max_chars = given + len(conversations) * MAX_TEMPLATE_EXTRA_CHARS
     seconds = len(conversations) * MAX_TEMPLATE_SECONDS
-    deadline = time.monotonic() + seconds
+    clock = _RenderClock()
     produced = 0
     per = f"for {len(conversations)} conversation(s)"
 
     def in_template(frame: Any, event: str, arg: Any) -> Any:
         nonlocal produced
-        if time.monotonic() > deadline:
+        if clock.seconds() > seconds:
             raise _Limit(f"took more than {seconds:g} s")
         # A generator's yield is a "return" event carrying the value: the output.
         if event == "return" and isinstance(arg, str) and frame.f_code.co_name == "root":
@@ -101,6 +105,7 @@ def render_chat(
     previous = sys.gettrace()
     largest = _largest_value.set(max_chars)
     sys.settrace(on_call)
+    gc.callbacks.append(clock.on_collection)
     try:
         texts = tokenizer.apply_chat_template(
             [list(c) for c in conversations],
@@ -121,6 +126,7 @@ def render_chat(
         ) from None
     finally:
         sys.settrace(previous)
+        gc.callbacks.remove(clock.on_collection)
         _largest_value.reset(largest)
     # Checked again whole: output the trace did not see (a template compiled elsewhere).
     if sum(len(text) for text in texts) > max_chars:
@@ -130,6 +136,31 @@ def render_chat(
             "model whose template renders the conversation)"
         )
     return list(texts)
+
+
+class _RenderClock:
+    """CPU seconds this thread has spent since it was made, less the time the garbage
+    collector took meanwhile: neither another process on the machine nor a collection of
+    the whole program's objects counts against a template."""
+
+    def __init__(self) -> None:
+        self._thread = threading.get_ident()
+        self._started = time.thread_time()
+        self._collecting = 0.0
+        self._collection_started: float | None = None
+
+    def on_collection(self, phase: str, info: dict[str, int]) -> None:
+        """A ``gc.callbacks`` entry (a collection in another thread is not this clock's)."""
+        if threading.get_ident() != self._thread:
+            return
+        if phase == "start":
+            self._collection_started = time.thread_time()
+        elif self._collection_started is not None:
+            self._collecting += time.thread_time() - self._collection_started
+            self._collection_started = None
+
+    def seconds(self) -> float:
+        return time.thread_time() - self._started - self._collecting
 
 
 @functools.cache
