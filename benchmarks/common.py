@@ -379,11 +379,11 @@ UNRECORDED_FLAGS = ("--allow-dirty",)
 
 
 def budget_arguments(episodes: int | None, minutes: float | None) -> list[str]:
-    """``llamagym run``'s budget flags: ``--episodes K`` as the run's only budget (the
-    agent's default minutes would otherwise end a slow run first, and its numbers would
-    depend on the machine's load), else ``--minutes M``."""
+    """``llamagym run``'s budget flag: ``--episodes K``, else ``--minutes M``. Either,
+    given alone, is the run's only budget (an agent's default minutes do not end an
+    episode budget's run first, so its numbers do not depend on the machine's load)."""
     if episodes is not None:
-        return ["--episodes", str(int(episodes)), "--set", "training.minutes=null"]
+        return ["--episodes", str(int(episodes))]
     return ["--minutes", str(minutes)]
 
 

@@ -103,8 +103,8 @@ def eval_line(agent: str, subject: Sequence[str], episodes: int, seed: int, thre
 def run_line(agent: str, model: str, seed: int, budget: Mapping[str, float], output: Path,
              threads: int, assignments: Sequence[str]) -> list[str]:
     """``llamagym run AGENT --model M --seed S --episodes K|--minutes M ...``, the run's
-    own final evaluation off (the trained agent is evaluated by ``llamagym eval``); an
-    episode budget is the run's only one (:func:`budget_arguments`)."""
+    own final evaluation off (the trained agent is evaluated by ``llamagym eval``); the
+    budget given is the run's only one."""
     line = ["run", agent, "--model", model, "--seed", str(seed),
             *budget_arguments(budget.get("episodes"), budget.get("minutes")),
             "--threads", str(threads), "--eval-episodes", "0", "--output", str(output),
@@ -176,12 +176,15 @@ class CommandFailed(RuntimeError):
 
 
 def failure(command: str, code: int, stderr: str) -> str:
-    """One line: which command failed, how, and its last word on it."""
+    """One line: which command failed, how, and its last word on it (a process killed
+    by a signal had none: its last line was whatever it printed before)."""
     said = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
-    how = f"killed by signal {-code}" if code < 0 else f"exit {code}"
-    if code == -9:
-        how += " (the kernel's out-of-memory killer, or a kill)"
-    return f"`{command}` failed ({how}): {said[-1][:300] if said else 'no message'}"
+    if code < 0:
+        how = f"killed by signal {-code}"
+        if code == -9:
+            how += ": the kernel's out-of-memory killer, or a kill"
+        return f"`{command}` failed ({how})"
+    return f"`{command}` failed (exit {code}): {said[-1][:300] if said else 'no message'}"
 
 
 def run_llamagym(words: Sequence[str], threads: int) -> tuple[str, float]:

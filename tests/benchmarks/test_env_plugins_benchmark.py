@@ -10,7 +10,6 @@ from fnmatch import fnmatch
 import pytest
 
 from benchmarks import env_plugins, table
-from llamagym.cli.run_commands import resolve_run_config
 
 
 def test_the_result_files_are_the_ones_the_results_table_reads() -> None:
@@ -70,13 +69,11 @@ def test_a_variant_is_the_agents_game_or_level_option() -> None:
     assert recorded.endswith("--set agent.level=BabyAI-GoToObj-v0")
     assert "/r" not in recorded  # where the run went is no part of its command
     assert "training.minutes" not in recorded
-    # An episode budget alone: the agent's default minutes do not end the run first.
+    # An episode budget alone (`llamagym run` then drops the agent's default minutes).
     counted = env_plugins.run_line("babyai", "tiny", 3, {"episodes": 16}, env_plugins.Path("/r"),
                                    2, [])
-    sets = [counted[i + 1] for i, word in enumerate(counted) if word == "--set"]
-    _, resolved = resolve_run_config("babyai", None, sets, {"training.episodes": 16})
-    assert resolved.config.training.minutes is None
-    assert resolved.config.training.episodes == 16
+    assert "--episodes 16 --threads 2" in " ".join(counted)
+    assert "--minutes" not in counted
 
 
 @pytest.mark.parametrize(("agent", "variant"), [("textarena-sudoku", "Nope"),
@@ -119,3 +116,12 @@ def test_the_outcome_that_means_a_win_is_read_for_each_env_and_invalid_ones_show
     assert textarena["won"] == 0.0 and textarena["invalid_move"] == 0.5
     assert table._policy(babyai) == "25% won, +0.20, 25% invalid replies"
     assert table._policy(textarena) == "0% won, +0.10, 50% invalid moves"
+
+
+def test_a_failed_command_is_one_line_with_its_last_word_unless_it_was_killed() -> None:
+    stderr = "press Ctrl-C to stop with a checkpoint (press\nit again to stop at once)\n"
+    killed = env_plugins.failure("llamagym run x", -9, stderr)
+    assert killed == ("`llamagym run x` failed (killed by signal 9: the kernel's "
+                      "out-of-memory killer, or a kill)")
+    refused = env_plugins.failure("llamagym run x", 2, stderr + "error: no such game\n\n")
+    assert refused == "`llamagym run x` failed (exit 2): error: no such game"

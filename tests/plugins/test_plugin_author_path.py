@@ -259,10 +259,23 @@ def test_the_run_says_which_budget_applies_and_where_it_came_from(
 
 
 def test_budgets_from_the_agent_and_from_a_file(monkeypatch, tmp_path) -> None:
-    stub_trainer(monkeypatch, tmp_path)
+    made = stub_trainer(monkeypatch, tmp_path)
     minutes = agent_defaults("cartpole")["minutes"]  # CartPole trains on time alone
     result = invoke("run", "cartpole", "--quiet")
     assert budget_lines(result.stdout) == [f"budget: {minutes:g} min (the agent's defaults)"]
+    # --episodes alone replaces the agent's time budget, as --minutes alone does episodes.
+    result = invoke("run", "cartpole", "--quiet", "--episodes", "16")
+    assert budget_lines(result.stdout) == [
+        f"budget: 16 episodes (--episodes; replaces the {minutes:g} min of the agent's "
+        "defaults: add --minutes to keep both, whichever ends first)"
+    ]
+    assert made[-1].agent.config.training.minutes is None
+    assert made[-1].agent.config.training.episodes == 16
+    result = invoke("run", "cartpole", "--quiet", "--episodes", "16", "--minutes", "2")
+    assert budget_lines(result.stdout) == [
+        "budget: 16 episodes or 2 min, whichever ends first (episodes from --episodes, "
+        "minutes from --minutes)"
+    ]
 
     file = tmp_path / "run.yaml"
     file.write_text(yaml.safe_dump({"training": {"episodes": 300, "minutes": 4}}))

@@ -33,7 +33,8 @@ FLAG_KEYS = {
 SWITCHES = {"quiet", "trust_remote_code"}
 #: The help of ``run``'s flags whose help takes more than a line.
 HELP = {
-    "episodes": "Training episodes; with a time budget, whichever ends first.",
+    "episodes": "Training episodes. Without --minutes it replaces the time budget of the "
+    "agent's defaults, a --config file or --set; with it, whichever ends first.",
     "minutes": "Wall-clock training budget. Without --episodes it replaces the episode "
     "budget of the agent's defaults, a --config file or --set.",
     "num_processes": "Train data-parallel in N processes, started through accelerate's "
@@ -145,13 +146,13 @@ def _budget_source(source: str | None, flag: str) -> str:
     return named.get(source, source)  # --set, file PATH, pretrained-model defaults, ...
 
 
-def _budget(resolved: Any, replaced: tuple[int, str | None] | None = None) -> str:
+def _budget(resolved: Any, replaced: str | None = None) -> str:
     """The line that says which training budget applies and where it came from.
 
     Both ``training.episodes`` and ``training.minutes`` set: the run ends at whichever
-    is reached first. ``--minutes`` without ``--episodes`` replaces an episode budget
-    from any layer below the flags; ``replaced`` is that budget and its layer. Neither
-    set: the built-in 1,000 episodes."""
+    is reached first. One of ``--episodes`` and ``--minutes`` without the other replaces
+    the other budget of any layer below the flags; ``replaced`` says which, in words
+    (:func:`_replaced_budget`). Neither set: the built-in 1,000 episodes."""
     from llamagym.schedule import DEFAULT_EPISODES
 
     training, sources = resolved.config.training, resolved.sources
@@ -168,16 +169,9 @@ def _budget(resolved: Any, replaced: tuple[int, str | None] | None = None) -> st
             f"whichever ends first ({origin})"
         )
     if training.episodes is not None:
-        return f"budget: {training.episodes:,} episodes ({episodes_from})"
+        return f"budget: {training.episodes:,} episodes ({episodes_from}{replaced or ''})"
     if training.minutes is not None:
-        if replaced is None:
-            return f"budget: {training.minutes:g} min ({minutes_from})"
-        count, source = replaced
-        return (
-            f"budget: {training.minutes:g} min ({minutes_from}; replaces the "
-            f"{count:,} episodes of {_budget_source(source, '--episodes')}: add --episodes "
-            "to keep both, whichever ends first)"
-        )
+        return f"budget: {training.minutes:g} min ({minutes_from}{replaced or ''})"
     return (
         f"budget: {DEFAULT_EPISODES:,} episodes (the built-in default: neither "
         "training.episodes nor training.minutes is set)"
@@ -225,9 +219,10 @@ def run_command(
     flags = {key: context.params[name] or None if name in SWITCHES else context.params[name]
              for name, key in FLAG_KEYS.items()}
     given = list(assignments)
-    if minutes is not None and episodes is None:
-        # A time budget given on the command line replaces an episode budget from below.
-        assignments = [*assignments, "training.episodes=null"]
+    if (minutes is None) != (episodes is None):
+        # One budget given on the command line replaces the other one from below.
+        other = "training.episodes" if episodes is None else "training.minutes"
+        assignments = [*assignments, f"{other}=null"]
     base, resume_checkpoint, resume_meta = _resumed(resume, output, flags)
     agent_class, resolved = resolve_run_config(agent, config_file, assignments, flags, base)
     config = resolved.config
@@ -338,9 +333,9 @@ def _replaced_budget(
     given: list[str],
     flags: dict[str, Any],
     base: dict[str, Any] | None,
-) -> tuple[Any, Any] | None:
-    """The episode budget --minutes replaced (and where it came from), for the budget
-    line to name; None if there was none."""
+) -> str | None:
+    """What the budget flag given alone replaced (the other budget of a lower layer),
+    as the end of the budget line; None if no layer below set it."""
     from llamagym.config_layers import resolve_agent_config
 
     below = resolve_agent_config(
@@ -348,9 +343,17 @@ def _replaced_budget(
         [("argument", {"agent": {"name": agent}}), *command_line_layers(config_file, given, flags)],
         base=base,
     )
-    if below.config.training.episodes is None:
+    training, sources = below.config.training, below.sources
+    if flags["training.minutes"] is not None and training.episodes is not None:
+        budget, key, flag = f"{training.episodes:,} episodes", "training.episodes", "--episodes"
+    elif flags["training.episodes"] is not None and training.minutes is not None:
+        budget, key, flag = f"{training.minutes:g} min", "training.minutes", "--minutes"
+    else:
         return None
-    return below.config.training.episodes, below.sources.get("training.episodes")
+    return (
+        f"; replaces the {budget} of {_budget_source(sources.get(key), flag)}: add {flag} "
+        "to keep both, whichever ends first"
+    )
 
 
 def _train(
