@@ -178,12 +178,12 @@ class CommandFailed(RuntimeError):
 def failure(command: str, code: int, stderr: str) -> str:
     """One line: which command failed, how, and its last word on it (a process killed
     by a signal had none: its last line was whatever it printed before)."""
-    said = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
     if code < 0:
         how = f"killed by signal {-code}"
         if code == -9:
             how += ": the kernel's out-of-memory killer, or a kill"
         return f"`{command}` failed ({how})"
+    said = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
     return f"`{command}` failed (exit {code}): {said[-1][:300] if said else 'no message'}"
 
 
