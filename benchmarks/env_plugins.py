@@ -263,6 +263,7 @@ def measure(spec: str, args: argparse.Namespace, runs: Path) -> dict[str, Any]:
     and its trained agent, on the same evaluation seeds."""
     agent, variant = split_agent(spec)
     assignments, env_id = variant_assignments(agent, variant, args.model)
+    assignments = [*assignments, *args.set]
     log(NAME, f"{agent} ({env_id}): zero-shot and baselines")
     zero_shot = evaluate(agent, ["--model", args.model], args, assignments)
     row: dict[str, Any] = {"agent": agent, "env_id": env_id, "set": assignments,
@@ -287,6 +288,27 @@ def measure(spec: str, args: argparse.Namespace, runs: Path) -> dict[str, Any]:
     trained.pop("baselines")
     trained["command"] = trained["command"].replace(str(output), "RUN_DIR")
     return {**row, "training": training, "trained": trained}
+
+
+# -- the newcomer's env ------------------------------------------------------------------
+#: The agent of a package as a newcomer makes one: ``llamagym new-plugin vault
+#: --env-class``, its env and agent replaced by the game in benchmarks/newcomer_game/ (a
+#: text game with one reward at the end), installed into this Python with pip.
+NEWCOMER = "vault"
+NEWCOMER_GAME = Path(__file__).resolve().parent / "newcomer_game"
+
+
+def install_newcomer(folder: Path) -> None:
+    """Write the newcomer's package with ``llamagym new-plugin`` into ``folder``, put its
+    game in, and ``pip install -e`` it (its entry point is then a real one)."""
+    package = folder / f"llamagym-{NEWCOMER}"
+    shutil.rmtree(package, ignore_errors=True)
+    run_llamagym(["new-plugin", NEWCOMER, "--env-class", "--dir", str(folder)], 1)
+    for name in ("env.py", "agent.py"):
+        shutil.copyfile(NEWCOMER_GAME / name, package / "src" / f"llamagym_{NEWCOMER}" / name)
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "-e",
+                    str(package)], check=True)
+    log(NAME, f"installed {package.name} (llamagym new-plugin {NEWCOMER} --env-class)")
 
 
 # -- the command line -------------------------------------------------------------------
@@ -319,6 +341,9 @@ def parser() -> argparse.ArgumentParser:
                         metavar="AGENT=K", help="training episodes of one agent (as given "
                         "in --agents), over --episodes; repeatable")
     parser.add_argument("--seed", type=int, default=0, help="training seed (default 0)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting for every agent's commands (evaluations and runs), "
+                        "e.g. rollout.explore=all; repeatable")
     parser.add_argument("--eval-episodes", type=positive(int), default=None,
                         help=f"evaluation episodes per policy (default "
                         f"{DEFAULT_EVAL_EPISODES}; 4 with --quick; at most {MAX_EVAL_EPISODES})")
@@ -366,6 +391,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     runs = args.keep_runs or Path(tempfile.mkdtemp(prefix="llamagym-env-plugins-"))
     runs.mkdir(parents=True, exist_ok=True)
+    if NEWCOMER in {split_agent(spec)[0] for spec in args.agents}:
+        install_newcomer(runs)
     for spec in args.agents:  # every name and variant checked before anything runs
         variant_assignments(*split_agent(spec), args.model)
     rows = []

@@ -194,6 +194,24 @@ class RolloutSettings(Settings):
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling in generate mode.")
     top_k: int = Field(0, ge=0, description="Top-k sampling in generate mode; 0 = off.")
     reward_shaping: bool = Field(False, description="Add llamagym_shape_reward hook terms.")
+    progress_reward: float = Field(
+        1.0,
+        ge=0,
+        le=100,
+        description="The learner's reward for each unit of info['progress'] a step "
+        "reports, where the env reports one (its own measure of how much closer the step "
+        "came to the goal: a plan that got shorter, a subgoal reached; negative for a "
+        "step back). A dense signal beside a sparse reward; evaluations count the env's "
+        "reward alone. 0: none.",
+    )
+    explore: Literal["least-tried", "all"] = Field(
+        "least-tried",
+        description="least-tried: at a place the episode comes back to (the agent's "
+        "exploration_place, by default the observation's text, with the same legal "
+        "actions) offer only the legal actions it has taken least often there, so no "
+        "policy loops on one action, in training and evaluation; all: offer every legal "
+        "action.",
+    )
     invalid_action: InvalidActionSettings = Field(default_factory=InvalidActionSettings)
     max_prompt_chars: int = Field(
         131_072,

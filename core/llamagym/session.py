@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from llamagym import moved_name as _moved_name
 from llamagym.errors import LlamaGymError
+from llamagym.rollout import exploration
 from llamagym.rollout.engine import RolloutEngine
 from llamagym.rollout.slots import Slot
 from llamagym.rollout.trajectory import Episode, Turn
@@ -83,7 +84,10 @@ class Session:
         self._pending_turn = turn
         if turn.action_index is None:  # actions not named: extract_action's value as it is
             return turn.env_action
-        return self.task.env_action(turn.action_index, turn.legal_actions)
+        # The env takes the action's place among all the legal actions (rollout.explore
+        # may have offered fewer).
+        index = exploration.full_index(slot, turn.action_index)
+        return self.task.env_action(index, exploration.all_legal(slot, turn))
 
     def assign_reward(self, reward: float) -> None:
         slot = self._slot
@@ -117,6 +121,8 @@ class Session:
         """Add the pending ``turn`` to ``slot``'s episode and conversation."""
         self._pending_turn = None
         include_retries = self.task.config.rollout.invalid_action.train_on_reprompts
+        if turn.action_index is not None:
+            exploration.count_choice(slot, turn.legal_actions[turn.action_index])
         slot.episode.turns += turn.training_turns(include_retries)
         slot.episode.length += 1
         slot.history += turn.context_messages()

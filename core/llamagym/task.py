@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -171,6 +171,14 @@ class Task:
         space = getattr(self.env, "action_space", None)
         if space is not None and hasattr(space, "n"):
             return [str(i) for i in range(int(space.n))]
+        return None
+
+    def exploration_place(self, observation: Any, info: Mapping[str, Any]) -> Hashable | None:
+        """Where the episode stands, for ``rollout.explore=least-tried``: two decisions
+        at the same place with the same legal actions share their counts of what was
+        tried. Default None: the observation's text (:meth:`format_observation`). An
+        agent whose text changes where the choice does not (a game that echoes the last
+        command) can name the place itself, e.g. the room a text game is in."""
         return None
 
     def named_actions(self, observation: Any, info: Mapping[str, Any]) -> Sequence[str]:

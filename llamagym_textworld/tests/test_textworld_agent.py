@@ -23,7 +23,7 @@ pytest.importorskip("textworld")
 from llamagym_textworld.agent import TextWorldAgent, closest_command
 from llamagym_textworld.cli import games_app
 
-from llamagym.errors import LlamaGymError
+from llamagym.errors import ConfigError, LlamaGymError
 from llamagym.errors import MissingDependencyError as LlamaGymMissingDependency
 from llamagym.plugin_manager import get_plugins
 from llamagym.rollout.evaluation import evaluate_agent, evaluate_baseline
@@ -295,13 +295,14 @@ def test_baselines(agent: TextWorldAgent) -> None:
     assert 0.0 <= random_play.mean < 1.0
 
 
-def test_the_choice_is_among_the_least_tried_commands_unless_turned_off(env) -> None:
+def test_the_place_of_a_choice_is_the_room_and_least_tried_is_refused_by_name(env) -> None:
+    agent = tiny_agent(TextWorldAgent, agent=TINY_GAMES)
     observation, info = env.reset(seed=0)
-    observation, _, _, _, info = env.step("look")  # the place is unchanged
-    fewer = tiny_agent(TextWorldAgent, agent=TINY_GAMES).legal_actions(observation, info)
-    assert "look" not in fewer and set(fewer) == set(info["admissible_commands"]) - {"look"}
-    every = tiny_agent(TextWorldAgent, agent={**TINY_GAMES, "least_tried": False})
-    assert every.legal_actions(observation, info) == info["admissible_commands"]
+    looked, _, _, _, again = env.step("look")
+    assert agent.exploration_place(observation, info) == agent.exploration_place(looked, again)
+    assert agent.legal_actions(looked, again) == again["admissible_commands"]
+    with pytest.raises(ConfigError, match="rollout.explore"):
+        tiny_agent(TextWorldAgent, agent={**TINY_GAMES, "least_tried": False})
 
 
 def test_evaluations_count_games_won_from_the_game_state_not_the_return() -> None:
@@ -369,7 +370,7 @@ def test_a_pretrained_model_learns_from_the_games_progress_by_default() -> None:
 
     model = {"model": {"name": "smollm2-135m"}}
     pretrained = resolve_agent_config(TextWorldAgent, [("flags", model)])
-    assert pretrained.agent_options.progress_reward == 1.0
+    assert pretrained.config.rollout.progress_reward == 1.0
     assert pretrained.algorithm.gamma == 0.5 and pretrained.algorithm.lr == 5e-4
     tiny = resolve_agent_config(TextWorldAgent, [])
-    assert tiny.agent_options.progress_reward == 0.0 and tiny.algorithm.gamma == 0.95
+    assert tiny.config.rollout.progress_reward == 0.0 and tiny.algorithm.gamma == 0.95

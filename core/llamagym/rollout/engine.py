@@ -24,7 +24,7 @@ import torch
 from llamagym import moved_name as _moved_name
 from llamagym.config import RolloutSettings
 from llamagym.models.policy import Policy
-from llamagym.rollout import carried
+from llamagym.rollout import carried, exploration
 from llamagym.rollout.env_checks import checked_legal_actions
 from llamagym.rollout.env_failures import EnvFailures
 from llamagym.rollout.invalid_replies import apply_fallback, ask_again, take_retries, unnamed_action
@@ -174,13 +174,16 @@ class RolloutEngine:
         says so; its cut replies are for a collection that ends there."""
         prefixes = self.prompts.reply_prefixes(slots) if self.settings.mode == "generate" else []
         user_texts, prompts, conversations = self.render_prompts(slots, prefixes)
-        legal = checked_legal_actions(
-            self.agent,
-            env_name(self.agent),
-            [self.agent.legal_actions(s.observation, s.info) for s in slots],
-            self.settings.mode,
-            self.settings.max_action_chars,
-        )
+        legal = [
+            exploration.offer(self.agent, slot, names, self.settings.explore)
+            for slot, names in zip(slots, checked_legal_actions(
+                self.agent,
+                env_name(self.agent),
+                [self.agent.legal_actions(s.observation, s.info) for s in slots],
+                self.settings.mode,
+                self.settings.max_action_chars,
+            ), strict=True)
+        ]
         started = time.perf_counter()
         # A random fallback for an unparsable reply must stay random: no memo then.
         random_fallback = self.settings.invalid_action.policy == "random"

@@ -1,11 +1,13 @@
 """An environment's answers checked against Gymnasium's API: ``reset`` and ``step``
 called so that anything else than what Gymnasium defines raises ``ValueError`` saying
 what came back (an env is untrusted), the turns an episode of an env may last, and the
-legal actions an agent names for an observation, checked before any is tokenized."""
+legal actions an agent names for an observation, checked before any is tokenized, and
+the progress a step reports, bounded."""
 
 from __future__ import annotations
 
 import math
+import numbers
 import reprlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -66,6 +68,24 @@ def _shape(result: Any) -> str:
     if isinstance(result, tuple):
         return f"a tuple of {len(result)}"
     return f"a {type(result).__name__}"
+
+
+#: The largest step of ``info["progress"]`` the learner takes (an env is untrusted: a
+#: huge number must not swamp every other reward).
+MAX_PROGRESS = 1_000.0
+
+
+def progress_of(info: Mapping[str, Any]) -> float:
+    """A step's ``info["progress"]``: how much closer to its goal the env says the step
+    came (negative: further), bounded to +-:data:`MAX_PROGRESS`; 0 where the env says
+    nothing, or gives something other than a finite real number."""
+    value = info.get("progress") if isinstance(info, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return 0.0
+    value = float(value)
+    if not math.isfinite(value):
+        return 0.0
+    return max(-MAX_PROGRESS, min(MAX_PROGRESS, value))
 
 
 def error_text(error: Exception, limit: int = 300) -> str:

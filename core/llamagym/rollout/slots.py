@@ -5,13 +5,15 @@
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from llamagym.config import RolloutSettings
-from llamagym.rollout.env_checks import checked_reset, checked_step, max_turns
+from llamagym.rollout.env_checks import checked_reset, checked_step, max_turns, progress_of
 from llamagym.rollout.env_failures import EnvFailures
+from llamagym.rollout.exploration import Place, all_legal, count_choice, full_index
 from llamagym.rollout.rollout_policy import RolloutPolicy
 from llamagym.rollout.trajectory import Episode, Turn, info_summary
 
@@ -38,6 +40,12 @@ class Slot:
     #: for it. A saved episode in progress is replayed from them (``rollout.carried``).
     steps: list[tuple[int | None, Any]] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
+    #: ``rollout.explore``'s record (:mod:`llamagym.rollout.exploration`): how often the
+    #: episode took each action at each place; the place of the decision in progress
+    #: and which of its legal actions were offered (None: all of them).
+    tried: dict[Place, Counter[str]] = field(default_factory=dict)
+    place: Place | None = None
+    offered: list[int] | None = None
 
     @property
     def system_prompt(self) -> str:
@@ -196,8 +204,11 @@ class Episodes:
         # The chosen action's name, and what the env is stepped with: the agent's, or
         # for an agent that names no actions, extract_action's value as it is.
         index = turn.action_index
-        action_name, env_action = (str(turn.env_action), turn.env_action) if index is None else (
-            turn.legal_actions[index], self.agent.env_action(index, turn.legal_actions))
+        if index is None:
+            action_name, env_action = str(turn.env_action), turn.env_action
+        else:  # stepped as the action's place among all the legal actions
+            action_name, index = turn.legal_actions[index], full_index(slot, index)
+            env_action = self.agent.env_action(index, all_legal(slot, turn))
         try:
             observation, reward, terminated, truncated, info = checked_step(
                 lockstep.envs[position], env_action
@@ -210,6 +221,7 @@ class Episodes:
             self._replace_env(lockstep, position, error)
             self.start(lockstep, position)
             return
+        count_choice(slot, action_name)
         self._record_step(slot, turn, action_name, observation, reward, info)
         slot.steps.append((index, env_action if index is None else action_name))
         slot.rewards.append(reward)
@@ -229,7 +241,7 @@ class Episodes:
         """Add a stepped turn to the slot: its episode's rewards and turns, the history."""
         self.failures.succeeded()
         self.stats.env_steps += 1
-        shaped = reward
+        shaped = reward + self.settings.progress_reward * progress_of(info)
         if self.settings.reward_shaping:
             shaped += self.plugins.shape_reward(
                 self.agent, slot.observation, action_name, reward, info

@@ -92,9 +92,11 @@ class CartPoleAgent(Agent):
     # Constant temperatures (1, 0.5), three decimals and 2 epochs were each tried over
     # 3 seeds and gave a lower mean greedy length (see this plugin's README).
     defaults = {
+        # explore all: the rounded angle and velocity come back often within an episode,
+        # and the right push there is the same each time (trying the other is a fall).
         "rollout": {"mode": "score", "num_envs": 8, "history_turns": 0,
                     "final_temperature": 0.3, "reply_prefix": '{"action": "',
-                    "max_new_tokens": 8},
+                    "max_new_tokens": 8, "explore": "all"},
         "algorithm": {
             "name": "ppo",
             "lr": 1e-3,

@@ -7,7 +7,7 @@ prompt and the current turn), and a model that keeps each env's key/value cache 
 once per episode, not in every turn.
 
 Score mode ranks the admissible commands (by default those the episode has taken least
-often at the same place: ``least_tried``). Generate mode reads a reply through
+often in the same room: ``rollout.explore``). Generate mode reads a reply through
 the extraction chain: the JSON parser (``{"command": "open door"}``), then this agent
 (the reply is the command itself, or failing that the admissible command it is closest
 to), then the regex parser (the last admissible command named anywhere in the reply).
@@ -51,13 +51,6 @@ class TextWorldOptions(BaseModel):
     max_episode_steps: int = Field(30, ge=1, description="Steps before an episode is cut.")
     win_bonus: float = Field(0.0, description="Reward added on the step that wins.")
     step_penalty: float = Field(0.0, ge=0, description="Reward taken off every step.")
-    progress_reward: float = Field(
-        0.0,
-        ge=0,
-        le=100,
-        description="Reward per command a step takes off the game's plan to win (taken off "
-        "per command it adds): TextWorld's own progress signal, a dense reward.",
-    )
     max_observation_chars: int = Field(
         1200, ge=50, description="Game text longer than this is cut (keeps prompts bounded)."
     )
@@ -66,15 +59,23 @@ class TextWorldOptions(BaseModel):
         description="Name the admissible commands in the prompt; null = only in generate "
         "mode (score mode puts each command after the prompt anyway).",
     )
-    least_tried: bool = Field(
-        True,
-        description="Offer only the admissible commands this episode has taken least often "
-        "at the same place (the same room with the same admissible commands; first those "
-        "not yet taken there), so a policy that keeps choosing the same way cannot loop.",
-    )
     fuzzy_threshold: float = Field(
         0.8, ge=0, le=1, description="Least difflib similarity for a near-miss reply to count."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_options(cls, data: Any) -> Any:
+        moved = {
+            "least_tried": "rollout.explore, for every agent: --set "
+            "rollout.explore=least-tried (the default) or all",
+            "progress_reward": "rollout.progress_reward, for every env that reports "
+            "info['progress']: --set rollout.progress_reward=R",
+        }
+        for key, now in moved.items():
+            if isinstance(data, Mapping) and key in data:
+                raise ValueError(f"agent.{key} is now {now}")
+        return data
 
     @model_validator(mode="after")
     def _quest_range(self) -> TextWorldOptions:
@@ -151,8 +152,11 @@ class TextWorldAgent(Agent):
     # prompt length of two. Score-mode prompts are long (hundreds of tokens, one row per
     # command): minibatches of 32 turns keep a training step's memory to a few GB.
     defaults = {
+        # The tiny model's numbers were measured with the game's score alone (no
+        # progress reward); a pretrained model gets it (below).
         "rollout": {"mode": "score", "num_envs": 8, "history_turns": 1,
-                    "reply_prefix": '{"command": "', "max_new_tokens": 16},
+                    "reply_prefix": '{"command": "', "max_new_tokens": 16,
+                    "progress_reward": 0.0},
         "algorithm": {
             "name": "ppo",
             "lr": 1e-3,
@@ -182,8 +186,7 @@ class TextWorldAgent(Agent):
     # (prompts reach ~5,000 tokens by turn 30; docs/results.md).
     pretrained_defaults = {
         "score": {
-            "agent": {"progress_reward": 1.0},
-            "rollout": {"num_envs": 8},
+            "rollout": {"num_envs": 8, "progress_reward": 1.0},
             "algorithm": {"episodes_per_update": 16, "gamma": 0.5, "lr": 5e-4,
                           "target_kl": 0.05},
         }
@@ -221,7 +224,6 @@ class TextWorldAgent(Agent):
             max_episode_steps=options.max_episode_steps,
             win_bonus=options.win_bonus,
             step_penalty=options.step_penalty,
-            progress_reward=options.progress_reward,
         )
 
     # -- prompts --------------------------------------------------------------------
@@ -268,8 +270,12 @@ class TextWorldAgent(Agent):
     def legal_actions(self, observation: Any, info: dict) -> Sequence[str]:
         # The game always accepts "look"; offering it when TextWorld lists nothing keeps
         # the engine from ever facing an empty choice.
-        key = "least_tried_commands" if self.options.least_tried else "admissible_commands"
-        return list(info.get(key) or info.get("admissible_commands") or [FALLBACK_COMMAND])
+        return list(info.get("admissible_commands") or [FALLBACK_COMMAND])
+
+    def exploration_place(self, observation: Any, info: Mapping[str, Any]) -> str | None:
+        """The room (``rollout.explore``): the game's text after a command says what
+        the command did, not where the player stands."""
+        return str(info.get("room") or "") or None
 
     def env_action(self, index: int, legal_actions: Sequence[str]) -> str:
         return legal_actions[index]  # TextWorldEnv steps on the command text itself

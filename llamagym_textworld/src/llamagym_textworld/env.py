@@ -24,7 +24,6 @@ from __future__ import annotations
 import re
 import string
 import warnings
-from collections import Counter
 from collections.abc import Sequence
 from os import PathLike
 from pathlib import Path
@@ -59,15 +58,13 @@ def clean_feedback(text: str) -> str:
     return text.strip("\n").rstrip()
 
 
-def _place_of(state: Any) -> tuple[str, frozenset[str]]:
-    """Where the player stands, as the choice of a command sees it: the room (TextWorld's
-    fact ``at(P, room)``) and the commands admissible there."""
-    room = next(
+def _room_of(state: Any) -> str:
+    """The room the player is in (TextWorld's fact ``at(P, room)``), or ""."""
+    return next(
         (fact.arguments[1].name for fact in state.get("facts") or ()
          if fact.name == "at" and fact.arguments and fact.arguments[0].name == "P"),
         "",
     )
-    return room, frozenset(state.get("admissible_commands") or ())
 
 
 def _import_textworld() -> Any:
@@ -112,10 +109,8 @@ class TextWorldEnv(gym.Env[str, str]):
     (sorted), ``score``, ``max_score``, ``won``, ``lost``, ``walkthrough`` (the game's
     winning command list from generation time), plus ``policy_commands`` (TextWorld's
     current shortest plan from *this* state), ``progress`` (see above; 0 on reset),
-    ``least_tried_commands`` (the admissible commands this episode has taken least often
-    at the same place: in the same room with the same admissible commands; first those
-    not yet taken there), ``episode_step``, ``game_file`` and ``game_index``. Lists are fresh
-    copies on every call.
+    ``room`` (the name of the room the player is in), ``episode_step``, ``game_file``
+    and ``game_index``. Lists are fresh copies on every call.
     """
 
     # render_fps means nothing for text; it is declared only because Gymnasium's checker
@@ -191,9 +186,6 @@ class TextWorldEnv(gym.Env[str, str]):
         self._done = True
         self._last_obs = ""
         self._last_command: str | None = None
-        # How often each command was taken at each place this episode (see _place_of).
-        self._tried: dict[tuple[str, frozenset[str]], Counter[str]] = {}
-        self._place: tuple[str, frozenset[str]] = ("", frozenset())
 
     # ------------------------------------------------------------------ Gymnasium API
     def reset(
@@ -237,8 +229,6 @@ class TextWorldEnv(gym.Env[str, str]):
         self._steps = 0
         self._done = False
         self._last_command = None
-        self._tried = {}
-        self._place = _place_of(state)
         self._last_obs = self._observation(state)
         return self._last_obs, self._info(state)
 
@@ -248,7 +238,6 @@ class TextWorldEnv(gym.Env[str, str]):
         # One action is one parser command: a newline would make the interpreter read
         # only the first line, so all whitespace is collapsed to single spaces.
         command = " ".join(str(action).split())
-        self._tried.setdefault(self._place, Counter())[command] += 1
         state, score, done = self._tw_env.step(command)
         self._steps += 1
 
@@ -272,7 +261,6 @@ class TextWorldEnv(gym.Env[str, str]):
         # so further steps are refused rather than fed to it.
         self._done = terminated or truncated
         self._last_command = command
-        self._place = _place_of(state)
         self._last_obs = self._observation(state)
         return self._last_obs, reward, terminated, truncated, self._info(state)
 
@@ -314,12 +302,10 @@ class TextWorldEnv(gym.Env[str, str]):
 
     def _info(self, state: Any) -> dict[str, Any]:
         admissible = sorted(state.get("admissible_commands") or [])
-        tried = self._tried.get(self._place, Counter())
-        fewest = min((tried[c] for c in admissible), default=0)
         return {
             "objective": str(state.get("objective") or ""),
             "admissible_commands": admissible,
-            "least_tried_commands": [c for c in admissible if tried[c] == fewest],
+            "room": _room_of(state),
             "score": self._score,
             "max_score": int(state.get("max_score") or 0),
             "won": bool(state.get("won")),
