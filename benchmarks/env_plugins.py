@@ -29,10 +29,12 @@ Result: ``benchmarks/results/env-plugins-<model>.json`` (``-quick`` for ``--quic
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import re
 import shutil
+import site
 import subprocess
 import sys
 import tempfile
@@ -303,11 +305,18 @@ def install_newcomer(folder: Path) -> None:
     game in, and ``pip install -e`` it (its entry point is then a real one)."""
     package = folder / f"llamagym-{NEWCOMER}"
     shutil.rmtree(package, ignore_errors=True)
+    # An earlier measurement's install holds the name: new-plugin refuses a name in use.
+    subprocess.run([sys.executable, "-m", "pip", "uninstall", "--quiet", "--yes",
+                    f"llamagym-{NEWCOMER}"], check=False, capture_output=True)
     run_llamagym(["new-plugin", NEWCOMER, "--env-class", "--dir", str(folder)], 1)
     for name in ("env.py", "agent.py"):
         shutil.copyfile(NEWCOMER_GAME / name, package / "src" / f"llamagym_{NEWCOMER}" / name)
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "-e",
                     str(package)], check=True)
+    # This process reads the agent's options too: the new install's path files, read.
+    for directory in site.getsitepackages():
+        site.addsitedir(directory)
+    importlib.invalidate_caches()
     log(NAME, f"installed {package.name} (llamagym new-plugin {NEWCOMER} --env-class)")
 
 
