@@ -12,11 +12,11 @@ schedule), the episode being played and the episodes waiting for an update.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llamagym import moved_name as _moved_name
 from llamagym.errors import LlamaGymError
-from llamagym.rollout import exploration
 from llamagym.rollout.engine import RolloutEngine
 from llamagym.rollout.slots import Slot
 from llamagym.rollout.trajectory import Episode, Turn
@@ -60,8 +60,10 @@ class Session:
             return self.start_run()
         return self._run
 
-    def start_run(self, control: Control | None = None) -> Run:
-        self._run = build_run(self.task, self.policy, control)
+    def start_run(
+        self, control: Control | None = None, demonstrations: Path | None = None
+    ) -> Run:
+        self._run = build_run(self.task, self.policy, control, demonstrations)
         return self._run
 
     def evaluation_engine(self, num_envs: int | None = None) -> RolloutEngine:
@@ -86,8 +88,8 @@ class Session:
             return turn.env_action
         # The env takes the action's place among all the legal actions (rollout.explore
         # may have offered fewer).
-        index = exploration.full_index(slot, turn.action_index)
-        return self.task.env_action(index, exploration.all_legal(slot, turn))
+        index = slot.tried.full_index(turn.action_index)
+        return self.task.env_action(index, slot.tried.all_legal(turn.legal_actions))
 
     def assign_reward(self, reward: float) -> None:
         slot = self._slot
@@ -122,7 +124,7 @@ class Session:
         self._pending_turn = None
         include_retries = self.task.config.rollout.invalid_action.train_on_reprompts
         if turn.action_index is not None:
-            exploration.count_choice(slot, turn.legal_actions[turn.action_index])
+            slot.tried.count(turn.legal_actions[turn.action_index])
         slot.episode.turns += turn.training_turns(include_retries)
         slot.episode.length += 1
         slot.history += turn.context_messages()

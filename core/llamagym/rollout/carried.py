@@ -11,13 +11,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections import Counter
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from llamagym.rollout.env_checks import checked_reset, checked_step, error_text, max_turns
-from llamagym.rollout.exploration import Place, place_of
+from llamagym.rollout.exploration import Tried, place_of
 from llamagym.rollout.slots import Lockstep, Slot
 from llamagym.rollout.trajectory import Episode
 
@@ -138,15 +137,15 @@ def _replayed(saved: SavedSlot, episode: Episode, env: Any, agent: Any) -> Slot:
     if len(saved.rewards) != len(saved.steps):
         raise ValueError("its steps and rewards differ in number")
     observation, info = checked_reset(env, saved.seed)
-    tried: dict[Place, Counter[str]] = {}  # rollout.explore's counts, taken again
+    tried = Tried()  # rollout.explore's counts, taken again
     for (index, action), reward in zip(saved.steps, saved.rewards, strict=True):
         if index is not None:
             legal = list(agent.legal_actions(observation, info) or [])
             if not 0 <= index < len(legal) or legal[index] != action:
                 raise ValueError(f"the legal actions now differ at action {action!r}")
             if agent.config.rollout.explore == "least-tried":
-                place = place_of(agent, observation, info, legal)
-                tried.setdefault(place, Counter())[str(action)] += 1
+                tried.place = place_of(agent, observation, info, legal)
+                tried.count(str(action))
             action = agent.env_action(index, legal)
         observation, got, terminated, truncated, info = checked_step(env, action)
         if got != reward or terminated or truncated:

@@ -24,7 +24,7 @@ import torch
 from llamagym import moved_name as _moved_name
 from llamagym.config import RolloutSettings
 from llamagym.models.policy import Policy
-from llamagym.rollout import carried, exploration
+from llamagym.rollout import carried
 from llamagym.rollout.env_checks import checked_legal_actions
 from llamagym.rollout.env_failures import EnvFailures
 from llamagym.rollout.invalid_replies import apply_fallback, ask_again, take_retries, unnamed_action
@@ -175,7 +175,8 @@ class RolloutEngine:
         prefixes = self.prompts.reply_prefixes(slots) if self.settings.mode == "generate" else []
         user_texts, prompts, conversations = self.render_prompts(slots, prefixes)
         legal = [
-            exploration.offer(self.agent, slot, names, self.settings.explore)
+            slot.tried.offer(self.agent, slot.observation, slot.info, names,
+                             self.settings.explore)
             for slot, names in zip(slots, checked_legal_actions(
                 self.agent,
                 env_name(self.agent),

@@ -10,7 +10,7 @@ text) together with the legal actions offered there. Each episode counts afresh.
 
 The offer is the policy's choice set: the log-probabilities a turn records are over the
 offered actions, and the update recomputes them over the same ones. The env is stepped
-with the action's place among *all* the legal actions (:func:`full_index`), so an agent
+with the action's place among *all* the legal actions (:meth:`Tried.full_index`), so an agent
 whose env takes an index (``action_names``) is stepped with the action it chose.
 """
 
@@ -18,11 +18,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from llamagym.rollout.slots import Slot
-    from llamagym.rollout.trajectory import Turn
     from llamagym.task import Task
 
 #: Where an episode stands, as a choice sees it: the agent's place and the legal actions.
@@ -37,38 +36,46 @@ def place_of(agent: Task, observation: Any, info: dict, legal: Sequence[str]) ->
     return where, tuple(legal)
 
 
-def offer(agent: Task, slot: Slot, legal: list[str], explore: str) -> list[str]:
-    """The legal actions offered at the slot's place (all of ``legal`` unless
-    ``explore`` is ``least-tried``); the slot remembers the place and which of
-    ``legal`` it offered, for :func:`full_index` and :func:`count_choice`."""
-    slot.place, slot.offered = None, None
-    if explore != "least-tried" or not legal:
-        return legal
-    place = slot.place = place_of(agent, slot.observation, slot.info, legal)
-    tried = slot.tried.get(place)
-    if not tried:
-        return legal
-    fewest = min(tried[name] for name in legal)
-    offered = [index for index, name in enumerate(legal) if tried[name] == fewest]
-    if len(offered) == len(legal):
-        return legal
-    slot.offered = offered
-    return [legal[index] for index in offered]
+@dataclass
+class Tried:
+    """One episode's record: how often it took each action at each place (``counts``),
+    the place of the decision in progress and which of its legal actions were offered
+    (``offered``, their indices; None: all of them)."""
 
+    counts: dict[Place, Counter[str]] = field(default_factory=dict)
+    place: Place | None = None
+    offered: list[int] | None = None
 
-def full_index(slot: Slot, index: int) -> int:
-    """Where the ``index``-th offered action stands among all the legal actions."""
-    return index if slot.offered is None else slot.offered[index]
+    def offer(
+        self, agent: Task, observation: Any, info: dict, legal: list[str], explore: str
+    ) -> list[str]:
+        """The legal actions offered at ``observation``: all of ``legal`` unless
+        ``explore`` is ``least-tried``, then those taken least often at its place."""
+        self.place, self.offered = None, None
+        if explore != "least-tried" or not legal:
+            return legal
+        place = self.place = place_of(agent, observation, info, legal)
+        tried = self.counts.get(place)
+        if not tried:
+            return legal
+        fewest = min(tried[name] for name in legal)
+        offered = [index for index, name in enumerate(legal) if tried[name] == fewest]
+        if len(offered) == len(legal):
+            return legal
+        self.offered = offered
+        return [legal[index] for index in offered]
 
+    def full_index(self, index: int) -> int:
+        """Where the ``index``-th offered action stands among all the legal actions."""
+        return index if self.offered is None else self.offered[index]
 
-def all_legal(slot: Slot, turn: Turn) -> list[str]:
-    """Every legal action of the slot's decision (the place's), of which ``turn`` chose
-    among those offered."""
-    return list(slot.place[1]) if slot.place is not None else turn.legal_actions
+    def all_legal(self, offered: list[str]) -> list[str]:
+        """Every legal action of the decision in progress, of which ``offered`` were
+        offered."""
+        return list(self.place[1]) if self.place is not None else offered
 
-
-def count_choice(slot: Slot, action_name: str) -> None:
-    """The slot's episode took ``action_name`` at its current place."""
-    if slot.place is not None:
-        slot.tried.setdefault(slot.place, Counter())[action_name] += 1
-    slot.place, slot.offered = None, None
+    def count(self, action_name: str) -> None:
+        """The episode took ``action_name`` at the decision's place."""
+        if self.place is not None:
+            self.counts.setdefault(self.place, Counter())[action_name] += 1
+        self.place, self.offered = None, None

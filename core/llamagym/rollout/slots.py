@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import itertools
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -13,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from llamagym.config import RolloutSettings
 from llamagym.rollout.env_checks import checked_reset, checked_step, max_turns, progress_of
 from llamagym.rollout.env_failures import EnvFailures
-from llamagym.rollout.exploration import Place, all_legal, count_choice, full_index
+from llamagym.rollout.exploration import Tried
 from llamagym.rollout.rollout_policy import RolloutPolicy
 from llamagym.rollout.trajectory import Episode, Turn, info_summary
 
@@ -40,12 +39,8 @@ class Slot:
     #: for it. A saved episode in progress is replayed from them (``rollout.carried``).
     steps: list[tuple[int | None, Any]] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
-    #: ``rollout.explore``'s record (:mod:`llamagym.rollout.exploration`): how often the
-    #: episode took each action at each place; the place of the decision in progress
-    #: and which of its legal actions were offered (None: all of them).
-    tried: dict[Place, Counter[str]] = field(default_factory=dict)
-    place: Place | None = None
-    offered: list[int] | None = None
+    #: what the episode tried where (``rollout.explore``)
+    tried: Tried = field(default_factory=Tried)
 
     @property
     def system_prompt(self) -> str:
@@ -207,8 +202,8 @@ class Episodes:
         if index is None:
             action_name, env_action = str(turn.env_action), turn.env_action
         else:  # stepped as the action's place among all the legal actions
-            action_name, index = turn.legal_actions[index], full_index(slot, index)
-            env_action = self.agent.env_action(index, all_legal(slot, turn))
+            action_name, index = turn.legal_actions[index], slot.tried.full_index(index)
+            env_action = self.agent.env_action(index, slot.tried.all_legal(turn.legal_actions))
         try:
             observation, reward, terminated, truncated, info = checked_step(
                 lockstep.envs[position], env_action
@@ -221,7 +216,7 @@ class Episodes:
             self._replace_env(lockstep, position, error)
             self.start(lockstep, position)
             return
-        count_choice(slot, action_name)
+        slot.tried.count(action_name)
         self._record_step(slot, turn, action_name, observation, reward, info)
         slot.steps.append((index, env_action if index is None else action_name))
         slot.rewards.append(reward)
