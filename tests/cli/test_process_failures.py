@@ -152,12 +152,14 @@ def test_a_killed_process_ends_the_run_in_one_line(run) -> None:
     assert_lock_free(run.run_dir)
 
 
-@pytest.mark.parametrize("value", ["soon", "0", "-5", "inf"])
+@pytest.mark.parametrize("value", ["soon", "0", "-5", "inf", "1e15", "604801"])
 def test_a_bad_process_timeout_is_one_line(cli, monkeypatch, tmp_path, value) -> None:
+    # 1e15 seconds is past the longest span a timedelta holds: it once got through.
     monkeypatch.setenv("LLAMAGYM_PROCESS_TIMEOUT", value)
     code, _, err = cli("run", "blackjack", "--num-processes", "2", "-o", tmp_path / "r")
     assert code == 2
     assert err.strip() == (
-        f"error: LLAMAGYM_PROCESS_TIMEOUT={value!r} is not a positive number of seconds; "
-        "set it to how long one process may wait for the others (default 300)"
+        f"error: LLAMAGYM_PROCESS_TIMEOUT={value!r} is not a number of seconds from 0 to "
+        "604,800 (a week); set it to how long one process may wait for the others "
+        "(default 300)"
     )

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 from llamagym.rollout.env_checks import checked_reset, checked_step, error_text, max_turns
 from llamagym.rollout.exploration import Tried, place_of
 from llamagym.rollout.slots import Lockstep, Slot
-from llamagym.rollout.trajectory import Episode
+from llamagym.rollout.trajectory import Episode, Turn
 
 logger = logging.getLogger(__name__)
 
@@ -75,16 +75,63 @@ def snapshot(lockstep: Lockstep) -> dict[str, Any]:
     }
 
 
-def _checked(episode: Episode, vocabulary: int) -> Episode:
-    """``episode`` if every token id of its turns is one of the model's and every number
-    it trains on is finite; else ``ValueError``."""
-    for turn in [t for top in episode.turns for t in (top, *top.retries)]:
+def turn_problem(turn: Turn, mode: str) -> str | None:
+    """What in ``turn`` is not what the engine records for a turn of ``mode``, in the
+    field's terms (None: nothing). Score mode: one candidate per legal action, the chosen
+    one's index among them and its one log-probability. Generate mode: one
+    log-probability per reply token, no candidates, an index (if any) among the legal
+    actions."""
+    legal, index = turn.legal_actions, turn.action_index
+    if index is not None and not 0 <= index < len(legal):
+        return f"action_index {index} is not one of its {len(legal)} legal actions"
+    if mode == "score":
+        if index is None:
+            return "action_index is null, where score mode always chooses"
+        if len(turn.candidates) != len(legal) or not all(turn.candidates):
+            return (f"candidates holds {len(turn.candidates)} token lists for its "
+                    f"{len(legal)} legal actions")
+        if len(turn.logprobs) != 1:
+            return f"logprobs holds {len(turn.logprobs)} numbers, where score mode keeps 1"
+    else:
+        if turn.candidates:
+            return "candidates is not empty, where generate mode ranks none"
+        if len(turn.logprobs) != len(turn.action_tokens):
+            return (f"logprobs holds {len(turn.logprobs)} numbers for its "
+                    f"{len(turn.action_tokens)} reply tokens")
+    if not all(math.isfinite(x) for x in (*turn.logprobs, turn.value, turn.reward)):
+        return "a number it trains on is not finite"
+    return None
+
+
+def _checked(episode: Episode, vocabulary: int, mode: str) -> Episode:
+    """``episode`` if each of its turns is one the engine records in ``mode``
+    (:func:`turn_problem`), every token id one of the model's; else ``ValueError``
+    naming the turn and the field."""
+    turns = [t for top in episode.turns for t in (top, *top.retries)]
+    for number, turn in enumerate(turns, 1):
         ids = [*turn.prompt_tokens, *turn.action_tokens, *(i for c in turn.candidates for i in c)]
         if any(not 0 <= i < vocabulary for i in ids):
             raise ValueError(f"a turn holds a token id outside the model's {vocabulary:,}")
-        if not all(math.isfinite(x) for x in (*turn.logprobs, turn.value, turn.reward)):
-            raise ValueError("a turn holds a number that is not finite")
+        problem = turn_problem(turn, mode)
+        if problem is not None:
+            raise ValueError(f"turn {number} of an episode: {problem}")
     return episode
+
+
+def check_saved(saved: Any, mode: str) -> None:
+    """Refuse (``ValueError``) episodes in progress that are not what :func:`snapshot`
+    writes for a run in ``mode``: read before anything of a resumed run is written
+    (:func:`replay` checks them again, with the model's vocabulary)."""
+    try:
+        state = SavedLockstep.model_validate(saved)
+        for data in [*state.finished, *(s.episode for s in state.slots if s is not None)]:
+            _checked(_EPISODE.validate_python(data), 2**63, mode)
+    except (ValidationError, ValueError) as error:
+        raise ValueError(f"its episodes in progress do not read: {first_line(error)}") from None
+
+
+def first_line(error: Exception) -> str:
+    return " ".join(str(error).split())[:300]
 
 
 def replay(
@@ -97,9 +144,11 @@ def replay(
     ``vocabulary`` tokens."""
     try:
         state = SavedLockstep.model_validate(saved)
-        finished = [_checked(_EPISODE.validate_python(e), vocabulary) for e in state.finished]
+        mode = agent.config.rollout.mode
+        finished = [_checked(_EPISODE.validate_python(e), vocabulary, mode)
+                    for e in state.finished]
         episodes = [None if s is None else _checked(_EPISODE.validate_python(s.episode),
-                                                    vocabulary) for s in state.slots]
+                                                    vocabulary, mode) for s in state.slots]
     except ValidationError as error:
         raise ValueError(f"its episodes in progress do not read: {error}") from None
     except ValueError as error:
