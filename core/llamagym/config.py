@@ -241,6 +241,15 @@ class RolloutSettings(Settings):
 class TrainingSettings(Settings):
     episodes: int | None = Field(None, ge=1, description="Stop after this many episodes.")
     minutes: float | None = Field(None, gt=0, description="Stop after this wall-clock budget.")
+    min_updates: int | None = Field(
+        15,
+        ge=1,
+        le=100_000,
+        description="With a time budget: when the first update says the budget holds fewer "
+        "updates than this, the episodes per update are made fewer to fit (said at the "
+        "start, kept in config.yaml); an algorithm.episodes_per_update you set is kept. "
+        "null: never.",
+    )
     seed: int = Field(
         0,
         description="Seeds python, numpy, torch and the environments; 0 to 2**32 - 1.",

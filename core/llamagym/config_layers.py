@@ -290,6 +290,8 @@ def resolve_config(
         merged.get("algorithm", {}), algorithm_class_for, problems
     )
     agent_settings = _validated_agent_options(merged.get("agent", {}), agent_class, problems)
+    if sources.get("algorithm.warm_start.baseline") != "checkpoint":
+        problems += _unknown_baseline(algorithm_settings, agent_class)
     if not problems:
         problems += _memory_problems(merged, algorithm_settings)
     problems += _misplaced_trl_keys(merged, sources)
@@ -385,6 +387,21 @@ def _validated_agent_options(
             "declares its options as a pydantic model: class Config(BaseModel))"
         )
     return None
+
+
+def _unknown_baseline(algorithm_settings: Any, agent_class: type | None) -> list[str]:
+    """A warm start from a baseline the agent does not have (``--warm-start NAME``), refused
+    before anything loads or is written. (A checkpoint's is not checked: a resumed run
+    trains on the demonstrations it recorded, and a loaded one plays no baseline.)"""
+    baseline = getattr(getattr(algorithm_settings, "warm_start", None), "baseline", None)
+    baselines = list(getattr(agent_class, "baselines", None) or {})
+    if baseline is None or agent_class is None or baseline in baselines:
+        return []
+    name = getattr(agent_class, "name", "") or agent_class.__name__
+    return [
+        f"algorithm.warm_start.baseline: {name} has no baseline {baseline!r}; its "
+        f"baselines: {', '.join(baselines) or 'none'}"
+    ]
 
 
 def _memory_problems(merged: Mapping[str, Any], algorithm_settings: Any) -> list[str]:

@@ -30,6 +30,7 @@ from safetensors.torch import load_file
 from llamagym import distributed
 from llamagym import moved_name as _moved_name
 from llamagym.algorithms.algorithm import AlgorithmContext
+from llamagym.algorithms.algorithm_config import with_demonstrations
 from llamagym.config import RunConfig, check_generation_memory, deep_merge
 from llamagym.config_layers import ResolvedConfig, resolve_agent_config
 from llamagym.errors import ConfigError, LlamaGymError
@@ -115,10 +116,18 @@ def _choose_threads(policy: Policy, threads: int | None) -> None:
         torch.set_num_threads(1)
 
 
-def build_run(agent: Task, policy: Policy, control: Control | None = None) -> run_state.Run:
+def build_run(
+    agent: Task,
+    policy: Policy,
+    control: Control | None = None,
+    demonstrations: Path | None = None,
+) -> run_state.Run:
     """Policy -> schedule -> engine -> algorithm, from ``agent.resolved``. ``control``
     carries the trainer's stop request and epoch display into the algorithm; without it
-    (the classic API) an update never stops early.
+    (the classic API) an update never stops early. ``demonstrations`` is the file a
+    training run recorded from the baseline its config names
+    (``algorithm.warm_start.baseline``): the algorithm is built with it as its
+    ``algorithm.warm_start.demonstrations``.
 
     Then the two phases before the first update: the algorithm's warm start
     (demonstrations, if configured) and freezing its KL reference on the final starting
@@ -132,9 +141,12 @@ def build_run(agent: Task, policy: Policy, control: Control | None = None) -> ru
     # The registry holds Algorithm subclasses, and their Config validated the section
     # (the resolver, a layer below, reads only the Config).
     algorithm_class = cast("type[Algorithm]", resolved.algorithm_class)
+    settings = cast("AlgorithmConfig", resolved.algorithm)
+    if demonstrations is not None:
+        settings = with_demonstrations(settings, demonstrations)
     algorithm = algorithm_class(AlgorithmContext(
         policy,
-        cast("AlgorithmConfig", resolved.algorithm),
+        settings,
         config.rollout,
         schedule,
         distributed.process_group(),

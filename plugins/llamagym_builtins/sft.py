@@ -6,6 +6,10 @@ Every built-in algorithm's config has a ``warm_start`` section (:class:`WarmStar
 it. The demonstrations are a phase of their own: a fresh run calls
 ``Algorithm.warm_start()`` before the first update (then ``freeze_reference()``, so the
 KL reference is the policy they taught); ``after_update`` runs at the end of each update.
+The demonstrations are a file (``demonstrations``) or one of the agent's baselines
+(``baseline``): a training run records that baseline's successful episodes into its
+directory (:mod:`llamagym.training.loop.baseline_warm_start`) and builds its algorithm
+with that file as its ``demonstrations``.
 
 The loss is the masked cross-entropy of the action only, through the same forward pass
 RL uses (``Algorithm.evaluate``): in score mode ``-log pi(chosen | legal actions)``, a
@@ -51,12 +55,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from llamagym.algorithms.losses import masked_mean
 from llamagym.errors import ConfigError
 from llamagym.models.chat_template import render_chat
 from llamagym.models.policy import name_tokens
+from llamagym.rollout.demonstrations import MAX_BASELINE_EPISODES
 from llamagym.rollout.prompts import reply_closing
 from llamagym.rollout.trajectory import Episode, Turn
 
@@ -95,6 +100,24 @@ class WarmStartConfig(BaseModel):
     demonstration_epochs: int = Field(
         1, ge=1, description="Passes over the demonstrations before RL."
     )
+    baseline: str | None = Field(
+        None,
+        max_length=100,
+        description="One of the agent's baselines to warm-start from (llamagym run "
+        "--warm-start NAME): a training run plays it for baseline_episodes episodes, "
+        "records the decisions of its successful ones (those that end in the agent's "
+        "first named outcome: Blackjack's win, TextWorld's won; for an agent that names "
+        "no outcomes, a return above 0) as the run's model sees them in its mode, writes "
+        "them to demonstrations.jsonl in the run directory and trains on them first, as "
+        "on demonstrations. A resumed run records nothing: it reads that file again.",
+    )
+    baseline_episodes: int = Field(
+        100,
+        ge=1,
+        le=MAX_BASELINE_EPISODES,
+        description="Episodes of the baseline played for its warm start (seeds of their "
+        "own, never the final evaluation's); only the successful ones are kept.",
+    )
 
     @field_validator("demonstrations")
     @classmethod
@@ -102,6 +125,17 @@ class WarmStartConfig(BaseModel):
         if path is not None and not path.is_file():
             raise ValueError(f"no demonstrations file at {str(path)!r}")
         return path
+
+    @field_validator("baseline")
+    @classmethod
+    def _one_source(cls, baseline: str | None, info: ValidationInfo) -> str | None:
+        """Declared after ``demonstrations``: a warm start trains on one of them."""
+        if baseline is not None and info.data.get("demonstrations") is not None:
+            raise ValueError(
+                "a warm start trains on one set of demonstrations: a baseline's (recorded "
+                "by the run) or a file's (demonstrations); unset one of them"
+            )
+        return baseline
 
 
 # -- the replay buffer -----------------------------------------------------------------

@@ -8,6 +8,7 @@ It imports no torch: a config is validated before anything loads.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -42,6 +43,15 @@ def nest_warm_start_keys(section: Mapping[str, Any]) -> dict[str, Any]:
     if moved:
         nested["warm_start"] = {**moved, **dict(section.get("warm_start") or {})}
     return nested
+
+
+def with_demonstrations(settings: AlgorithmConfig, path: Path) -> AlgorithmConfig:
+    """A copy of ``settings`` whose warm start trains on the file at ``path``, the one a
+    training run recorded from the baseline the settings name (which the copy then no
+    longer names: its demonstrations are that file). ``settings`` stay as they are."""
+    warm_start = settings.warm_start  # type: ignore[attr-defined]  # the baseline's section
+    recorded = warm_start.model_copy(update={"demonstrations": path, "baseline": None})
+    return settings.model_copy(update={"warm_start": recorded})
 
 
 class AlgorithmConfig(BaseModel):

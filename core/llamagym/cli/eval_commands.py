@@ -10,6 +10,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from llamagym.cli.app import app, report_plugin_problems
 from llamagym.cli.run_commands import configure_logging, resolve_run_config
@@ -139,6 +140,12 @@ def eval_command(
         return
     _print_results(agent, heading, agent_object.config.rollout.mode, seed, result, baselines,
                    greedy=greedy, untrained=model is not None)
+    if model is not None:
+        from llamagym.training.loop.learning_signal import before_training
+
+        nothing_to_learn = before_training(agent_object, result, baselines)
+        if nothing_to_learn is not None:
+            Console().print(Text(nothing_to_learn))
 
 
 def _check_one_subject(checkpoint: Path | None, model: str | None) -> None:

@@ -35,7 +35,8 @@ def record_command(
     the conversation the model sees in the run's mode, answered with the baseline's
     action (in score mode, with the legal actions it was chosen from). Train on it
     first with `--set algorithm.warm_start.demonstrations=FILE`, the same --model and
-    --mode."""
+    --mode; `llamagym run AGENT --warm-start NAME` records a baseline's successful
+    episodes and trains on them in one step."""
     from llamagym.rollout.demonstrations import check_recording, record_demonstrations
 
     check_seed(seed, "--seed")

@@ -29,6 +29,7 @@ FLAG_KEYS = {
     "eval_episodes": "training.eval_episodes", "checkpoint_every": "output.checkpoint_every",
     "output": "output.dir", "quiet": "output.quiet", "backend": "training.backend",
     "trust_remote_code": "model.trust_remote_code",
+    "warm_start": "algorithm.warm_start.baseline",
 }
 SWITCHES = {"quiet", "trust_remote_code"}
 #: The help of ``run``'s flags whose help takes more than a line.
@@ -43,6 +44,9 @@ HELP = {
     "(vLLM, DeepSpeed, FSDP through accelerate; needs the trl extra).",
     "trust_remote_code": "Let the model run Python code of its own (never taken from a "
     "config file, --set or a checkpoint; only for a model whose code you trust).",
+    "warm_start": "One of the agent's baselines: its successful episodes are recorded in "
+    "the run's mode and model (RUN_DIR/demonstrations.jsonl) and trained on before RL "
+    "(= --set algorithm.warm_start.baseline=NAME).",
 }
 
 
@@ -60,8 +64,11 @@ def command_line_layers(
     flag_layer: dict[str, Any] = {}
     for dotted, value in flags.items():
         if value is not None:
-            section, key = dotted.split(".")
-            flag_layer.setdefault(section, {})[key] = value
+            *sections, key = dotted.split(".")
+            holder = flag_layer
+            for section in sections:
+                holder = holder.setdefault(section, {})
+            holder[key] = value
     layers.append(("flag", flag_layer))
     return layers
 
@@ -207,6 +214,7 @@ def run_command(
     trust_remote_code: bool = typer.Option(
         False, "--trust-remote-code", help=HELP["trust_remote_code"]
     ),
+    warm_start: str = typer.Option(None, "--warm-start", help=HELP["warm_start"]),
 ) -> None:
     """Train AGENT online, then evaluate it beside its baselines and write a report."""
     from llamagym import distributed

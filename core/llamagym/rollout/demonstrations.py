@@ -37,6 +37,39 @@ if TYPE_CHECKING:
     from llamagym.task import Task
 
 RECORD_SEED_OFFSET = 2_000_003  # recorded episodes never reuse training or evaluation seeds
+#: The most episodes a baseline warm start plays (``algorithm.warm_start.baseline_episodes``;
+#: its demonstrations are held until written).
+MAX_BASELINE_EPISODES = 100_000
+
+
+def recording_seeds(seed: int, episodes: int) -> list[int]:
+    """The seeds of ``episodes`` recorded episodes: a stream of their own, a million
+    past the evaluation's (:func:`~llamagym.rollout.evaluation.evaluation_seeds` of the
+    same ``seed``), so a run that records and then evaluates up to a million episodes
+    evaluates on none of the recorded ones."""
+    return [RECORD_SEED_OFFSET + seed * 100_003 + k for k in range(episodes)]
+
+
+@dataclass(frozen=True)
+class SuccessRule:
+    """Which recorded episodes count as successful: those that end in one of
+    ``outcomes``, or, with ``min_return``, those that return more than it."""
+
+    outcomes: tuple[str, ...] = ()
+    min_return: float | None = None
+
+    @classmethod
+    def of(cls, agent: Task) -> SuccessRule:
+        """The agent's best outcome, the first it names (Blackjack's ``win``,
+        TextWorld's ``won``); for an agent that names none, a return above 0."""
+        names = tuple(agent.outcome_names)
+        return cls(outcomes=names[:1]) if names else cls(min_return=0.0)
+
+    def __str__(self) -> str:
+        """What a successful episode did: "ended 'win'", "returned more than 0"."""
+        if self.outcomes:
+            return f"ended {' or '.join(map(repr, self.outcomes))}"
+        return f"returned more than {self.min_return:g}"
 
 
 @dataclass
@@ -73,16 +106,18 @@ def record_demonstrations(
     output: Path,
     seed: int = 0,
     outcomes: Sequence[str] = (),
+    min_return: float | None = None,
 ) -> Recording:
     """Play the ``baseline`` of ``engine``'s task for ``episodes`` episodes and write its
     decisions to ``output``, each prompt rendered by ``engine`` (one that needs no run:
     an agent's ``evaluation_engine(1)``); with ``outcomes`` (``["won"]``), only the
     decisions of episodes that ended so (the task's :meth:`~llamagym.task.Task.outcome`):
-    random play filtered to its wins teaches what winning looks like, at no model pass."""
+    random play filtered to its wins teaches what winning looks like, at no model pass;
+    with ``min_return``, only those of episodes that returned more than it."""
     agent = engine.agent
     check_recording(agent, baseline, outcomes)
     outcome_of = outcome_reader(agent)
-    seeds = [RECORD_SEED_OFFSET + seed * 100_003 + k for k in range(episodes)]
+    seeds = recording_seeds(seed, episodes)
     records: list[dict[str, Any]] = []
     episode_records: list[dict[str, Any]] = []
     returns = [0.0] * episodes
@@ -111,7 +146,7 @@ def record_demonstrations(
         returns[step.episode] += step.reward
         if step.done and (
             not outcomes or outcome_of(returns[step.episode], step.next_info) in outcomes
-        ):
+        ) and (min_return is None or returns[step.episode] > min_return):
             records += episode_records
             kept += 1
     output = Path(output)

@@ -68,10 +68,13 @@ def check_supported(resolved: ResolvedConfig, processes: int = 1) -> None:
                 f"so it must divide algorithm.minibatch_size={minibatch}"
             )
         warm_start = getattr(algorithm, "warm_start", None)
-        if warm_start is not None and (warm_start.demonstrations or warm_start.replay):
+        if warm_start is not None and (
+            warm_start.demonstrations or warm_start.replay or getattr(warm_start, "baseline", None)
+        ):
             problems.append(
-                "algorithm.warm_start: supervised warm starts run on the native backend "
-                "only; warm-start there and continue with --backend trl from the export"
+                "algorithm.warm_start: supervised warm starts (demonstrations, a baseline's "
+                "with --warm-start, replay) run on the native backend only; warm-start there "
+                "and continue with --backend trl from the export"
             )
     problems += trl_problems(config, algorithm, processes)
     if config.trl.use_vllm and config.trl.vllm_mode == "server" and processes > 1:

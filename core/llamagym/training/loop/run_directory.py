@@ -24,9 +24,12 @@ from llamagym.training.records.transcripts import TRANSCRIPTS
 RANK_RECORDS = ".ranks"
 #: The plugins that answered per-step hooks (prompt, observation, parsing, reward).
 PLUGINS = "plugins.json"
+#: The demonstrations a baseline warm start recorded (``algorithm.warm_start.baseline``).
+DEMONSTRATIONS = "demonstrations.jsonl"
 RUN_FILES = (
     METRICS,
     PLUGINS,
+    DEMONSTRATIONS,
     TRANSCRIPTS,
     REPORT,
     CURVE,
@@ -35,7 +38,9 @@ RUN_FILES = (
     RANK_RECORDS,
 )
 #: What a run writes in its directory, as files and as folders: each must be its own.
-OWN_FILES = (METRICS, PLUGINS, TRANSCRIPTS, REPORT, CURVE, "config.yaml", LOCK, WRITER)
+OWN_FILES = (
+    METRICS, PLUGINS, DEMONSTRATIONS, TRANSCRIPTS, REPORT, CURVE, "config.yaml", LOCK, WRITER
+)
 OWN_FOLDERS = ("tensorboard", checkpoints.CHECKPOINTS, RANK_RECORDS)
 #: The name of the file a writability check writes and removes (:func:`check_writable`).
 WRITE_PROBE = "llamagym-write-test"

@@ -75,12 +75,15 @@ class Counters:
 
 class RunParts(Protocol):
     """What a trainer is handed to build its run on (an agent's session is one): the
-    policy, loaded on first use, and a new run over it."""
+    policy, loaded on first use, and a new run over it (with the ``demonstrations`` the
+    trainer recorded from a baseline, if the config names one)."""
 
     @property
     def policy(self) -> Policy: ...
 
-    def start_run(self, control: Control | None = None) -> Run: ...
+    def start_run(
+        self, control: Control | None = None, demonstrations: Path | None = None
+    ) -> Run: ...
 
 
 def make_engine(

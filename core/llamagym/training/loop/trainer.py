@@ -44,12 +44,18 @@ from llamagym import distributed
 from llamagym import moved_name as _moved_name
 from llamagym.errors import EnvFailureError, WriteError
 from llamagym.paths import write_atomically
+from llamagym.rollout import carried
 from llamagym.rollout.engine import RolloutEngine
 from llamagym.rollout.evaluation import EvalResult
 from llamagym.schedule import Control, run_budgets
 from llamagym.specs import RunContext
 from llamagym.task import Task
+from llamagym.training.checkpoint import errors as checkpoint_errors
 from llamagym.training.checkpoint import store as checkpoints
+from llamagym.training.loop.baseline_warm_start import (
+    baseline_demonstrations,
+    check_resumed_demonstrations,
+)
 from llamagym.training.loop.budget import (
     TIME_BUDGET,
     CollectionWatch,
@@ -58,6 +64,7 @@ from llamagym.training.loop.budget import (
     stop_cause,
 )
 from llamagym.training.loop.final_evaluation import evaluate_run
+from llamagym.training.loop.learning_signal import LearningSignal
 from llamagym.training.loop.release_memory import release_freed_memory
 from llamagym.training.loop.run_directory import (
     PLUGINS,
@@ -87,6 +94,7 @@ from llamagym.training.loop.update_metrics import (
     count_update,
     warn_if_first_update_moved_far,
 )
+from llamagym.training.loop.update_size import fit_to_budget
 from llamagym.training.records.report import METRICS, append_record, write_report
 from llamagym.training.records.run_files import read_metrics, read_transcripts
 from llamagym.training.records.transcripts import (
@@ -135,6 +143,8 @@ class Trainer:
         self._transcripts = TranscriptLog(None)  # the run directory's, once it is ready
         #: the plugins a resumed checkpoint recorded; compared after the first update
         self._resumed_plugins: list[dict[str, Any]] | None = None
+        #: the checks that the run can still learn (a resumed run's: after its restore)
+        self._learning_signal = LearningSignal(agent)
         #: where the run writes, claimed (its lock taken) just before the first write
         self.directory = RunDirectory(
             self.output_dir, self.run_files, self.run_dir_of, self.config.output.overwrite
@@ -165,11 +175,13 @@ class Trainer:
             write_atomically(self.output_dir / "config.yaml", self._config_yaml)
 
     def _read_resumed_files(self, checkpoint: Path) -> list[dict[str, Any]]:
-        """The metrics of the run a resume continues, read (and its transcripts checked)
-        before anything is written: a damaged file stops the resume in one line naming
-        it, with every file as it was."""
+        """The metrics of the run a resume continues, read (and its transcripts and a
+        baseline warm start's demonstrations checked) before anything is written: a
+        damaged or missing file stops the resume in one line naming it, with every file
+        as it was."""
         if self.run_dir_of(checkpoint) == self.output_dir.resolve():
             read_transcripts(self.output_dir / TRANSCRIPTS)
+        check_resumed_demonstrations(self.agent, self.run_dir_of(checkpoint))
         return read_metrics(self.run_dir_of(checkpoint) / METRICS)
 
     def _restore(
@@ -265,6 +277,8 @@ class Trainer:
                         break
                     update_metrics = self._update(training, batch)
                     self._record(training, batch, update_metrics)
+                    if training.counters.updates == 1:
+                        self._fit_update_size(training)
                     every = self.config.output.checkpoint_every
                     if every and training.counters.updates % every == 0:
                         self._checkpoint(training)
@@ -292,6 +306,15 @@ class Trainer:
                 meta, config.model_dump(mode="json"), resume_checkpoint
             )
             earlier = self._read_resumed_files(resume_checkpoint)
+            carried_state = ((meta.get("state") or {}).get("engine") or {}).get("carried")
+            if carried_state is not None:
+                try:
+                    carried.check_saved(carried_state, config.rollout.mode)
+                except ValueError as error:
+                    raise checkpoint_errors.damaged(
+                        resume_checkpoint,
+                        f"{error}; --resume from an earlier checkpoint, or start a fresh run",
+                    ) from None
             refuse_a_spent_budget(config.agent.name, self.resume_from, meta, config.training)
         # Every refusal comes before the run directory is touched: a damaged run file, a
         # directory that holds another run or cannot be written, a missing env, a model
@@ -319,11 +342,14 @@ class Trainer:
             should_stop=(lambda: False) if several else self._stop_requested,
             on_epoch=self._show_epoch,
         )
-        run = self.parts.start_run(control)  # with its warm start, if any
+        resumed_run = None if resume_checkpoint is None else self.run_dir_of(resume_checkpoint)
+        with baseline_demonstrations(agent, policy, self.output_dir, resumed_run) as recorded:
+            run = self.parts.start_run(control, recorded)  # with its warm start, if any
         counters = Counters()
         history: list[dict[str, Any]] = []
         if resume_checkpoint is not None:
             history = self._restore(run, resume_checkpoint, counters, earlier)  # last: sets RNGs
+        self._learning_signal = LearningSignal(agent, history)  # what it said is not said again
         if rank > 0:
             # Its own episodes and samples. A checkpoint holds rank 0's random streams:
             # the other processes derive theirs from the seed, their rank and the update.
@@ -411,6 +437,18 @@ class Trainer:
         )
         return None
 
+    def _fit_update_size(self, training: Training) -> None:
+        """After the first update: fewer episodes per update where the time budget
+        would hold too few (:mod:`.update_size`); the new size in config.yaml."""
+        said = fit_to_budget(
+            self.agent, training.run.algorithm, training.counters.seconds,
+            training.time_budget, resumed=training.resume_checkpoint is not None,
+        )
+        if said is None:
+            return
+        logger.warning("%s", said)
+        self._write_config()
+
     def _update(self, training: Training, batch: list[Any]) -> dict[str, float]:
         """The algorithm's update on ``batch``; too many in a row that skipped their
         steps (a non-finite loss or gradient) end the run."""
@@ -429,12 +467,15 @@ class Trainer:
     def _record(
         self, training: Training, batch: list[Any], update_metrics: dict[str, float]
     ) -> None:
-        """Count the update over every process, and write it down: metrics.jsonl, the
-        transcripts, the loggers' update_end hooks, the progress line."""
+        """Count the update over every process, and write it down: metrics.jsonl (with
+        a diagnosis when the run cannot learn), the transcripts, the loggers' update_end
+        hooks, the progress line."""
         agent, config, counters = self.agent, self.config, training.counters
         metrics = count_update(training, batch, update_metrics)
         training.metrics = metrics
         training.history.append({"kind": "update", **metrics})
+        diagnoses = self._learning_signal.add(batch, metrics)  # every process: a collective
+        training.history.extend(diagnoses)
         if counters.updates == 1:
             warn_if_first_update_moved_far(metrics, config)
         if self._resumed_plugins is not None:
@@ -453,6 +494,8 @@ class Trainer:
             )
         if distributed.is_main():
             append_record(self.output_dir / METRICS, {"kind": "update", **metrics})
+            for diagnosis in diagnoses:
+                append_record(self.output_dir / METRICS, diagnosis)
             self._transcripts.add(
                 transcript(agent, episode, "training", counters.updates)
                 for episode in batch[:PER_UPDATE]

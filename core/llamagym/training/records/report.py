@@ -6,7 +6,9 @@
   the algorithm's own (PPO: ``policy_loss``, ``value_loss``, ``entropy``,
   ``approx_kl``, ``kl_ref``, ``clip_fraction``, ``epochs_run``, ...);
 * ``"evaluation"``, one per evaluation, with the fields in :data:`EVALUATION_FIELDS`;
-* ``"resume"``, where a run continued from a checkpoint (``update``, ``checkpoint``).
+* ``"resume"``, where a run continued from a checkpoint (``update``, ``checkpoint``);
+* ``"diagnosis"``, a finding that the run cannot learn, said once a run (``update``,
+  ``finding``, ``message``: what to do; :mod:`llamagym.training.loop.learning_signal`).
 
 :func:`write_report` turns it and ``config.yaml`` into ``report.md`` and
 ``learning_curve.png``; ``llamagym report DIR`` calls it for a finished run, reading the
@@ -344,11 +346,32 @@ def render_markdown(
     lines += _evaluation_section(evaluation)
     if curve is not None:
         lines += [f"![Return during training]({curve.name})", ""]
+    lines += _diagnosis_section(records)
     lines += _training_section(updates, records)
     lines += _transcripts_section(run_dir)
     lines += _plugins_section(run_dir)
     lines += _config_section(config, run_dir)
     return "\n".join(lines)
+
+
+def _diagnosis_section(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The findings that the run could not learn, each with what to do."""
+    diagnoses = [r for r in records if r.get("kind") == "diagnosis"]
+    if not diagnoses:
+        return []
+    lines = [
+        "## Diagnosis",
+        "",
+        "Signs that the run could not learn, each said once, at the update that found it, "
+        "with what to try:",
+        "",
+    ]
+    lines += [
+        f"- update {record.get('update')}, {markdown_line(record.get('finding', ''))}: "
+        f"{markdown_line(record.get('message', ''))}"
+        for record in diagnoses
+    ]
+    return [*lines, ""]
 
 
 def _transcripts_section(run_dir: Path) -> list[str]:

@@ -6,7 +6,8 @@ it reads (the bytes of a file, the bytes of a line), checks every record against
 schema (the pydantic models below) and names what was wrong in one line: the file, the
 line or field, and what was expected (:class:`~llamagym.errors.RunFileError`).
 
-* ``metrics.jsonl`` (:func:`read_metrics`): update, evaluation and resume records;
+* ``metrics.jsonl`` (:func:`read_metrics`): update, evaluation, resume and diagnosis
+  records;
 * ``transcripts.jsonl`` (:func:`read_transcripts`): whole episodes;
 * ``plugins.json`` (:func:`read_plugins_record`): who answered per-step hooks;
 * the run's ``config.yaml`` (:func:`read_run_config`): through the config reader, whose
@@ -101,10 +102,20 @@ class ResumeRecord(_Record):
     checkpoint: str = ""
 
 
+class DiagnosisRecord(_Record):
+    """A finding that the run cannot learn (``llamagym.training.loop.learning_signal``)."""
+
+    kind: Literal["diagnosis"]
+    update: Count
+    finding: str
+    message: str = ""
+
+
 METRICS_RECORDS: dict[str, type[_Record]] = {
     "update": UpdateRecord,
     "evaluation": EvaluationRecord,
     "resume": ResumeRecord,
+    "diagnosis": DiagnosisRecord,
 }
 
 

@@ -1,0 +1,97 @@
+"""Updates that fit the budget: a time budget that would hold fewer than
+``training.min_updates`` updates at the first one's cost gets fewer episodes per update;
+the choice is said, kept in config.yaml and by a resumed run, and a size the user set is
+never changed."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import gymnasium
+import yaml
+
+from llamagym import Agent, hookimpl
+from llamagym.testing import temporary_plugin
+from llamagym.training.loop.update_size import MIN_EPISODES, fitted_episodes
+from llamagym.training.records.run_files import read_metrics
+
+FAST = ["--num-envs", "4", "--threads", "1", "--eval-episodes", "0", "--quiet",
+        "--set", "algorithm.minibatch_size=8", "--set", "algorithm.epochs=1"]
+STEP_SECONDS = 0.05
+
+
+class Slow(gymnasium.Env):
+    """One-step episodes that take their time."""
+
+    observation_space = gymnasium.spaces.Discrete(1)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        return 0, {}
+
+    def step(self, action: int):
+        time.sleep(STEP_SECONDS)
+        return 0, float(action), True, False, {}
+
+
+class SlowAgent(Agent):
+    name = "slow"
+    action_names = ("zero", "one")
+    defaults = {"rollout": {"mode": "score"}, "algorithm": {"episodes_per_update": 32}}
+
+    def format_observation(self, observation: Any) -> str:
+        return "Pick one."
+
+    def make_env(self) -> Slow:
+        return Slow()
+
+
+class SlowPlugin:
+    @hookimpl
+    def llamagym_register_agents(self, register) -> None:
+        register("slow", f"{__name__}:SlowAgent")
+
+
+def test_the_size_that_fits_is_fewer_never_more() -> None:
+    # 64 episodes in 120 s; 600 s hold 5 such updates: 15 need 21 episodes each.
+    assert fitted_episodes(64, 120.0, 600.0, 15) == 21
+    assert fitted_episodes(64, 30.0, 600.0, 15) is None  # 20 updates fit already
+    assert fitted_episodes(64, 600.0, 600.0, 15) == MIN_EPISODES  # never below the floor
+    assert fitted_episodes(64, 120.0, 600.0, 15, group_size=8) == 16  # whole groups
+    assert fitted_episodes(4, 120.0, 600.0, 15) is None  # nothing smaller is allowed
+
+
+def test_a_short_budget_gets_smaller_updates_kept_by_config_and_resume(tmp_path, cli) -> None:
+    run_dir = tmp_path / "run"
+    with temporary_plugin(SlowPlugin(), "slow-plugin"):
+        code, _, err = cli("run", "slow", "--minutes", "0.15", "-o", run_dir, *FAST)
+        assert code == 0, err
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        fitted = config["algorithm"]["episodes_per_update"]
+        assert MIN_EPISODES <= fitted < 32
+        assert "fitted to the time budget" in (run_dir / "config.yaml").read_text()
+        assert f"update size: {fitted} episodes per update, not 32" in " ".join(err.split())
+        updates = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "update"]
+        assert len(updates) >= 2 and updates[0]["episodes"] == 32
+        assert all(r["episodes"] == fitted for r in updates[1:])
+
+        # A resumed run keeps the size its checkpoint holds, and says nothing of it.
+        code, _, err = cli("run", "slow", "--minutes", "0.3", "--resume", run_dir, *FAST)
+        assert code == 0, err
+        assert "update size:" not in err
+        later = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "update"]
+        assert len(later) > len(updates)
+        assert all(r["episodes"] == fitted for r in later[len(updates):])
+
+
+def test_a_size_the_user_set_is_kept(tmp_path, cli) -> None:
+    run_dir = tmp_path / "run"
+    with temporary_plugin(SlowPlugin(), "slow-plugin"):
+        code, _, err = cli("run", "slow", "--minutes", "0.1", "-o", run_dir, *FAST,
+                           "--set", "algorithm.episodes_per_update=32")
+    assert code == 0, err
+    assert "update size:" not in err
+    updates = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "update"]
+    assert updates and all(r["episodes"] == 32 for r in updates)
