@@ -275,6 +275,8 @@ def measure(spec: str, args: argparse.Namespace, runs: Path) -> dict[str, Any]:
     output = runs / f"{agent}-{variant or 'default'}-seed{args.seed}".replace("/", "-")
     budget = budget_of(args, spec)
     words = run_line(agent, args.model, args.seed, budget, output, args.threads, assignments)
+    if args.warm_start:
+        words += ["--warm-start", args.warm_start]
     training: dict[str, Any] = {"command": "llamagym " + " ".join(recorded_arguments(words)),
                                 **budget}
     try:
@@ -350,6 +352,9 @@ def parser() -> argparse.ArgumentParser:
                         metavar="AGENT=K", help="training episodes of one agent (as given "
                         "in --agents), over --episodes; repeatable")
     parser.add_argument("--seed", type=int, default=0, help="training seed (default 0)")
+    parser.add_argument("--warm-start", metavar="BASELINE",
+                        help="the runs warm-start from this baseline of each agent "
+                        "(llamagym run --warm-start)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a setting for every agent's commands (evaluations and runs), "
                         "e.g. rollout.explore=all; repeatable")
@@ -424,6 +429,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "zero_shot_only": args.zero_shot_only,
         "budget": None if args.zero_shot_only else budget_of(args),
         "training_seed": args.seed,
+        "warm_start": args.warm_start,
+        "set": args.set,
         "eval_episodes": args.eval_episodes,
         "eval_seed": args.eval_seed,
         "greedy": True,
