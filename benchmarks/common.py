@@ -56,6 +56,24 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
+#: The CPU flags that decide how fast a model runs here (fp32 FMA width, bfloat16 and
+#: int8 dot products, matrix tiles): a number without them cannot be compared.
+SPEED_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni",
+               "amx_bf16", "amx_int8")
+
+
+def cpu_flags() -> dict[str, bool]:
+    """Which of :data:`SPEED_FLAGS` this CPU has (``/proc/cpuinfo``; empty elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.lower().startswith("flags"):
+                have = set(line.split(":", 1)[1].split())
+                return {flag: flag in have for flag in SPEED_FLAGS}
+    except OSError:
+        pass
+    return {}
+
+
 def _memory_gb() -> float | None:
     try:
         for line in Path("/proc/meminfo").read_text(encoding="utf-8").splitlines():
@@ -79,6 +97,7 @@ def machine_info() -> dict[str, Any]:
         "cores": available_cores(),
         "logical_cpus": os.cpu_count(),
         "cpu_model": cpu_model(),
+        "cpu_flags": cpu_flags(),
         "memory_gb": _memory_gb(),
         "platform": platform.platform(),
         "python": platform.python_version(),
