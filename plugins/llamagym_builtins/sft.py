@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 import json
 import logging
 import string
@@ -242,23 +243,42 @@ class Demonstration:
     legal_actions: list[str] | None = None
 
 
+#: Bounds checked before a byte of a demonstrations file is decoded: a line (one
+#: decision, its whole conversation) and the file.
+MAX_LINE_BYTES = 4 * 2**20
+MAX_FILE_BYTES = 2 * 2**30
+
+
 def load_demonstrations(path: Path) -> list[Demonstration]:
     """Read a JSONL demonstrations file: conversations whose last message is the
-    assistant's, each with the legal actions its line names. A bad line is a
+    assistant's, each with the legal actions its line names. The file is data: its size
+    and each line's are bounded before anything is decoded, a line must be UTF-8 with no
+    lone surrogate and JSON no deeper than the parser's limit; a bad line is a
     ConfigError naming its number."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"no demonstrations file at {str(path)!r}")
+    size = path.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise ConfigError(
+            f"{path}: {size:,} bytes, over the {MAX_FILE_BYTES:,} a demonstrations file may "
+            "hold; record fewer episodes or split the file"
+        )
     demonstrations = []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
+    with path.open("rb") as lines:
+        for number in itertools.count(1):
+            raw = lines.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                break
             where = f"{path}: line {number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ConfigError(f"{where}: not valid JSON ({error.msg})") from None
+            if len(raw) > MAX_LINE_BYTES:
+                raise ConfigError(
+                    f"{where}: longer than {MAX_LINE_BYTES:,} bytes (one demonstration is a "
+                    "line: is this a JSONL file?)"
+                )
+            record = _record(raw, where)
+            if record is None:
+                continue
             messages = _conversation(record, where)
             demonstrations.append(
                 Demonstration(messages, _legal_actions(record, messages[-1]["content"], where))
@@ -266,6 +286,36 @@ def load_demonstrations(path: Path) -> list[Demonstration]:
     if not demonstrations:
         raise ConfigError(f"{path}: no demonstrations in the file")
     return demonstrations
+
+
+def _record(raw: bytes, where: str) -> Any:
+    """One line's JSON value (None for a blank line)."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"{where}: not UTF-8 (byte {error.start + 1}: {raw[error.start:error.start + 1]!r})"
+        ) from None
+    if not line.strip():
+        return None
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{where}: not valid JSON ({error.msg})") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: JSON nested too deeply to be a demonstration") from None
+    return record
+
+
+def _text(value: str, where: str, field: str) -> str:
+    """``value``, which must encode as UTF-8 (JSON's escapes can spell a lone surrogate)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(
+            f"{where}: {field} holds a lone surrogate ({value[:40]!r}), which is no text"
+        ) from None
+    return value
 
 
 def _legal_actions(record: dict[str, Any], reply: str, where: str) -> list[str] | None:
@@ -281,6 +331,8 @@ def _legal_actions(record: dict[str, Any], reply: str, where: str) -> list[str] 
             f"{where}: 'legal_actions' must be a list of 1 to {MAX_LEGAL_ACTIONS:,} strings "
             f"of at most {MAX_ACTION_CHARS:,} characters"
         )
+    for name in names:
+        _text(name, where, "'legal_actions'")
     if reply not in names:
         raise ConfigError(
             f"{where}: the reply {reply[:200]!r} is not one of its 'legal_actions' (a "
@@ -312,15 +364,17 @@ def _conversation(record: Any, where: str) -> list[dict[str, str]]:
                 f"{where}: the last message must be the assistant's (the response to learn), "
                 f"got role {messages[-1]['role']!r}"
             )
-        return [{"role": m["role"], "content": m["content"]} for m in messages]
+        return [{"role": _text(m["role"], where, f"message {i}'s role"),
+                 "content": _text(m["content"], where, f"message {i}'s content")}
+                for i, m in enumerate(messages)]
     if isinstance(record.get("prompt"), str) and isinstance(record.get("response"), str):
         system = record.get("system")
         if system is not None and not isinstance(system, str):
             raise ConfigError(f"{where}: 'system' must be a string")
-        head = [{"role": "system", "content": system}] if system else []
+        head = [{"role": "system", "content": _text(system, where, "'system'")}] if system else []
         return head + [
-            {"role": "user", "content": record["prompt"]},
-            {"role": "assistant", "content": record["response"]},
+            {"role": "user", "content": _text(record["prompt"], where, "'prompt'")},
+            {"role": "assistant", "content": _text(record["response"], where, "'response'")},
         ]
     raise ConfigError(f"{where}: {expected}; keys given: {sorted(record)}")
 

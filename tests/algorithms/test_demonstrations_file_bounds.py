@@ -1,0 +1,81 @@
+"""A demonstrations file is data: bounded before it is decoded, each line UTF-8 with no
+lone surrogate and JSON of a sane depth, refused in one line naming the line (exit 2
+through the command line), in bounded memory and time."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from llamagym_builtins.sft import MAX_LINE_BYTES, load_demonstrations
+
+from llamagym.errors import ConfigError
+
+GOOD = json.dumps({"prompt": "Which lever?", "response": "right"}).encode()
+
+
+def _file(path: Path, bad: bytes) -> Path:
+    path.write_bytes(GOOD + b"\n" + bad + b"\n" + GOOD + b"\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (b'{"prompt": "\\ud800", "response": "right"}', "line 2: 'prompt' holds a lone surrogate"),
+        (b'{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", '
+         b'"content": "\\udfff"}]}', "line 2: message 1's content holds a lone surrogate"),
+        (b'{"prompt": "\xff\xfe", "response": "right"}', "line 2: not UTF-8 \\(byte 13"),
+        (b"[" * 100_000 + b"]" * 100_000, "line 2: JSON nested too deeply"),
+        (b'{"prompt": "a", "response": "b", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+         "line 2: JSON nested too deeply"),
+        (b'{"prompt": "' + b"a" * (MAX_LINE_BYTES + 10) + b'", "response": "b"}',
+         f"line 2: longer than {MAX_LINE_BYTES:,} bytes"),
+    ],
+    ids=["surrogate", "surrogate-in-messages", "bad-utf8", "deep", "deep-in-a-field", "long"],
+)
+def test_a_bad_line_is_named(tmp_path: Path, bad: bytes, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_demonstrations(_file(tmp_path / "demos.jsonl", bad))
+
+
+def test_a_huge_line_and_a_huge_file_are_refused_in_bounded_memory(tmp_path: Path) -> None:
+    """A 100 MB line, and a 16 GB file with no newline (sparse: no disk is used), each
+    refused in under 500 MB of RSS and a few seconds, through the command line."""
+    line = tmp_path / "line.jsonl"
+    with line.open("wb") as out:
+        out.write(b'{"prompt": "')
+        out.write(b"a" * 100 * 2**20)
+        out.write(b'", "response": "right"}\n')
+    sparse = tmp_path / "sparse.jsonl"
+    with sparse.open("wb") as out:
+        out.truncate(16 * 2**30)  # 16 GB of zero bytes, no newline
+    for path, said in ((line, "line 1: longer than"), (sparse, "bytes, over the")):
+        code = (
+            "import resource, sys\n"
+            "from llamagym_builtins.sft import load_demonstrations\n"
+            "from llamagym.errors import ConfigError\n"
+            f"try:\n    load_demonstrations({str(path)!r})\n"
+            "except ConfigError as error:\n    print(error)\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+        )
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=120, check=True)
+        said_line, peak_kb = done.stdout.strip().splitlines()
+        assert said in said_line
+        assert int(peak_kb) < 500 * 1024  # KB: under 500 MB
+        assert time.monotonic() - started < 60
+
+
+def test_the_command_line_refuses_it_in_one_line(tmp_path: Path, cli) -> None:
+    path = _file(tmp_path / "demos.jsonl", b'{"prompt": "\\ud800", "response": "right"}')
+    code, _, err = cli("run", "blackjack", "--episodes", "8", "--quiet", "-o", tmp_path / "r",
+                       "--set", f"algorithm.warm_start.demonstrations={path}")
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "line 2" in lines[0] and "lone surrogate" in lines[0]
