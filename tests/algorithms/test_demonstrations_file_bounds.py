@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from llamagym_builtins.sft import MAX_LINE_BYTES, load_demonstrations
 
 from llamagym.errors import ConfigError
+from llamagym_builtins.sft import MAX_LINE_BYTES, load_demonstrations
 
 GOOD = json.dumps({"prompt": "Which lever?", "response": "right"}).encode()
 
