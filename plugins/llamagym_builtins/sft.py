@@ -94,12 +94,15 @@ class WarmStartConfig(BaseModel):
     )
     steps: int = Field(1, ge=0, description="Supervised steps after each RL update.")
     batch_size: int = Field(32, ge=1, description="Turns per supervised step.")
-    lr: float = Field(1e-4, gt=0, le=10, description="Learning rate of the supervised Adam.")
+    # 1e-3 and 4 passes: what teaches a pretrained model through its LoRA adapter (on
+    # SmolLM2-135M, 400 decisions of the vault game's expert: 100% of greedy games won
+    # after the warm start, where 1e-4 and one pass left it at 15%).
+    lr: float = Field(1e-3, gt=0, le=10, description="Learning rate of the supervised Adam.")
     demonstrations: Path | None = Field(
         None, description="JSONL of demonstrations to train on before RL starts."
     )
     demonstration_epochs: int = Field(
-        1, ge=1, description="Passes over the demonstrations before RL."
+        4, ge=1, le=1000, description="Passes over the demonstrations before RL."
     )
     baseline: str | None = Field(
         None,

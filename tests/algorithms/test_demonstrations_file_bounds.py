@@ -45,7 +45,7 @@ def test_a_bad_line_is_named(tmp_path: Path, bad: bytes, message: str) -> None:
 
 def test_a_huge_line_and_a_huge_file_are_refused_in_bounded_memory(tmp_path: Path) -> None:
     """A 100 MB line, and a 16 GB file with no newline (sparse: no disk is used), each
-    refused in under 500 MB of RSS and a few seconds, through the command line."""
+    refused with under 500 MB more of RSS and in seconds."""
     line = tmp_path / "line.jsonl"
     with line.open("wb") as out:
         out.write(b'{"prompt": "')
@@ -59,16 +59,19 @@ def test_a_huge_line_and_a_huge_file_are_refused_in_bounded_memory(tmp_path: Pat
             "import resource, sys\n"
             "from llamagym_builtins.sft import load_demonstrations\n"
             "from llamagym.errors import ConfigError\n"
+            "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
             f"try:\n    load_demonstrations({str(path)!r})\n"
             "except ConfigError as error:\n    print(error)\n"
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)\n"
         )
         started = time.monotonic()
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               timeout=120, check=True)
-        said_line, peak_kb = done.stdout.strip().splitlines()
+        said_line, grown_kb = done.stdout.strip().splitlines()
         assert said in said_line
-        assert int(peak_kb) < 500 * 1024  # KB: under 500 MB
+        # What reading the file added to the process's peak (the imports before it
+        # weigh 250-650 MB, with torch): under 500 MB.
+        assert int(grown_kb) < 500 * 1024
         assert time.monotonic() - started < 60
 
 
