@@ -79,3 +79,25 @@ def test_a_tampered_carried_turn_is_refused_at_load(case, trained, tmp_path, cli
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and field in lines[0] and "Traceback" not in err
     assert _digest(run_dir) == before
+
+
+def test_a_carried_turn_that_is_not_its_steps_is_refused(trained, tmp_path, cli) -> None:
+    """A turn that claims another of its legal actions than the one its step played is
+    found when the episode is played again, and refused in one line."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir)
+    meta_file = checkpoints.find_checkpoint(run_dir) / checkpoints.META
+    meta = json.loads(meta_file.read_text())
+    slots = meta["state"]["engine"]["carried"]["slots"]
+    turn = next(s["episode"]["turns"][0] for s in slots if s is not None and s["episode"]["turns"])
+    turn["action_index"] = 1 - turn["action_index"]  # CartPole: the other push
+    meta_file.write_text(json.dumps(meta))
+    weights = (checkpoints.find_checkpoint(run_dir) / checkpoints.WEIGHTS).read_bytes()
+
+    code, _, err = cli("run", "cartpole", "--episodes", "24", "--resume", run_dir, "--quiet")
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "action_index is not the action its step took" in lines[0]
+    assert [p.name for p in checkpoints.list_checkpoints(run_dir)] == [
+        p.name for p in checkpoints.list_checkpoints(trained)]
+    assert (checkpoints.find_checkpoint(run_dir) / checkpoints.WEIGHTS).read_bytes() == weights

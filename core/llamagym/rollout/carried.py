@@ -172,6 +172,8 @@ def replay(
             )
         try:
             lockstep.slots[position] = _replayed(saved_slot, episode, envs[position], agent)
+        except NotItsReplay as error:  # the file's fault, not the env's
+            raise ValueError(f"its episode in progress in env {position}: {error}") from None
         except Exception as error:  # the env is untrusted: whatever it did, not this one
             logger.warning(
                 "env %d: its episode in progress at the checkpoint could not be played "
@@ -181,15 +183,41 @@ def replay(
     return lockstep
 
 
+class NotItsReplay(ValueError):
+    """A saved episode's turns are not the turns its own steps played."""
+
+
+def _check_turns(episode: Episode, saved: SavedSlot, legal_at: list[list[str]]) -> None:
+    """Each turn of ``episode`` (one per step, with no retries trained on) chose the
+    step's action among legal actions the env gave at that step on replay."""
+    if len(episode.turns) != len(saved.steps):
+        raise NotItsReplay(
+            f"it holds {len(episode.turns)} turns for its {len(saved.steps)} steps"
+        )
+    for number, (turn, legal, (index, action)) in enumerate(
+        zip(episode.turns, legal_at, saved.steps, strict=True), 1
+    ):
+        if index is None:
+            continue  # an action the agent does not name: nothing to compare
+        if not set(turn.legal_actions) <= set(legal):
+            raise NotItsReplay(
+                f"turn {number}'s legal_actions are not among those the env gives there"
+            )
+        if turn.action_index is None or turn.legal_actions[turn.action_index] != action:
+            raise NotItsReplay(f"turn {number}'s action_index is not the action its step took")
+
+
 def _replayed(saved: SavedSlot, episode: Episode, env: Any, agent: Any) -> Slot:
     """The slot of ``saved``'s episode, ``env`` reset and stepped through it again."""
     if len(saved.rewards) != len(saved.steps):
         raise ValueError("its steps and rewards differ in number")
     observation, info = checked_reset(env, saved.seed)
     tried = Tried()  # rollout.explore's counts, taken again
+    legal_at: list[list[str]] = []
     for (index, action), reward in zip(saved.steps, saved.rewards, strict=True):
+        legal_at.append(list(agent.legal_actions(observation, info) or []))
         if index is not None:
-            legal = list(agent.legal_actions(observation, info) or [])
+            legal = legal_at[-1]
             if not 0 <= index < len(legal) or legal[index] != action:
                 raise ValueError(f"the legal actions now differ at action {action!r}")
             if agent.config.rollout.explore == "least-tried":
@@ -199,6 +227,10 @@ def _replayed(saved: SavedSlot, episode: Episode, env: Any, agent: Any) -> Slot:
         observation, got, terminated, truncated, info = checked_step(env, action)
         if got != reward or terminated or truncated:
             raise ValueError("the env answers otherwise than it did")
+    rollout = agent.config.rollout
+    retried = rollout.invalid_action.policy == "reprompt" and rollout.mode == "generate"
+    if not (retried and rollout.invalid_action.train_on_reprompts):  # one turn per step
+        _check_turns(episode, saved, legal_at)
     slot = Slot(observation, info, episode, history=list(saved.history), tried=tried)
     slot.steps = [(index, action) for index, action in saved.steps]
     slot.rewards = list(saved.rewards)
