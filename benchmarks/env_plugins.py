@@ -7,6 +7,14 @@ evaluated greedily on the same evaluation seeds.
     nice -n 19 python benchmarks/env_plugins.py --model smollm2-135m --minutes 30
     python benchmarks/env_plugins.py --quick --agents babyai     # a smoke run
     python benchmarks/env_plugins.py --agents textarena-tower-of-hanoi:TowerOfHanoi-v0-medium
+    python benchmarks/env_plugins.py --agents vault --model smollm2-135m --minutes 10 \
+        --eval-episodes 20 --warm-start follow-the-draft     # a newcomer's env
+
+``vault`` is a package as a newcomer writes one: ``llamagym new-plugin vault --env-class``,
+its env and agent replaced by the text game in ``benchmarks/newcomer_game/`` (one reward
+at the end; random play wins ~1%, its expert baseline 100%), installed with pip into this
+Python before anything runs. ``--warm-start BASELINE`` gives every run that flag; ``--set
+KEY=VALUE`` every command that setting (``rollout.explore=all`` turns a lever off).
 
 An agent is its name, or ``NAME:VARIANT`` for another game or level than its default
 (the agent's ``game`` or ``level`` option). For each, one at a time:
