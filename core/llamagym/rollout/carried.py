@@ -118,20 +118,29 @@ def _checked(episode: Episode, vocabulary: int, mode: str) -> Episode:
     return episode
 
 
+def _validated(
+    saved: Any, vocabulary: int, mode: str
+) -> tuple[SavedLockstep, list[Episode], list[Episode | None]]:
+    """``saved`` read: its lockstep, its finished episodes and each slot's episode in
+    progress (None for an empty slot), every turn checked (:func:`_checked`); else one
+    ``ValueError`` line."""
+    try:
+        state = SavedLockstep.model_validate(saved)
+        finished = [_checked(_EPISODE.validate_python(e), vocabulary, mode)
+                    for e in state.finished]
+        episodes = [None if s is None else _checked(_EPISODE.validate_python(s.episode),
+                                                    vocabulary, mode) for s in state.slots]
+    except (ValidationError, ValueError) as error:
+        said = " ".join(str(error).split())[:300]
+        raise ValueError(f"its episodes in progress do not read: {said}") from None
+    return state, finished, episodes
+
+
 def check_saved(saved: Any, mode: str) -> None:
     """Refuse (``ValueError``) episodes in progress that are not what :func:`snapshot`
     writes for a run in ``mode``: read before anything of a resumed run is written
-    (:func:`replay` checks them again, with the model's vocabulary)."""
-    try:
-        state = SavedLockstep.model_validate(saved)
-        for data in [*state.finished, *(s.episode for s in state.slots if s is not None)]:
-            _checked(_EPISODE.validate_python(data), 2**63, mode)
-    except (ValidationError, ValueError) as error:
-        raise ValueError(f"its episodes in progress do not read: {first_line(error)}") from None
-
-
-def first_line(error: Exception) -> str:
-    return " ".join(str(error).split())[:300]
+    (:func:`replay` reads them again, with the model's vocabulary)."""
+    _validated(saved, 2**63, mode)
 
 
 def replay(
@@ -142,17 +151,7 @@ def replay(
     whose episode could not be replayed, for the caller to start afresh. Raises
     ``ValueError`` if ``saved`` is not what :func:`snapshot` writes for a model of
     ``vocabulary`` tokens."""
-    try:
-        state = SavedLockstep.model_validate(saved)
-        mode = agent.config.rollout.mode
-        finished = [_checked(_EPISODE.validate_python(e), vocabulary, mode)
-                    for e in state.finished]
-        episodes = [None if s is None else _checked(_EPISODE.validate_python(s.episode),
-                                                    vocabulary, mode) for s in state.slots]
-    except ValidationError as error:
-        raise ValueError(f"its episodes in progress do not read: {error}") from None
-    except ValueError as error:
-        raise ValueError(f"its episodes in progress do not read: {error}") from None
+    state, finished, episodes = _validated(saved, vocabulary, agent.config.rollout.mode)
     if len(state.slots) != len(envs):
         raise ValueError(f"it holds {len(state.slots)} envs' episodes, this run has {len(envs)}")
     lockstep = Lockstep(
