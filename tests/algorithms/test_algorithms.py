@@ -660,7 +660,9 @@ def test_a_run_built_under_no_grad_still_trains(tmp_path: Path) -> None:
     agent = agent_for("ppo", warm_start={"demonstrations": str(path), "lr": 1e-2})
     with torch.no_grad():
         algorithm = agent.algorithm  # builds the run: the warm start is its first phase
-        assert algorithm.sft.demonstrations_done and algorithm.sft.steps == 1
+        # eight demonstrations are one batch: one step for each pass over them
+        assert algorithm.sft.demonstrations_done
+        assert algorithm.sft.steps == algorithm.sft.config.demonstration_epochs
         before = trained_parameters(algorithm)
         metrics = algorithm.update(collect(agent, 8))
     after = trained_parameters(algorithm)
