@@ -1,5 +1,6 @@
 """The BabyAI agent on minigrid's real levels: the view in words, action names and
-parsing, the bot, the level option, conformance and a short training run."""
+parsing, the bot, the progress by its plan, the level option, conformance and a short
+training run."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from llamagym_babyai.agent import ACTIONS, BabyAIAgent
+from llamagym_babyai.env import make_level
 from llamagym_babyai.text import describe_view, where
 
 from llamagym.errors import ConfigError
@@ -125,6 +127,77 @@ def test_the_bot_completes_the_level_and_random_play_does_not() -> None:
     assert bot.outcomes == {"success": 1.0, "failure": 0.0} and bot.mean > 0.8
     random_play = evaluate_baseline(agent, "random", 6)
     assert random_play.mean < bot.mean
+
+
+# -- the progress by the bot's plan ----------------------------------------------------
+@pytest.mark.parametrize("seed", range(4))
+def test_following_the_bot_gains_one_a_step_down_to_a_plan_of_none(seed: int) -> None:
+    env = make_level("BabyAI-GoToLocal-v0")
+    _, info = env.reset(seed=seed)
+    start = info["bot_plan_length"]
+    assert info["progress"] == 0 and isinstance(start, int) and start > 0
+    gained, terminated, reward = [], False, 0.0
+    while not terminated:
+        _, reward, terminated, truncated, info = env.step(info["bot_action"])
+        gained.append(info["progress"])
+        assert not truncated
+    assert reward > 0 and info["bot_plan_length"] == 0  # the mission done: nothing left
+    assert gained == [1] * start  # the plan was the bot's own way, step for step
+    assert sum(gained) == start - info["bot_plan_length"]
+
+
+def test_a_turn_away_from_the_plan_loses_and_turning_back_regains_it() -> None:
+    env = make_level("BabyAI-GoToLocal-v0")
+    _, info = env.reset(seed=1)  # the purple box is 1 step left and 1 step forward
+    start = info["bot_plan_length"]
+    assert (start, info["bot_action"]) == (2, ACTIONS.index("go forward"))
+    _, _, _, _, info = env.step(ACTIONS.index("turn right"))  # the box behind, to the left
+    assert info["progress"] == -1 and info["bot_plan_length"] == start + 1
+    assert info["bot_action"] == ACTIONS.index("turn left")  # the bot undoes it
+    _, _, _, _, info = env.step(ACTIONS.index("turn left"))
+    assert info["progress"] == 1 and info["bot_plan_length"] == start  # a detour undone
+
+
+def test_a_plan_is_played_on_its_own_clock() -> None:
+    """A level scores a mission done late near 0, and past 1.1 x max_steps below it: a
+    plan measured late in an episode is still a plan (the copy's clock starts at 0)."""
+    env = make_level("BabyAI-GoToLocal-v0")
+    _, info = env.reset(seed=1)
+    env.unwrapped.step_count = 2 * env.unwrapped.max_steps  # as if very late
+    _, _, _, truncated, info = env.step(info["bot_action"])
+    assert truncated and info["progress"] == 1 and info["bot_plan_length"] == 1
+
+
+@pytest.mark.parametrize("level", ["BabyAI-GoToLocal-v0", "BabyAI-PickupLoc-v0"])
+def test_random_play_sums_to_the_plans_and_the_level_is_not_touched(level: str) -> None:
+    """The plan is played on copies: a level with progress plays as one without."""
+    measured, plain = make_level(level), make_level(level, progress=False)
+    rng = np.random.default_rng(0)
+    for seed in range(3):
+        observation, info = measured.reset(seed=seed)
+        plain_observation, plain_info = plain.reset(seed=seed)
+        assert plain_info["bot_plan_length"] is None and plain_info["progress"] == 0
+        start, total, done = info["bot_plan_length"], 0, False
+        while not done:
+            action = int(rng.integers(6))
+            observation, reward, terminated, truncated, info = measured.step(action)
+            plain_observation, *plain_rest, plain_info = plain.step(action)
+            assert np.array_equal(observation["image"], plain_observation["image"])
+            assert [reward, terminated, truncated] == plain_rest
+            assert plain_info["progress"] == 0 and plain_info["bot_action"] == info["bot_action"]
+            assert isinstance(info["progress"], int)
+            total += info["progress"]
+            done = terminated or truncated
+        assert total == start - info["bot_plan_length"]
+
+
+def test_the_agent_plans_only_where_the_progress_is_rewarded() -> None:
+    _, info = tiny_agent(BabyAIAgent).make_env().reset(seed=1)
+    assert info["bot_plan_length"] > 0 and info["progress"] == 0
+    off = tiny_agent(BabyAIAgent, rollout={"progress_reward": 0}).make_env()
+    off.reset(seed=1)
+    _, _, _, _, info = off.step(ACTIONS.index("go forward"))
+    assert info["bot_plan_length"] is None and info["progress"] == 0
 
 
 def test_conforms() -> None:

@@ -1,12 +1,15 @@
 """The TextArena agents on TextArena's real games: registration, the Gymnasium adapter,
-legal moves, reply parsing, outcomes (an invalid move included), baselines, conformance
-and a short training run on the tiny model."""
+legal moves, each game's progress, reply parsing, outcomes (an invalid move included),
+baselines, conformance and a short training run on the tiny model."""
 
 from __future__ import annotations
 
+import itertools
+import math
 import random
 import subprocess
 import sys
+from collections import deque
 
 import pytest
 import torch
@@ -19,6 +22,7 @@ from llamagym_textarena.agent import (
     TowerOfHanoiAgent,
 )
 from llamagym_textarena.env import TextArenaEnv
+from llamagym_textarena.games import GAMES, fewest_presses, hanoi_distance
 
 from llamagym.cli.run_commands import resolve_run_config
 from llamagym.errors import ConfigError
@@ -128,6 +132,137 @@ def test_two_invalid_moves_end_the_game_as_the_game_says_and_nothing_raises() ->
     assert agent.outcome(reward, info) == "invalid move"
     with pytest.raises(RuntimeError, match="reset"):
         env.step("[1 1 1]")
+
+
+# -- progress: each game's potential --------------------------------------------------------
+def _unguessed_side(observation: str) -> str:
+    """A number the last hint ruled out (Guess the Number's 1-20)."""
+    return "[1]" if "higher" in observation else "[20]"
+
+
+def _wrong_digit(expert_move: str) -> str:
+    """The expert's Sudoku cell with a digit that is not the solution's."""
+    row, col, digit = expert_move.strip("[]").split()
+    return f"[{row} {col} {int(digit) % 9 + 1}]"
+
+
+# Per game: a seed, then after the expert's (good) move a bad one, from the good move,
+# the info and the observation after it, and its progress: a move undone, a guess the
+# hints ruled out, or one the game refuses (nothing changes).
+BAD_MOVES = {
+    "TowerOfHanoi-v0": (0, lambda good, info, obs: f"[{good[3]} {good[1]}]", -1.0),
+    "LightsOut-v0": (1, lambda good, info, obs: good, -1.0),  # pressed twice: undone
+    "FrozenLake-v0": (2, lambda good, info, obs: {"[down]": "[up]"}.get(good, "[left]"), -1.0),
+    "GuessTheNumber-v0": (3, lambda good, info, obs: _unguessed_side(obs), 0.0),
+    "Mastermind-v0": (4, lambda good, info, obs: good, 0.0),  # tried already: refused
+    "Sudoku-v0-very-easy": (5, lambda good, info, obs: _wrong_digit(info["expert_move"]), 0.0),
+}
+
+
+@pytest.mark.parametrize("game_id", BAD_MOVES)
+def test_the_experts_move_gains_and_a_bad_one_does_not(game_id: str) -> None:
+    seed, bad, bad_progress = BAD_MOVES[game_id]
+    env = TextArenaEnv(game_id)
+    _, info = env.reset(seed=seed)
+    assert info["progress"] == 0.0 and info["potential"] < 0
+    good = info["expert_move"]
+    observation, _, terminated, _, info = env.step(good)
+    assert info["progress"] > 0 and not terminated
+    before = info["potential"]
+    _, _, _, _, info = env.step(bad(good, info, observation))
+    assert info["progress"] == bad_progress and info["potential"] == before + bad_progress
+
+
+@pytest.mark.parametrize("family", GAMES)
+def test_an_expert_episode_sums_to_the_start_potential(family: str) -> None:
+    """Played to a win, the progress adds up to minus the start potential; in the games
+    of a distance (moves, presses, steps, empty cells) every expert move gains 1."""
+    game_id = GAMES[family].variants[0]
+    env = TextArenaEnv(game_id)
+    _, info = env.reset(seed=7)
+    start, gained, terminated = info["potential"], [], False
+    while not terminated:
+        _, _, terminated, _, info = env.step(info["expert_move"])
+        gained.append(info["progress"])
+    assert info["won"] and info["potential"] == 0.0
+    assert math.isclose(sum(gained), info["potential"] - start, abs_tol=1e-9)
+    if family in ("GuessTheNumber", "Mastermind"):
+        # Bits: each guess rules out some (the last may find what was already pinned).
+        assert all(step > 0 for step in gained[:-1]) and gained[-1] >= 0
+    else:
+        assert gained == [1.0] * len(gained) == [1.0] * int(-start)
+
+
+@pytest.mark.parametrize("game_id", [v for game in GAMES.values() for v in game.variants[:2]])
+def test_any_play_sums_to_the_potentials_measured(game_id: str) -> None:
+    """Random legal moves and unreadable ones, holes and invalid-move endings included:
+    the progress adds up to the last potential measured less the first."""
+    env = TextArenaEnv(game_id)
+    rng = random.Random(0)
+    for seed in range(2):
+        _, info = env.reset(seed=seed)
+        start, total, done = info["potential"], 0.0, False
+        while not done:
+            moves = info["legal_moves"]
+            move = rng.choice(moves) if moves and rng.random() < 0.9 else "no move"
+            _, _, terminated, truncated, info = env.step(move)
+            assert isinstance(info["progress"], float) and math.isfinite(info["progress"])
+            total += info["progress"]
+            done = terminated or truncated
+        assert math.isclose(total, info["potential"] - start, abs_tol=1e-9)
+
+
+def test_hanoi_distance_is_the_shortest_solution_from_every_position() -> None:
+    """Against a breadth-first search over all 3**4 positions of 4 disks."""
+    disks = 4
+
+    def moves(pegs: tuple[str, ...]):  # pegs[d - 1]: the peg of disk d
+        for disk in range(1, disks + 1):
+            if any(pegs[d - 1] == pegs[disk - 1] for d in range(1, disk)):
+                continue  # a smaller disk lies on it
+            for target in "ABC":
+                if target != pegs[disk - 1] and all(pegs[d - 1] != target for d in range(1, disk)):
+                    yield pegs[: disk - 1] + (target,) + pegs[disk:]
+
+    goal = ("C",) * disks
+    distance, queue = {goal: 0}, deque([goal])
+    while queue:
+        pegs = queue.popleft()
+        for after in moves(pegs):
+            if after not in distance:
+                distance[after] = distance[pegs] + 1
+                queue.append(after)
+    assert len(distance) == 3**disks
+    for pegs, moves_left in distance.items():
+        peg_of = {disk: pegs[disk - 1] for disk in range(1, disks + 1)}
+        assert hanoi_distance(peg_of, disks, "C") == moves_left
+
+
+def test_fewest_presses_is_the_smallest_set_that_turns_the_lights_off() -> None:
+    """Boards of up to 3 presses, against every set of at most 3 presses."""
+    size, cells = 5, 25
+    rng = random.Random(0)
+
+    def pressed(presses) -> frozenset[int]:
+        lit: set[int] = set()
+        for cell in presses:
+            row, col = divmod(cell, size)
+            for dr, dc in ((0, 0), (-1, 0), (1, 0), (0, -1), (0, 1)):
+                if 0 <= row + dr < size and 0 <= col + dc < size:
+                    lit ^= {(row + dr) * size + col + dc}
+        return frozenset(lit)
+
+    smallest: dict[frozenset[int], int] = {}
+    for count in range(3, -1, -1):
+        for presses in itertools.combinations(range(cells), count):
+            smallest[pressed(presses)] = count
+    for _ in range(40):
+        lit = pressed(rng.sample(range(cells), rng.randint(0, 3)))
+        grid = [[r * size + c in lit for c in range(size)] for r in range(size)]
+        presses = fewest_presses(grid)
+        assert presses is not None
+        assert pressed([cell for cell in range(cells) if presses >> cell & 1]) == lit
+        assert presses.bit_count() == smallest[lit]
 
 
 # -- replies -------------------------------------------------------------------------------

@@ -11,14 +11,40 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
-from llamagym.rollout.env_checks import checked_reset, checked_step, error_text, max_turns
-from llamagym.rollout.exploration import Tried, place_of
+from llamagym.rollout.env_checks import (
+    checked_reset,
+    checked_step,
+    error_text,
+    max_turns,
+    progress_of,
+)
+from llamagym.rollout.prompts import feedback_message
 from llamagym.rollout.slots import Lockstep, Slot
 from llamagym.rollout.trajectory import Episode, Turn
+
+
+class Replayer(Protocol):
+    """What a replay needs of the engine that plays the episodes on (``RolloutEngine``)."""
+
+    agent: Any
+    settings: Any
+    policy: Any
+
+    @property
+    def envs(self) -> list[Any]: ...
+    def new_slot(
+        self, observation: Any, info: dict, seed: int | None, group: int | None
+    ) -> Slot: ...
+    def candidate_tokens(self, name: str) -> list[int]: ...
+    def reply_text(self, slot: Slot, tokens: list[int]) -> str: ...
+    def decision_prompt(
+        self, slot: Slot, retries: Sequence[Turn] = ()
+    ) -> tuple[str, list[int]]: ...
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +118,8 @@ def turn_problem(turn: Turn, mode: str) -> str | None:
                     f"{len(legal)} legal actions")
         if len(turn.logprobs) != 1:
             return f"logprobs holds {len(turn.logprobs)} numbers, where score mode keeps 1"
+        if turn.action_tokens:
+            return "action_tokens is not empty, where score mode samples no reply"
     else:
         if turn.candidates:
             return "candidates is not empty, where generate mode ranks none"
@@ -103,61 +131,78 @@ def turn_problem(turn: Turn, mode: str) -> str | None:
     return None
 
 
-def _checked(episode: Episode, vocabulary: int, mode: str) -> Episode:
+#: A candidate action name's token ids, as the engine ranks it (``Engine.candidate_tokens``).
+CandidateTokens = Callable[[str], list[int]]
+
+
+def _checked(
+    episode: Episode, vocabulary: int, mode: str, candidate_tokens: CandidateTokens
+) -> Episode:
     """``episode`` if each of its turns is one the engine records in ``mode``
-    (:func:`turn_problem`), every token id one of the model's; else ``ValueError``
-    naming the turn and the field."""
+    (:func:`turn_problem`), every token id one of the model's and each score-mode
+    candidate the tokens of its legal action (``candidate_tokens``); else
+    ``ValueError`` naming the turn and the field."""
     turns = [t for top in episode.turns for t in (top, *top.retries)]
     for number, turn in enumerate(turns, 1):
         ids = [*turn.prompt_tokens, *turn.action_tokens, *(i for c in turn.candidates for i in c)]
         if any(not 0 <= i < vocabulary for i in ids):
             raise ValueError(f"a turn holds a token id outside the model's {vocabulary:,}")
         problem = turn_problem(turn, mode)
+        if problem is None and mode == "score" and any(
+            tokens != candidate_tokens(name)
+            for tokens, name in zip(turn.candidates, turn.legal_actions, strict=True)
+        ):
+            problem = "candidates are not the tokens of its legal actions"
         if problem is not None:
             raise ValueError(f"turn {number} of an episode: {problem}")
     return episode
 
 
 def _validated(
-    saved: Any, vocabulary: int, mode: str
+    saved: Any, vocabulary: int, mode: str, candidate_tokens: CandidateTokens
 ) -> tuple[SavedLockstep, list[Episode], list[Episode | None]]:
     """``saved`` read: its lockstep, its finished episodes and each slot's episode in
     progress (None for an empty slot), every turn checked (:func:`_checked`); else one
     ``ValueError`` line."""
+    def checked(episode: Any) -> Episode:
+        return _checked(_EPISODE.validate_python(episode), vocabulary, mode, candidate_tokens)
+
     try:
         state = SavedLockstep.model_validate(saved)
-        finished = [_checked(_EPISODE.validate_python(e), vocabulary, mode)
-                    for e in state.finished]
-        episodes = [None if s is None else _checked(_EPISODE.validate_python(s.episode),
-                                                    vocabulary, mode) for s in state.slots]
+        finished = [checked(e) for e in state.finished]
+        episodes = [None if s is None else checked(s.episode) for s in state.slots]
     except (ValidationError, ValueError) as error:
         said = " ".join(str(error).split())[:300]
         raise ValueError(f"its episodes in progress do not read: {said}") from None
     return state, finished, episodes
 
 
-def check_saved(saved: Any, mode: str) -> None:
+def check_saved(
+    saved: Any, mode: str, vocabulary: int, candidate_tokens: CandidateTokens
+) -> None:
     """Refuse (``ValueError``) episodes in progress that are not what :func:`snapshot`
-    writes for a run in ``mode``: read before anything of a resumed run is written
-    (:func:`replay` reads them again, with the model's vocabulary)."""
-    _validated(saved, 2**63, mode)
+    writes for a run in ``mode`` with a model of ``vocabulary`` tokens: read before
+    anything of a resumed run is written (:func:`replay` reads them again, and plays
+    them)."""
+    _validated(saved, vocabulary, mode, candidate_tokens)
 
 
-def replay(
-    saved: Any, envs: list[Any], agent: Any, default_turns: int, vocabulary: int
-) -> Lockstep:
-    """An open lockstep over ``envs`` holding ``saved``'s episodes (:func:`snapshot`),
-    each env reset and stepped as its episode was; a slot left empty (None) is one
-    whose episode could not be replayed, for the caller to start afresh. Raises
-    ``ValueError`` if ``saved`` is not what :func:`snapshot` writes for a model of
-    ``vocabulary`` tokens."""
-    state, finished, episodes = _validated(saved, vocabulary, agent.config.rollout.mode)
+def replay(saved: Any, engine: Replayer) -> Lockstep:
+    """An open lockstep over the engine's envs holding ``saved``'s episodes
+    (:func:`snapshot`), each env reset and stepped as its episode was; a slot left empty
+    (None) is one whose episode could not be replayed, for the caller to start afresh.
+    Raises ``ValueError`` if ``saved`` is not what :func:`snapshot` writes for the
+    engine's model, or an episode's turns are not the decisions its steps replay."""
+    envs, policy = engine.envs, engine.policy
+    state, finished, episodes = _validated(
+        saved, len(policy.tokenizer), engine.settings.mode, engine.candidate_tokens
+    )
     if len(state.slots) != len(envs):
         raise ValueError(f"it holds {len(state.slots)} envs' episodes, this run has {len(envs)}")
     lockstep = Lockstep(
         envs, None, None, 1, None,
         slots=[None] * len(envs),
-        turn_caps=[max_turns(env, default_turns) for env in envs],
+        turn_caps=[max_turns(env, engine.settings.max_episode_turns) for env in envs],
         finished=finished,
         next_episode=state.next_episode,
     )
@@ -170,7 +215,7 @@ def replay(
                 f"steps, where one ends at {lockstep.turn_caps[position]:,}"
             )
         try:
-            lockstep.slots[position] = _replayed(saved_slot, episode, envs[position], agent)
+            lockstep.slots[position] = _replayed(saved_slot, episode, envs[position], engine)
         except NotItsReplay as error:  # the file's fault, not the env's
             raise ValueError(f"its episode in progress in env {position}: {error}") from None
         except Exception as error:  # the env is untrusted: whatever it did, not this one
@@ -186,51 +231,113 @@ class NotItsReplay(ValueError):
     """A saved episode's turns are not the turns its own steps played."""
 
 
-def _check_turns(episode: Episode, saved: SavedSlot, legal_at: list[list[str]]) -> None:
-    """Each turn of ``episode`` (one per step, with no retries trained on) chose the
-    step's action among legal actions the env gave at that step on replay."""
-    if len(episode.turns) != len(saved.steps):
-        raise NotItsReplay(
-            f"it holds {len(episode.turns)} turns for its {len(saved.steps)} steps"
-        )
-    for number, (turn, legal, (index, action)) in enumerate(
-        zip(episode.turns, legal_at, saved.steps, strict=True), 1
-    ):
-        if index is None:
-            continue  # an action the agent does not name: nothing to compare
-        if not set(turn.legal_actions) <= set(legal):
-            raise NotItsReplay(
-                f"turn {number}'s legal_actions are not among those the env gives there"
-            )
-        if turn.action_index is None or turn.legal_actions[turn.action_index] != action:
-            raise NotItsReplay(f"turn {number}'s action_index is not the action its step took")
-
-
-def _replayed(saved: SavedSlot, episode: Episode, env: Any, agent: Any) -> Slot:
-    """The slot of ``saved``'s episode, ``env`` reset and stepped through it again."""
+def _replayed(saved: SavedSlot, episode: Episode, env: Any, engine: Replayer) -> Slot:
+    """The slot of ``saved``'s episode, ``env`` reset and stepped through it again; each
+    step's turn checked against the decision the step replays (:func:`_check_turn`),
+    and the conversation the turns make against the saved one."""
     if len(saved.rewards) != len(saved.steps):
         raise ValueError("its steps and rewards differ in number")
+    if episode.seed != saved.seed:
+        raise NotItsReplay("its episode's seed is not the one its env is reset with")
+    agent, settings = engine.agent, engine.settings
+    retries_trained = (
+        settings.mode == "generate"
+        and settings.invalid_action.policy == "reprompt"
+        and settings.invalid_action.train_on_reprompts
+    )
+    turns = _step_turns(episode.turns, len(saved.steps), retries_trained)
     observation, info = checked_reset(env, saved.seed)
-    tried = Tried()  # rollout.explore's counts, taken again
-    legal_at: list[list[str]] = []
-    for (index, action), reward in zip(saved.steps, saved.rewards, strict=True):
-        legal_at.append(list(agent.legal_actions(observation, info) or []))
+    slot = engine.new_slot(observation, info, episode.seed, episode.group)
+    if slot.system_prompt != episode.system_prompt:
+        raise NotItsReplay("its system_prompt is not the one the agent gives its first observation")
+    for number, ((index, action), reward, turn) in enumerate(
+        zip(saved.steps, saved.rewards, turns, strict=True), 1
+    ):
+        legal = list(agent.legal_actions(observation, info) or [])
+        if index is not None and (not 0 <= index < len(legal) or legal[index] != action):
+            raise ValueError(f"the legal actions now differ at action {action!r}")
+        offered = slot.tried.offer(agent, observation, info, legal, settings.explore)
+        _check_turn(number, turn, slot, offered, index, engine)
+        slot.history += turn.context_messages()
         if index is not None:
-            legal = legal_at[-1]
-            if not 0 <= index < len(legal) or legal[index] != action:
-                raise ValueError(f"the legal actions now differ at action {action!r}")
-            if agent.config.rollout.explore == "least-tried":
-                tried.place = place_of(agent, observation, info, legal)
-                tried.count(str(action))
+            slot.tried.count(str(action))
             action = agent.env_action(index, legal)
         observation, got, terminated, truncated, info = checked_step(env, action)
         if got != reward or terminated or truncated:
             raise ValueError("the env answers otherwise than it did")
-    rollout = agent.config.rollout
-    retried = rollout.invalid_action.policy == "reprompt" and rollout.mode == "generate"
-    if not (retried and rollout.invalid_action.train_on_reprompts):  # one turn per step
-        _check_turns(episode, saved, legal_at)
-    slot = Slot(observation, info, episode, history=list(saved.history), tried=tried)
+        # A reward other than the step earns now (its progress is the env's to say; a
+        # shaping plugin's part is not known here) is not trained on: the episode goes.
+        earned = _learner_reward(turn, got, info, settings)
+        if not settings.reward_shaping and turn.reward != earned:
+            raise ValueError(f"turn {number}'s reward is not what its step earns now")
+        slot.observation, slot.info = observation, info
+    if slot.history != saved.history:
+        raise NotItsReplay("its history is not the conversation its turns make")
+    if episode.length != len(saved.steps) or episode.env_return != sum(saved.rewards):
+        raise NotItsReplay("its length or env_return is not what its steps make")
+    slot.episode, slot.history = episode, list(saved.history)
     slot.steps = [(index, action) for index, action in saved.steps]
     slot.rewards = list(saved.rewards)
     return slot
+
+
+def _step_turns(turns: list[Turn], steps: int, retries_trained: bool) -> list[Turn]:
+    """The turn that made each of ``steps`` steps. An episode holds one turn per step;
+    where failed attempts are trained on, each step's failed attempts (at most
+    ``rollout.invalid_action.max_reprompts``, 10) come first, and are the step's turn's
+    ``retries``."""
+    finals = turns
+    if retries_trained:
+        finals, start = [], 0
+        while start < len(turns):
+            # the step's turn: the furthest one whose retries are the turns before it
+            end = next((end for end in range(min(len(turns) - 1, start + 10), start - 1, -1)
+                        if turns[end].retries == turns[start:end]), None)
+            if end is None:
+                raise NotItsReplay(f"turn {start + 1} is neither a step's turn nor a retry")
+            finals.append(turns[end])
+            start = end + 1
+    if len(finals) != steps:
+        raise NotItsReplay(f"it holds the turns of {len(finals)} steps for its {steps} steps")
+    return finals
+
+
+def _learner_reward(turn: Turn, got: float, info: dict, settings: Any) -> float:
+    """The reward the engine gives a turn whose step earned ``got`` with ``info``: the
+    invalid reply's penalty (``apply_fallback``), then the env's reward and its progress
+    (``Episodes._record_step``), added in their order."""
+    reward = 0.0
+    if not turn.valid:
+        reward += settings.invalid_action.penalty
+    reward += got + settings.progress_reward * progress_of(info)
+    return reward
+
+
+def _check_turn(
+    number: int, turn: Turn, slot: Slot, offered: list[str], index: int | None,
+    engine: Replayer,
+) -> None:
+    """``turn`` is the decision the engine makes at ``slot``: the actions it offers
+    there, the step's action chosen among them, the prompt and user text it renders
+    (the first attempt's, for a re-prompted turn), and its retries attempts that failed
+    there."""
+    if index is not None:  # an action the agent names
+        if turn.legal_actions != offered:
+            raise NotItsReplay(f"turn {number}'s legal_actions are not those offered there")
+        if turn.action_index is None or slot.tried.full_index(turn.action_index) != index:
+            raise NotItsReplay(f"turn {number}'s action_index is not the action its step took")
+    attempts = [*turn.retries, turn]
+    for tried, attempt in enumerate(attempts):
+        user_text, prompt = engine.decision_prompt(slot, turn.retries[:tried])
+        if turn.user_text != user_text or attempt.prompt_tokens != prompt:
+            raise NotItsReplay(f"turn {number}'s prompt is not the one its observation renders")
+        if engine.settings.mode == "generate" and attempt.reply != engine.reply_text(
+            slot, attempt.action_tokens
+        ):
+            raise NotItsReplay(f"turn {number}'s reply is not the text of its action_tokens")
+    for retry in turn.retries:  # failed attempts, charged and told the legal actions
+        if (retry.valid or retry.retries or retry.action_index is not None
+                or retry.legal_actions != offered
+                or retry.feedback != feedback_message(offered)
+                or retry.reward != 0.0 + engine.settings.invalid_action.penalty):
+            raise NotItsReplay(f"turn {number}'s retries are not failed attempts at it")

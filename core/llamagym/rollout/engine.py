@@ -111,10 +111,7 @@ class RolloutEngine:
         self.generator.set_state(state["generator"])
         self.drop_carried()
         if state.get("carried") is not None:
-            lockstep = carried.replay(
-                state["carried"], self.envs, self.agent, self.settings.max_episode_turns,
-                len(self.policy.tokenizer),
-            )
+            lockstep = carried.replay(state["carried"], self)
             for position, slot in enumerate(lockstep.slots):
                 if slot is None:
                     self.episodes.start(lockstep, position)
@@ -149,6 +146,32 @@ class RolloutEngine:
     def candidate_tokens(self, name: str) -> list[int]:
         """A candidate action name's tokens (:meth:`PromptRendering.candidate_tokens`)."""
         return self.prompts.candidate_tokens(name)
+
+    def decision_prompt(self, slot: Slot, retries: Sequence[Turn] = ()) -> tuple[str, list[int]]:
+        """The user text and the prompt tokens of a decision at ``slot``, as
+        :meth:`decide` renders them (in generate mode, the prompt ends with the reply
+        prefix); after ``retries``, failed attempts at it, as :meth:`_reprompt` asks
+        again."""
+        if self.settings.mode != "generate":
+            texts, prompts, _ = self.render_prompts([slot], [])
+            return texts[0], prompts[0]
+        prefixes = self.prompts.reply_prefixes([slot])
+        texts, prompts, conversations = self.render_prompts([slot], prefixes)
+        prompt = prompts[0]
+        if retries:
+            [prompt] = self.prompt_tokens([conversations[0] + [
+                message for retry in retries for message in (
+                    {"role": "assistant", "content": retry.reply},
+                    {"role": "user", "content": retry.feedback},
+                )
+            ]])
+        return texts[0], prompt + self.prompts.reply_prefix_tokens(prefixes[0])
+
+    def reply_text(self, slot: Slot, tokens: list[int]) -> str:
+        """The reply a generate-mode decision at ``slot`` makes of sampled ``tokens``:
+        its reply prefix, then their text."""
+        [prefix] = self.prompts.reply_prefixes([slot])
+        return prefix + self.policy.tokenizer.decode(tokens, skip_special_tokens=True)
 
     def generation_prompts(self, slots: Sequence[Slot]) -> tuple[list[list[int]], list[str]]:
         """Each slot's generate-mode context, its prompt followed by its reply prefix's

@@ -90,7 +90,9 @@ class BabyAIAgent(Agent):
     def make_env(self) -> Any:
         from llamagym_babyai.env import make_level
 
-        return make_level(self.options.level, self.options.max_episode_steps)
+        # The progress by the bot's plan costs a plan a step: none where nothing reads it.
+        progress = self.config.rollout.progress_reward > 0
+        return make_level(self.options.level, self.options.max_episode_steps, progress=progress)
 
     def get_system_prompt(self) -> str:
         prompt = (

@@ -19,6 +19,18 @@ form (TextArena's ``-raw`` id) and adds Gymnasium's semantics:
   and ``reason``.
 * ``info["legal_moves"]`` lists the moves the game allows now, in its own format, and
   ``info["expert_move"]`` a strong player's move (None where there is none).
+* ``info["progress"]`` is how much closer to won the step brought the game: its
+  potential after the step less its potential before (0 on reset). The potential (each
+  game's function in :mod:`llamagym_textarena.games`; ``info["potential"]`` is the last
+  one measured) is minus how far the game is from won, 0 once won: the fewest moves
+  left in Tower of Hanoi, Lights Out (presses) and Frozen Lake (steps around the
+  holes), the empty cells in Sudoku, the bits still unknown in Guess the Number and
+  Mastermind (log2 of the numbers or codes the answers allow). A shaping term of the
+  potential-based kind: over an episode it sums to the end potential less the start
+  one, so the best policy stays the best. A state without a potential (None: Frozen
+  Lake's player in a hole) makes the step's progress 0 and keeps the last potential; a
+  refused move changes nothing, so its progress is 0 too. The reward is not changed:
+  LlamaGym's learner adds ``rollout.progress_reward`` times the progress.
 
 Any string is a valid action: the game's parser judges it (TextArena warns on a first
 invalid move and ends the game on a second one in a row), and nothing it says can stop
@@ -27,6 +39,7 @@ the env with an exception.
 
 from __future__ import annotations
 
+import logging
 import random
 import string
 from typing import Any, SupportsFloat
@@ -36,6 +49,8 @@ from gymnasium import spaces
 
 from llamagym.errors import MissingDependencyError
 from llamagym_textarena.games import GAMES, Game
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["TextArenaEnv", "game_of"]
 
@@ -110,6 +125,8 @@ class TextArenaEnv(gym.Env[str, str]):
         self._last = ""
         self._steps = 0
         self._done = True
+        self._potential: float | None = None
+        self._progress = 0.0
 
     # ------------------------------------------------------------------ Gymnasium API
     def reset(
@@ -121,6 +138,7 @@ class TextArenaEnv(gym.Env[str, str]):
         self._prompt, self._board, self._last = "", "", ""
         self._steps = 0
         self._done = False
+        self._potential, self._progress = self._measure(), 0.0
         self._last = self._read_messages() or _FIRST_TURN
         return self._last, self._info()
 
@@ -135,6 +153,9 @@ class TextArenaEnv(gym.Env[str, str]):
         truncated = not terminated and self._steps >= self.max_episode_steps
         self._done = terminated or truncated
         reward = self._game_reward() if terminated else 0.0
+        potential, before = self._measure(), self._potential
+        self._progress = 0.0 if potential is None or before is None else potential - before
+        self._potential = before if potential is None else potential
         self._last = self._read_messages() or self._last
         return self._last, reward, terminated, truncated, self._info()
 
@@ -174,6 +195,17 @@ class TextArenaEnv(gym.Env[str, str]):
             said.append(self._board)
         return "\n\n".join(said)[: self.max_observation_length]
 
+    def _measure(self) -> float | None:
+        """The game's potential now (None: none here, or the game has no measure)."""
+        if self.game.potential is None:
+            return None
+        try:
+            value = self.game.potential(self._raw)
+        except Exception:  # a state the measure does not know: no progress, the game goes on
+            logger.debug("no potential for this state of %s", self.game_id, exc_info=True)
+            return None
+        return None if value is None else float(value)
+
     def _game_reward(self) -> float:
         rewards = self._raw.state.rewards or {}
         return float(rewards.get(0, 0.0))
@@ -194,5 +226,7 @@ class TextArenaEnv(gym.Env[str, str]):
             "invalid_move": bool(game_info.get("invalid_move", False)),
             "reason": _printable(str(game_info.get("reason") or "")),
             "game_reward": self._game_reward() if finished else None,
+            "progress": self._progress,
+            "potential": self._potential,
             "episode_step": self._steps,
         }

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from llamagym import distributed
 from llamagym import moved_name as _moved_name
 from llamagym.errors import EnvFailureError, WriteError
+from llamagym.models.policy import Policy, name_tokens
 from llamagym.paths import write_atomically
 from llamagym.rollout import carried
 from llamagym.rollout.engine import RolloutEngine
@@ -291,6 +292,23 @@ class Trainer:
             training.run.engine.close()
         return self._finish(training)
 
+    def _check_carried(self, checkpoint: Path, meta: dict[str, Any], policy: Policy) -> None:
+        """Refuse a checkpoint whose episodes in progress are not what the engine saves
+        for this run's mode and model (:func:`carried.check_saved`), before anything of
+        the run is written; their replay against the env checks the rest."""
+        saved = ((meta.get("state") or {}).get("engine") or {}).get("carried")
+        if saved is None:
+            return
+        try:
+            carried.check_saved(
+                saved, self.config.rollout.mode, len(policy.tokenizer),
+                lambda name: name_tokens(policy.tokenizer, policy.eos_id, [name])[0],
+            )
+        except ValueError as error:
+            raise checkpoint_errors.damaged(
+                checkpoint, f"{error}; --resume from an earlier checkpoint, or start a fresh run"
+            ) from None
+
     def _start(self) -> Training:
         """Refuse what cannot run, prepare the run directory, load the model, build the
         run's parts around rank 0's weights, restore a resumed run, start the clocks."""
@@ -298,6 +316,7 @@ class Trainer:
         rank = distributed.rank()
         seed_everything(distributed.process_seed(config.training.seed, rank))
         resume_checkpoint = None
+        meta: dict[str, Any] = {}
         earlier: list[dict[str, Any]] = []
         if self.resume_from is not None:
             resume_checkpoint = checkpoints.find_checkpoint(self.resume_from)
@@ -306,15 +325,6 @@ class Trainer:
                 meta, config.model_dump(mode="json"), resume_checkpoint
             )
             earlier = self._read_resumed_files(resume_checkpoint)
-            carried_state = ((meta.get("state") or {}).get("engine") or {}).get("carried")
-            if carried_state is not None:
-                try:
-                    carried.check_saved(carried_state, config.rollout.mode)
-                except ValueError as error:
-                    raise checkpoint_errors.damaged(
-                        resume_checkpoint,
-                        f"{error}; --resume from an earlier checkpoint, or start a fresh run",
-                    ) from None
             refuse_a_spent_budget(config.agent.name, self.resume_from, meta, config.training)
         # Every refusal comes before the run directory is touched: a damaged run file, a
         # directory that holds another run or cannot be written, a missing env, a model
@@ -324,12 +334,13 @@ class Trainer:
             check_writable(self.output_dir, resume_checkpoint is not None, create=False)
         make_first_env(agent)
         policy = self.parts.policy  # loads the model, drawing from the streams as it always has
+        if resume_checkpoint is not None:
+            self._check_carried(resume_checkpoint, meta, policy)
         self.directory.claim(resume_checkpoint)
         # Rank 0 keeps the transcripts; the others keep theirs in memory only.
         self._transcripts = TranscriptLog(
             self.output_dir / TRANSCRIPTS if distributed.is_main() else None
         )
-        self._write_config()
 
         # Every process starts from rank 0's weights; then the run's parts are built
         # around them, the algorithm told how to stop and show its epochs.
@@ -349,6 +360,9 @@ class Trainer:
         history: list[dict[str, Any]] = []
         if resume_checkpoint is not None:
             history = self._restore(run, resume_checkpoint, counters, earlier)  # last: sets RNGs
+        # After the checkpoint is restored (its episodes in progress replayed and checked):
+        # a resume refused there leaves the run's files as they were.
+        self._write_config()
         self._learning_signal = LearningSignal(agent, history)  # what it said is not said again
         if rank > 0:
             # Its own episodes and samples. A checkpoint holds rank 0's random streams:
