@@ -46,6 +46,7 @@ exactly what a sampled reply looks like.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import itertools
 import json
@@ -382,6 +383,25 @@ def _conversation(record: Any, where: str) -> list[dict[str, str]]:
     raise ConfigError(f"{where}: {expected}; keys given: {sorted(record)}")
 
 
+#: How many characters of a conversation one token may stand for, at most, in units of
+#: the tokenizer's longest vocabulary entry (a normalizer may fold a few into one).
+_CHARS_PER_ENTRY = 4
+
+
+@functools.lru_cache(maxsize=8)
+def _longest_entry(tokenizer: Any) -> int:
+    """The length of the tokenizer's longest vocabulary entry (bytes as characters)."""
+    return max((len(entry) for entry in tokenizer.get_vocab()), default=1)
+
+
+def _surely_too_long(messages: Sequence[dict[str, str]], tokenizer: Any, max_context: int) -> bool:
+    """Whether ``messages`` hold more characters than ``max_context`` tokens can: such a
+    conversation is over the context however it tokenizes, and is never tokenized (a
+    demonstration line may be megabytes)."""
+    chars = sum(len(message["content"]) for message in messages)
+    return chars > max_context * _CHARS_PER_ENTRY * _longest_entry(tokenizer)
+
+
 def demonstration_turns(
     conversations: Sequence[list[dict[str, str]]],
     tokenizer: Any,
@@ -406,6 +426,9 @@ def demonstration_turns(
     closing = reply_closing(reply_prefix)
     turns, too_long = [], 0
     for messages in conversations:
+        if _surely_too_long(messages, tokenizer, max_context):
+            too_long += 1
+            continue
         [text] = render_chat(tokenizer, [messages[:-1]])
         prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
         response = messages[-1]["content"]
@@ -452,6 +475,9 @@ def choice_turns(
         names = demonstration.legal_actions
         if names is None:
             raise ValueError("a choice turn needs the demonstration's legal actions")
+        if _surely_too_long(demonstration.messages, tokenizer, max_context):
+            too_long += 1
+            continue
         [text] = render_chat(tokenizer, [demonstration.messages[:-1]])
         prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
         candidates = name_tokens(tokenizer, eos_id, names)

@@ -82,3 +82,36 @@ def test_the_command_line_refuses_it_in_one_line(tmp_path: Path, cli) -> None:
     assert code == 2
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "line 2" in lines[0] and "lone surrogate" in lines[0]
+
+
+@pytest.mark.parametrize("mode", ["generate", "score"])
+def test_a_demonstration_longer_than_any_context_is_never_tokenized(
+    mode: str, monkeypatch
+) -> None:
+    """A line under the byte limit can still hold more characters than the model's
+    context has room for, however they tokenize: it is skipped as too long before its
+    chat template renders or anything is tokenized; the others train."""
+    from llamagym.testing import tiny_agent
+    from llamagym_builtins import sft
+
+    tokenizer = tiny_agent().policy.tokenizer
+    rendered: list[int] = []
+    real_render = sft.render_chat
+
+    def render(tokenizer, conversations):
+        rendered.extend(sum(len(m["content"]) for m in c) for c in conversations)
+        return real_render(tokenizer, conversations)
+
+    monkeypatch.setattr(sft, "render_chat", render)
+    huge = "lever " * 500_000  # 3 MB: under the line limit, far over a 512-token context
+    small = [{"role": "user", "content": "Which lever?"},
+             {"role": "assistant", "content": "right"}]
+    big = [{"role": "user", "content": huge}, {"role": "assistant", "content": "right"}]
+    if mode == "generate":
+        turns = sft.demonstration_turns([big, small], tokenizer, 512)
+    else:
+        turns = sft.choice_turns(
+            [sft.Demonstration(big, ["left", "right"]), sft.Demonstration(small, ["left", "right"])],
+            tokenizer, 512, tokenizer.eos_token_id,
+        )
+    assert len(turns) == 1 and max(rendered) < 100
