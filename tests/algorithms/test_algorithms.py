@@ -27,7 +27,8 @@ from llamagym.testing import BanditAgent, action_probabilities, tiny_agent
 from llamagym_builtins.grpo import GRPO
 from llamagym_builtins.ppo import PPO
 from llamagym_builtins.rloo import REINFORCE, RLOO
-from llamagym_builtins.sft import ReplayBuffer, demonstration_turns, load_demonstrations
+from llamagym_builtins.demonstrations_file import demonstration_turns, load_demonstrations
+from llamagym_builtins.sft import ReplayBuffer
 
 ALGORITHMS = ("ppo", "grpo", "rloo", "reinforce")
 GROUPED = {"grpo": {"group_size": 4}, "rloo": {"group_size": 4}}

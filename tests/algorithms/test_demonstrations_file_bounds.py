@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from llamagym.errors import ConfigError
-from llamagym_builtins.sft import MAX_LINE_BYTES, load_demonstrations
+from llamagym_builtins.demonstrations_file import MAX_LINE_BYTES, load_demonstrations
 
 GOOD = json.dumps({"prompt": "Which lever?", "response": "right"}).encode()
 
@@ -57,7 +57,7 @@ def test_a_huge_line_and_a_huge_file_are_refused_in_bounded_memory(tmp_path: Pat
     for path, said in ((line, "line 1: longer than"), (sparse, "bytes, over the")):
         code = (
             "import resource, sys\n"
-            "from llamagym_builtins.sft import load_demonstrations\n"
+            "from llamagym_builtins.demonstrations_file import load_demonstrations\n"
             "from llamagym.errors import ConfigError\n"
             "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
             f"try:\n    load_demonstrations({str(path)!r})\n"
@@ -92,26 +92,26 @@ def test_a_demonstration_longer_than_any_context_is_never_tokenized(
     context has room for, however they tokenize: it is skipped as too long before its
     chat template renders or anything is tokenized; the others train."""
     from llamagym.testing import tiny_agent
-    from llamagym_builtins import sft
+    from llamagym_builtins import demonstrations_file
 
     tokenizer = tiny_agent().policy.tokenizer
     rendered: list[int] = []
-    real_render = sft.render_chat
+    real_render = demonstrations_file.render_chat
 
     def render(tokenizer, conversations):
         rendered.extend(sum(len(m["content"]) for m in c) for c in conversations)
         return real_render(tokenizer, conversations)
 
-    monkeypatch.setattr(sft, "render_chat", render)
+    monkeypatch.setattr(demonstrations_file, "render_chat", render)
     huge = "lever " * 500_000  # 3 MB: under the line limit, far over a 512-token context
     small = [{"role": "user", "content": "Which lever?"},
              {"role": "assistant", "content": "right"}]
     big = [{"role": "user", "content": huge}, {"role": "assistant", "content": "right"}]
     if mode == "generate":
-        turns = sft.demonstration_turns([big, small], tokenizer, 512)
+        turns = demonstrations_file.demonstration_turns([big, small], tokenizer, 512)
     else:
-        turns = sft.choice_turns(
-            [sft.Demonstration(big, ["left", "right"]), sft.Demonstration(small, ["left", "right"])],
+        turns = demonstrations_file.choice_turns(
+            [demonstrations_file.Demonstration(big, ["left", "right"]), demonstrations_file.Demonstration(small, ["left", "right"])],
             tokenizer, 512, tokenizer.eos_token_id,
         )
     assert len(turns) == 1 and max(rendered) < 100

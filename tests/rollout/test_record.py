@@ -12,7 +12,7 @@ from llamagym_blackjack.exact import reachable_states
 
 from llamagym.config import RunConfig
 from llamagym.rollout.evaluation import evaluate_baseline
-from llamagym_builtins.sft import load_demonstrations
+from llamagym_builtins.demonstrations_file import load_demonstrations
 
 OBSERVATION = re.compile(r"Sum (\d+), dealer (\d+), usable ace (yes|no)\.")
 

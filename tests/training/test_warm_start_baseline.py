@@ -21,7 +21,7 @@ from llamagym.training.checkpoint import store as checkpoints
 from llamagym.training.loop import baseline_warm_start
 from llamagym.training.loop.trainer import Trainer
 from llamagym.training.records.run_files import read_metrics
-from llamagym_builtins.sft import load_demonstrations
+from llamagym_builtins.demonstrations_file import load_demonstrations
 
 EPISODES = 60  # of the baseline, recorded
 FAST = [

@@ -10,7 +10,7 @@ learns the format the prompt asks for. In score mode it is the action's name, an
 line also lists the ``legal_actions`` it was chosen from: the warm start then trains
 score mode's own choice, the action against the others.
 ``algorithm.warm_start.demonstrations`` reads the file back
-(``llamagym_builtins.sft.load_demonstrations``).
+(``llamagym_builtins.demonstrations_file.load_demonstrations``).
 
 What a demonstration teaches depends on the baseline. The ``random`` baseline carries no
 strategy at all, only the reply format: a model warm-started on it answers with a legal
