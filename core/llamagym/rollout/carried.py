@@ -319,8 +319,8 @@ def _check_turn(
 ) -> None:
     """``turn`` is the decision the engine makes at ``slot``: the actions it offers
     there, the step's action chosen among them, the prompt and user text it renders
-    (the first attempt's, for a re-prompted turn), and its retries attempts that failed
-    there."""
+    (for a re-prompted turn, each attempt's after the ones that failed), and its
+    retries: attempts that failed there."""
     if index is not None:  # an action the agent names
         if turn.legal_actions != offered:
             raise NotItsReplay(f"turn {number}'s legal_actions are not those offered there")
