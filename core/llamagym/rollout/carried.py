@@ -21,7 +21,7 @@ from llamagym.rollout.env_checks import (
     checked_step,
     error_text,
     max_turns,
-    progress_of,
+    step_reward,
 )
 from llamagym.rollout.prompts import feedback_message
 from llamagym.rollout.slots import Lockstep, Slot
@@ -240,12 +240,13 @@ def _replayed(saved: SavedSlot, episode: Episode, env: Any, engine: Replayer) ->
     if episode.seed != saved.seed:
         raise NotItsReplay("its episode's seed is not the one its env is reset with")
     agent, settings = engine.agent, engine.settings
+    retried = settings.invalid_action
     retries_trained = (
-        settings.mode == "generate"
-        and settings.invalid_action.policy == "reprompt"
-        and settings.invalid_action.train_on_reprompts
+        settings.mode == "generate" and retried.policy == "reprompt" and retried.train_on_reprompts
     )
-    turns = _step_turns(episode.turns, len(saved.steps), retries_trained)
+    turns = _step_turns(
+        episode.turns, len(saved.steps), retried.max_reprompts if retries_trained else 0
+    )
     observation, info = checked_reset(env, saved.seed)
     slot = engine.new_slot(observation, info, episode.seed, episode.group)
     if slot.system_prompt != episode.system_prompt:
@@ -281,17 +282,18 @@ def _replayed(saved: SavedSlot, episode: Episode, env: Any, engine: Replayer) ->
     return slot
 
 
-def _step_turns(turns: list[Turn], steps: int, retries_trained: bool) -> list[Turn]:
+def _step_turns(turns: list[Turn], steps: int, trained_retries: int) -> list[Turn]:
     """The turn that made each of ``steps`` steps. An episode holds one turn per step;
-    where failed attempts are trained on, each step's failed attempts (at most
-    ``rollout.invalid_action.max_reprompts``, 10) come first, and are the step's turn's
-    ``retries``."""
+    where failed attempts are trained on (up to ``trained_retries`` a step, the
+    ``rollout.invalid_action.max_reprompts``), each step's come first, and are the
+    step's turn's ``retries``."""
     finals = turns
-    if retries_trained:
+    if trained_retries:
         finals, start = [], 0
         while start < len(turns):
             # the step's turn: the furthest one whose retries are the turns before it
-            end = next((end for end in range(min(len(turns) - 1, start + 10), start - 1, -1)
+            last = min(len(turns) - 1, start + trained_retries)
+            end = next((end for end in range(last, start - 1, -1)
                         if turns[end].retries == turns[start:end]), None)
             if end is None:
                 raise NotItsReplay(f"turn {start + 1} is neither a step's turn nor a retry")
@@ -309,7 +311,7 @@ def _learner_reward(turn: Turn, got: float, info: dict, settings: Any) -> float:
     reward = 0.0
     if not turn.valid:
         reward += settings.invalid_action.penalty
-    reward += got + settings.progress_reward * progress_of(info)
+    reward += step_reward(got, info, settings.progress_reward)
     return reward
 
 

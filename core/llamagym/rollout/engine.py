@@ -31,7 +31,7 @@ from llamagym.rollout.invalid_replies import apply_fallback, ask_again, take_ret
 from llamagym.rollout.prompts import PromptRendering, env_name
 from llamagym.rollout.rollout_policy import RolloutPolicy
 from llamagym.rollout.slots import Episodes, Lockstep, RolloutStats, Slot
-from llamagym.rollout.trajectory import Episode, Turn
+from llamagym.rollout.trajectory import Episode, Turn, retry_messages
 from llamagym.schedule import Schedule
 
 if TYPE_CHECKING:
@@ -159,18 +159,17 @@ class RolloutEngine:
         texts, prompts, conversations = self.render_prompts([slot], prefixes)
         prompt = prompts[0]
         if retries:
-            [prompt] = self.prompt_tokens([conversations[0] + [
-                message for retry in retries for message in (
-                    {"role": "assistant", "content": retry.reply},
-                    {"role": "user", "content": retry.feedback},
-                )
-            ]])
+            [prompt] = self.prompt_tokens([conversations[0] + retry_messages(retries)])
         return texts[0], prompt + self.prompts.reply_prefix_tokens(prefixes[0])
 
     def reply_text(self, slot: Slot, tokens: list[int]) -> str:
-        """The reply a generate-mode decision at ``slot`` makes of sampled ``tokens``:
-        its reply prefix, then their text."""
+        """The reply a generate-mode decision at ``slot`` makes of sampled ``tokens``
+        (:meth:`_reply_text` after its reply prefix)."""
         [prefix] = self.prompts.reply_prefixes([slot])
+        return self._reply_text(prefix, tokens)
+
+    def _reply_text(self, prefix: str, tokens: list[int]) -> str:
+        """A sampled reply as the parsers read it: the reply prefix, then the tokens' text."""
         return prefix + self.policy.tokenizer.decode(tokens, skip_special_tokens=True)
 
     def generation_prompts(self, slots: Sequence[Slot]) -> tuple[list[list[int]], list[str]]:
@@ -326,10 +325,9 @@ class RolloutEngine:
             should_stop=should_stop,
             keys=keys,
         )
-        tokenizer = self.policy.tokenizer
         turns = []
         for row, reply_tokens in enumerate(replies.tokens):
-            text = prefixes[row] + tokenizer.decode(reply_tokens, skip_special_tokens=True)
+            text = self._reply_text(prefixes[row], reply_tokens)
             env_action, parser = None, None
             if legal[row]:
                 index, parser = self.plugins.parse_reply(self.agent, text, legal[row])

@@ -88,6 +88,12 @@ def progress_of(info: Mapping[str, Any]) -> float:
     return max(-MAX_PROGRESS, min(MAX_PROGRESS, value))
 
 
+def step_reward(reward: float, info: Mapping[str, Any], progress_reward: float) -> float:
+    """What the learner gets for a step before any shaping plugin's term: the env's
+    reward plus ``progress_reward`` (``rollout.progress_reward``) times its progress."""
+    return reward + progress_reward * progress_of(info)
+
+
 def error_text(error: Exception, limit: int = 300) -> str:
     """An env's error message on one bounded line (an env is untrusted)."""
     text = " ".join(str(error).split())

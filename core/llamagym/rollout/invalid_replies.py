@@ -12,7 +12,7 @@ import numpy as np
 from llamagym.config import InvalidActionSettings
 from llamagym.errors import LlamaGymError
 from llamagym.rollout.prompts import feedback_message
-from llamagym.rollout.trajectory import Turn
+from llamagym.rollout.trajectory import Turn, retry_messages
 
 
 def apply_fallback(turn: Turn, policy: InvalidActionSettings, rng: np.random.Generator) -> None:
@@ -56,10 +56,7 @@ def ask_again(
         failed = turns[row]
         failed.reward += penalty
         failed.feedback = feedback_message(failed.legal_actions)
-        conversations[row] = conversations[row] + [
-            {"role": "assistant", "content": failed.reply},
-            {"role": "user", "content": failed.feedback},
-        ]
+        conversations[row] = conversations[row] + retry_messages([failed])
     return pending
 
 

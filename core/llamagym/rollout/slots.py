@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from llamagym.config import RolloutSettings
-from llamagym.rollout.env_checks import checked_reset, checked_step, max_turns, progress_of
+from llamagym.rollout.env_checks import checked_reset, checked_step, max_turns, step_reward
 from llamagym.rollout.env_failures import EnvFailures
 from llamagym.rollout.exploration import Tried
 from llamagym.rollout.rollout_policy import RolloutPolicy
@@ -236,7 +236,7 @@ class Episodes:
         """Add a stepped turn to the slot: its episode's rewards and turns, the history."""
         self.failures.succeeded()
         self.stats.env_steps += 1
-        shaped = reward + self.settings.progress_reward * progress_of(info)
+        shaped = step_reward(reward, info, self.settings.progress_reward)
         if self.settings.reward_shaping:
             shaped += self.plugins.shape_reward(
                 self.agent, slot.observation, action_name, reward, info

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,17 +59,27 @@ class Turn:
 
     def context_messages(self) -> list[dict[str, str]]:
         """The messages this turn adds to the conversation, retries included."""
-        messages = [{"role": "user", "content": self.user_text}]
-        for retry in self.retries:
-            messages += [
-                {"role": "assistant", "content": retry.reply},
-                {"role": "user", "content": retry.feedback},
-            ]
-        return messages + [{"role": "assistant", "content": self.reply}]
+        return [
+            {"role": "user", "content": self.user_text},
+            *retry_messages(self.retries),
+            {"role": "assistant", "content": self.reply},
+        ]
 
     def training_turns(self, include_retries: bool) -> list[Turn]:
         """This turn, preceded by its failed attempts when they are trained on."""
         return [*self.retries, self] if include_retries else [self]
+
+
+def retry_messages(retries: Sequence[Turn]) -> list[dict[str, str]]:
+    """What failed attempts add to a conversation: each reply, then the feedback it got."""
+    return [
+        message
+        for retry in retries
+        for message in (
+            {"role": "assistant", "content": retry.reply},
+            {"role": "user", "content": retry.feedback},
+        )
+    ]
 
 
 @dataclass
