@@ -24,10 +24,10 @@ from llamagym.errors import ConfigError
 from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.schedule import Control, Schedule
 from llamagym.testing import BanditAgent, action_probabilities, tiny_agent
+from llamagym_builtins.demonstrations_file import demonstration_turns, load_demonstrations
 from llamagym_builtins.grpo import GRPO
 from llamagym_builtins.ppo import PPO
 from llamagym_builtins.rloo import REINFORCE, RLOO
-from llamagym_builtins.demonstrations_file import demonstration_turns, load_demonstrations
 from llamagym_builtins.sft import ReplayBuffer
 
 ALGORITHMS = ("ppo", "grpo", "rloo", "reinforce")

@@ -111,7 +111,8 @@ def test_a_demonstration_longer_than_any_context_is_never_tokenized(
         turns = demonstrations_file.demonstration_turns([big, small], tokenizer, 512)
     else:
         turns = demonstrations_file.choice_turns(
-            [demonstrations_file.Demonstration(big, ["left", "right"]), demonstrations_file.Demonstration(small, ["left", "right"])],
+            [demonstrations_file.Demonstration(big, ["left", "right"]),
+             demonstrations_file.Demonstration(small, ["left", "right"])],
             tokenizer, 512, tokenizer.eos_token_id,
         )
     assert len(turns) == 1 and max(rendered) < 100

@@ -218,7 +218,8 @@ def test_no_change_to_an_episode_in_progress_is_trained_on_unseen(run, request) 
     trained = request.getfixturevalue(run)
     engine = load_agent(trained).engine
     saved = checkpoints.read_meta(checkpoints.find_checkpoint(trained))["state"]["engine"]
-    state = {**engine.state_dict(), "carried": saved["carried"]}  # its random streams as it has them
+    # its random streams as it has them
+    state = {**engine.state_dict(), "carried": saved["carried"]}
     engine.load_state_dict(state)
     expected = _what_the_replay_keeps(engine)
     assert any(kept is not None for kept in expected)  # there is something to tamper with
