@@ -245,10 +245,10 @@ class TrainingSettings(Settings):
         15,
         ge=1,
         le=100_000,
-        description="With a time budget: when the first update says the budget holds fewer "
-        "updates than this, the episodes per update are made fewer to fit (said at the "
-        "start, kept in config.yaml); an algorithm.episodes_per_update you set is kept. "
-        "null: never.",
+        description="With a time budget: the first collection ends after 1/min_updates of it, "
+        "and when the first update says the budget holds fewer updates than this, the "
+        "episodes per update are made fewer to fit (said at the start, kept in "
+        "config.yaml); an algorithm.episodes_per_update you set is kept. null: never.",
     )
     seed: int = Field(
         0,

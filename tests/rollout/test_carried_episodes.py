@@ -94,6 +94,25 @@ def test_a_collection_without_carry_ends_the_carried_episodes(agent) -> None:
         engine.play(4, carry=True, seeds=[1, 2, 3, 4])
 
 
+def test_a_collection_that_has_enough_returns_sooner_and_carries_the_rest(agent) -> None:
+    engine = agent.engine
+    asked: list[int] = []
+
+    def enough(finished: int) -> bool:
+        asked.append(finished)
+        return finished >= 2
+
+    first = engine.play(40, carry=True, enough=enough)
+    assert 2 <= len(first) < 40 and asked[-1] == len(first)
+    carried = [slot for _, slot in engine._carried.active()]
+    assert len(carried) == NUM_ENVS and any(slot.episode.turns for slot in carried)
+    in_progress = {id(slot.episode) for slot in carried}
+    second = engine.play(4, carry=True)
+    assert len(second) == 4 and in_progress & {id(e) for e in second}
+    with pytest.raises(ValueError, match="only a carrying collection"):
+        engine.play(4, enough=enough)
+
+
 def _slots(engine):
     return [
         (slot.episode.seed, slot.steps, slot.history, [t.logprobs for t in slot.episode.turns],

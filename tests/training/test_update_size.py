@@ -6,6 +6,7 @@ never changed."""
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import gymnasium
@@ -13,7 +14,11 @@ import yaml
 
 from llamagym import Agent, hookimpl
 from llamagym.testing import temporary_plugin
-from llamagym.training.loop.update_size import MIN_EPISODES, fitted_episodes
+from llamagym.training.loop.update_size import (
+    MIN_EPISODES,
+    first_collection_enough,
+    fitted_episodes,
+)
 from llamagym.training.records.run_files import read_metrics
 
 FAST = ["--num-envs", "4", "--threads", "1", "--eval-episodes", "0", "--quiet",
@@ -61,6 +66,27 @@ def test_the_size_that_fits_is_fewer_never_more() -> None:
     assert fitted_episodes(64, 600.0, 600.0, 15) == MIN_EPISODES  # never below the floor
     assert fitted_episodes(64, 120.0, 600.0, 15, group_size=8) == 16  # whole groups
     assert fitted_episodes(4, 120.0, 600.0, 15) is None  # nothing smaller is allowed
+    # A first update cut to 16 episodes (30 s) sizes the rest of a 64-episode default.
+    assert fitted_episodes(16, 30.0, 600.0, 15, wanted=64) == 21
+    assert fitted_episodes(16, 5.0, 600.0, 15, wanted=64) is None  # 64 fit: kept
+
+
+def test_a_first_collection_ends_at_its_share_of_the_budget() -> None:
+    class Run:  # what first_collection_enough reads of an agent
+        config = SimpleNamespace(training=SimpleNamespace(min_updates=15, backend="native"))
+        resolved = SimpleNamespace(sources={})
+
+    now = [0.0]
+    enough = first_collection_enough(Run(), 600.0, resumed=False, clock=lambda: now[0])
+    assert enough is not None
+    now[0] = 39.0  # 600 s hold 15 updates of 40 s
+    assert not enough(32)
+    now[0] = 40.0
+    assert not enough(MIN_EPISODES - 1) and enough(MIN_EPISODES)
+    assert first_collection_enough(Run(), 600.0, resumed=True) is None
+    assert first_collection_enough(Run(), None, resumed=False) is None
+    Run.resolved.sources["algorithm.episodes_per_update"] = "--set"
+    assert first_collection_enough(Run(), 600.0, resumed=False) is None
 
 
 def test_a_short_budget_gets_smaller_updates_kept_by_config_and_resume(tmp_path, cli) -> None:
@@ -74,7 +100,8 @@ def test_a_short_budget_gets_smaller_updates_kept_by_config_and_resume(tmp_path,
         assert "fitted to the time budget" in (run_dir / "config.yaml").read_text()
         assert f"update size: {fitted} episodes per update, not 32" in " ".join(err.split())
         updates = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "update"]
-        assert len(updates) >= 2 and updates[0]["episodes"] == 32
+        # The first update ended at its share of the 9 s (0.6 s), with what had finished.
+        assert len(updates) >= 2 and MIN_EPISODES <= updates[0]["episodes"] < 32
         assert all(r["episodes"] == fitted for r in updates[1:])
 
         # A resumed run keeps the size its checkpoint holds, and says nothing of it.

@@ -390,16 +390,23 @@ class RolloutEngine:
             self._envs = [self.agent.make_env() for _ in range(self.settings.num_envs)]
         return self._envs
 
-    def play(self, num_episodes: int, *, carry: bool = False, **options: Any) -> list[Episode]:
+    def play(
+        self, num_episodes: int, *, carry: bool = False,
+        enough: Callable[[int], bool] | None = None, **options: Any,
+    ) -> list[Episode]:
         """:meth:`collect` over the engine's own :attr:`envs` (``options`` as there).
 
         With ``carry`` (one episode per group, seeds drawn by the engine), no env waits:
         one whose episode ends starts the next at once, the collection returns the first
         ``num_episodes`` episodes to finish, and the episodes still in progress (and any
         that finished beyond ``num_episodes``) carry into the next ``carry`` collection.
-        Any other collection, :meth:`drop_carried` and :meth:`close` end the carried
-        episodes untrained."""
+        ``enough``, asked after each batched env step with the number finished, may end
+        a carrying collection sooner: it returns those, and the rest carry as above
+        (unlike ``should_stop``'s cut, which carries nothing). Any other collection,
+        :meth:`drop_carried` and :meth:`close` end the carried episodes untrained."""
         if not carry:
+            if enough is not None:
+                raise ValueError("only a carrying collection can end with what is enough")
             self.drop_carried()
             return self.collect(self.envs, num_episodes, **options)
         if options.get("seeds") is not None or options.get("group_size", 1) != 1:
@@ -407,7 +414,7 @@ class RolloutEngine:
         options.pop("group_size", None)
         if self._carried is None:
             self._carried = self.episodes.open(self.envs, None, None, 1)
-        return self._run(self._carried, num_episodes, **options)
+        return self._run(self._carried, num_episodes, **options, enough=enough)
 
     def drop_carried(self) -> None:
         """End the episodes carried into the next collection (see :meth:`play`): none of
@@ -465,9 +472,11 @@ class RolloutEngine:
         on_episode: Callable[[Episode], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
         policy_version: int = 0,
+        enough: Callable[[int], bool] | None = None,
     ) -> list[Episode]:
         """Advance ``lockstep`` to its end, or, when it is the carried one, until
-        ``until`` episodes have finished; then it is carried again (see :meth:`play`)."""
+        ``until`` episodes have finished (or ``enough`` says so); then it is carried
+        again (see :meth:`play`)."""
         started_at = time.perf_counter()
         carried, self._carried = lockstep is self._carried, None
         lockstep.on_episode, lockstep.policy_version = on_episode, policy_version
@@ -476,7 +485,7 @@ class RolloutEngine:
             for episode in lockstep.finished[:until]:
                 on_episode(episode)
         try:
-            cut = self._advance(lockstep, greedy, should_stop, until)
+            cut = self._advance(lockstep, greedy, should_stop, until, enough)
         except BaseException:
             self.episodes.abandon(lockstep)
             raise
@@ -495,9 +504,11 @@ class RolloutEngine:
         greedy: bool,
         should_stop: Callable[[], bool] | None,
         until: int | None = None,
+        enough: Callable[[int], bool] | None = None,
     ) -> bool:
         """Step the lockstep's envs together until none has an episode left, or
-        ``until`` episodes have finished; True when ``should_stop`` cut it short."""
+        ``until`` episodes have finished (or ``enough`` of them); True when
+        ``should_stop`` cut it short."""
         while (active := lockstep.active()) and (until is None or len(lockstep.finished) < until):
             turns = self.decide([slot for _, slot in active], greedy, should_stop)
             self.stats.decisions += len(active)
@@ -509,6 +520,8 @@ class RolloutEngine:
                 self.episodes.play_turn(lockstep, position, slot, turn)
             if should_stop is not None and should_stop():
                 return True
+            if enough is not None and enough(len(lockstep.finished)):
+                break
         return False
 
 

@@ -95,7 +95,7 @@ from llamagym.training.loop.update_metrics import (
     count_update,
     warn_if_first_update_moved_far,
 )
-from llamagym.training.loop.update_size import fit_to_budget
+from llamagym.training.loop.update_size import first_collection_enough, fit_to_budget
 from llamagym.training.records.report import METRICS, append_record, write_report
 from llamagym.training.records.run_files import read_metrics, read_transcripts
 from llamagym.training.records.transcripts import (
@@ -414,11 +414,18 @@ class Trainer:
             self.progress, self._time_used, self._stop_reason, wanted, not training.several
         )
         before = None if training.several else RandomState.capture(engine)
+        carry = self.config.rollout.carry_episodes and algorithm.group_size == 1
+        enough = None
+        if carry and counters.updates == 0:  # the first ends at its share of the budget
+            enough = first_collection_enough(
+                self.agent, training.time_budget, training.resume_checkpoint is not None
+            )
         watch.show()
         try:
             batch = engine.play(
                 wanted,
-                carry=self.config.rollout.carry_episodes and algorithm.group_size == 1,
+                carry=carry,
+                enough=enough,
                 policy_version=counters.updates,
                 group_size=algorithm.group_size,
                 on_episode=watch.on_episode,
@@ -455,8 +462,9 @@ class Trainer:
         """After the first update: fewer episodes per update where the time budget
         would hold too few (:mod:`.update_size`); the new size in config.yaml."""
         said = fit_to_budget(
-            self.agent, training.run.algorithm, training.counters.seconds,
-            training.time_budget, resumed=training.resume_checkpoint is not None,
+            self.agent, training.run.algorithm, training.counters.episodes,
+            training.counters.seconds, training.time_budget,
+            resumed=training.resume_checkpoint is not None,
         )
         if said is None:
             return

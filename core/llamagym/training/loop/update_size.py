@@ -1,15 +1,19 @@
-"""Updates that fit the budget: after a run's first update, when its time budget would
-hold fewer than ``training.min_updates`` updates at the first one's cost, the episodes
-per update are made fewer (never more), so that a slow CPU still gets a learning curve
-instead of a handful of steps. The choice is said in the run's first lines and written
-to ``config.yaml`` (and every checkpoint's config, so a resumed run keeps it); an
-``algorithm.episodes_per_update`` the user set (``--set``, a config file, a dict in
-Python) is kept as it is, and so is every value of a resumed run."""
+"""Updates that fit the budget: when a run's time budget would hold fewer than
+``training.min_updates`` updates, the episodes per update are made fewer (never more),
+so that a slow CPU or a slow env still gets a learning curve instead of a handful of
+steps. The first collection ends once it has used its share of the budget (and holds
+:data:`MIN_EPISODES`), with its episodes in progress carried on; after the first update,
+its measured cost per episode sets the size of the rest. The choice is said in the run's
+first lines and written to ``config.yaml`` (and every checkpoint's config, so a resumed
+run keeps it); an ``algorithm.episodes_per_update`` the user set (``--set``, a config
+file, a dict in Python) is kept as it is, and so is every value of a resumed run."""
 
 from __future__ import annotations
 
 import logging
 import math
+import time
+from collections.abc import Callable
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -24,43 +28,70 @@ SOURCE = "fitted to the time budget (training.min_updates)"
 
 def fitted_episodes(
     episodes: int, first_seconds: float, budget_seconds: float, min_updates: int,
-    group_size: int = 1,
+    group_size: int = 1, wanted: int | None = None,
 ) -> int | None:
     """The episodes per update that let ``budget_seconds`` hold ``min_updates`` updates,
-    when the first (``episodes`` of them, ``first_seconds`` long) says it holds fewer;
-    None when the budget already holds them (or nothing smaller is allowed)."""
-    if first_seconds <= 0 or budget_seconds / first_seconds >= min_updates:
+    when the first update (``episodes`` of them, ``first_seconds`` long) says it holds
+    fewer of ``wanted`` (default: ``episodes``) each; None when the budget already holds
+    them (or nothing smaller is allowed)."""
+    wanted = episodes if wanted is None else wanted
+    per_episode = first_seconds / max(episodes, 1)
+    if per_episode <= 0 or budget_seconds / (per_episode * wanted) >= min_updates:
         return None
-    per_episode = first_seconds / episodes
     fitted = math.floor(budget_seconds / min_updates / per_episode)
     floor = max(MIN_EPISODES, group_size)
     fitted = max(floor, fitted - fitted % group_size)
-    return fitted if fitted < episodes else None
+    return fitted if fitted < wanted else None
+
+
+def _fits(agent: Any, budget_seconds: float | None, resumed: bool) -> bool:
+    """Whether this run's update size is the run's to choose: a time budget and
+    ``training.min_updates``, a size from the defaults, the native backend, a new run."""
+    config = agent.config
+    return not (
+        resumed or budget_seconds is None or config.training.min_updates is None
+        or agent.resolved.sources.get(KEY) not in _DEFAULT_SOURCES
+        or config.training.backend != "native"
+    )
+
+
+def first_collection_enough(
+    agent: Any, budget_seconds: float | None, resumed: bool,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Callable[[int], bool] | None:
+    """For the first collection of a run whose size is its own to choose (a carrying
+    one: its episodes in progress go on): says it has enough once it has lasted the
+    budget's share of one update and holds :data:`MIN_EPISODES` finished episodes, so a
+    first update no longer eats the budget it is meant to measure. None: collect all."""
+    if not _fits(agent, budget_seconds, resumed):
+        return None
+    assert budget_seconds is not None
+    share, started = budget_seconds / agent.config.training.min_updates, clock()
+    return lambda finished: finished >= MIN_EPISODES and clock() - started >= share
 
 
 def fit_to_budget(
-    agent: Any, algorithm: Any, first_seconds: float, budget_seconds: float | None,
-    resumed: bool,
+    agent: Any, algorithm: Any, first_episodes: int, first_seconds: float,
+    budget_seconds: float | None, resumed: bool,
 ) -> str | None:
-    """Apply :func:`fitted_episodes` to ``agent``'s run after its first update; the line
-    that says the choice, or None when nothing changed."""
-    config = agent.config
-    min_updates = config.training.min_updates
-    if (resumed or budget_seconds is None or min_updates is None
-            or agent.resolved.sources.get(KEY) not in _DEFAULT_SOURCES
-            or config.training.backend != "native"):
+    """Apply :func:`fitted_episodes` to ``agent``'s run after its first update (of
+    ``first_episodes`` episodes, ``first_seconds`` long); the line that says the choice,
+    or None when nothing changed."""
+    if not _fits(agent, budget_seconds, resumed):
         return None
-    episodes = algorithm.episodes_per_update
-    fitted = fitted_episodes(episodes, first_seconds, budget_seconds, min_updates,
-                             algorithm.group_size)
+    assert budget_seconds is not None
+    config, episodes = agent.config, algorithm.episodes_per_update
+    min_updates = config.training.min_updates
+    fitted = fitted_episodes(first_episodes, first_seconds, budget_seconds, min_updates,
+                             algorithm.group_size, wanted=episodes)
     if fitted is None or not hasattr(algorithm.config, "episodes_per_update"):
         return None
     algorithm.config.episodes_per_update = fitted
     config.algorithm.episodes_per_update = fitted
     agent.resolved.sources[KEY] = SOURCE
     return (
-        f"update size: {fitted} episodes per update, not {episodes}: the first update took "
-        f"{first_seconds:.0f} s, and {budget_seconds / 60:g} min hold {min_updates} updates "
-        f"of {fitted} (--set {KEY}={episodes} keeps {episodes}; training.min_updates=null "
-        "turns this off)"
+        f"update size: {fitted} episodes per update, not {episodes}: the first update "
+        f"({first_episodes} episodes) took {first_seconds:.0f} s, and "
+        f"{budget_seconds / 60:g} min hold {min_updates} updates of {fitted} "
+        f"(--set {KEY}={episodes} keeps {episodes}; training.min_updates=null turns this off)"
     )
