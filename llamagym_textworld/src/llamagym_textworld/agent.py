@@ -20,11 +20,12 @@ import logging
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from llamagym.agent import Agent
+from llamagym.errors import LlamaGymError
 from llamagym_textworld.baselines import FALLBACK_COMMAND, WalkthroughPolicy
 from llamagym_textworld.plugin import TEXTWORLD
 
@@ -35,13 +36,43 @@ logger = logging.getLogger(__name__)
 # the length (a command is a few words).
 _MAX_REPLY_CHARS = 2000
 _MAX_COMMAND_CHARS = 200
+_JSON_COMMAND = re.compile(r'"command"\s*:\s*"([^"\n]*)')
 _LEADING_LABEL = re.compile(r"^\s*(?:>+|(?:command|action|answer)\s*[:=])\s*", re.IGNORECASE)
+
+
+#: TextWorld's published game sets, as ``tw-make custom`` names them (world size,
+#: objects, quest length) with the turns an episode gets there: the options each sets.
+PRESETS: dict[str, dict[str, int]] = {
+    "w2-o3-q4": {"world_size": 2, "nb_objects": 3, "quest_min_length": 4,
+                 "quest_max_length": 4, "max_episode_steps": 12},
+    "w4-o6-q8": {"world_size": 4, "nb_objects": 6, "quest_min_length": 8,
+                 "quest_max_length": 8, "max_episode_steps": 24},
+}
+#: How far the test pool's seeds are from the training pool's: more than a pool holds,
+#: so the two never share a game.
+TEST_POOL_OFFSET = 100_000
 
 
 class TextWorldOptions(BaseModel):
     """The ``agent`` section keys this agent reads, e.g. ``--set agent.games=50``."""
 
     model_config = ConfigDict(extra="forbid")
+    preset: Literal["w2-o3-q4", "w4-o6-q8"] | None = Field(
+        None,
+        description="A published game set: its world size, objects, quest length and "
+        "turns (an option given beside it wins).",
+    )
+    pool: Literal["train", "test"] = Field(
+        "train",
+        description="train: the games from first_seed up; test: as many held-out games, "
+        f"first_seed + {TEST_POOL_OFFSET:,} up, never in a training pool.",
+    )
+    parser: Literal["admissible", "game"] = Field(
+        "admissible",
+        description="admissible: a reply is read as one of the game's admissible commands; "
+        "game (generate mode): no command list anywhere, the reply is the command and the "
+        "game's own parser judges it (an unknown one costs a step).",
+    )
     games: int = Field(20, ge=1, le=100_000, description="Games in the pool the envs play.")
     first_seed: int = Field(0, ge=0, description="Seed of the first game; the rest count up.")
     world_size: int = Field(3, ge=1, description="Rooms per game.")
@@ -77,6 +108,13 @@ class TextWorldOptions(BaseModel):
                 raise ValueError(f"agent.{key} is now {now}")
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and data.get("preset") in PRESETS:
+            return {**PRESETS[data["preset"]], **data}
+        return data
+
     @model_validator(mode="after")
     def _quest_range(self) -> TextWorldOptions:
         if self.quest_min_length > self.quest_max_length:
@@ -103,6 +141,17 @@ class WalkthroughBaseline:
     def __call__(self, observation: Any, info: dict, legal: Sequence[str], rng: Any) -> str:
         command = self._policy(observation, info)
         return command if command in legal else legal[0]
+
+
+def written_command(reply: str) -> str:
+    """The command a reply writes (see :meth:`TextWorldAgent.extract_action`), at most
+    ``_MAX_COMMAND_CHARS`` long."""
+    written = _JSON_COMMAND.search(reply)  # closed or not: a reply may stop mid-way
+    if written:
+        return " ".join(written.group(1).split())[:_MAX_COMMAND_CHARS]
+    first_line = next((line for line in reply.splitlines() if line.strip()), "")
+    command = _LEADING_LABEL.sub("", first_line[:_MAX_COMMAND_CHARS]).strip()
+    return command.strip("\"'`.!").strip()
 
 
 def normalise(text: str) -> str:
@@ -205,9 +254,10 @@ class TextWorldAgent(Agent):
 
             options = self.options
             logger.info("making (or finding in the cache) %d TextWorld games", options.games)
+            offset = TEST_POOL_OFFSET if options.pool == "test" else 0
             self._game_files = make_games(
                 options.games,
-                first_seed=options.first_seed,
+                first_seed=options.first_seed + offset,
                 world_size=options.world_size,
                 nb_objects=options.nb_objects,
                 quest_length=(options.quest_min_length, options.quest_max_length),
@@ -219,6 +269,12 @@ class TextWorldAgent(Agent):
         from llamagym_textworld.env import TextWorldEnv
 
         options = self.options
+        if options.parser == "game" and self.config.rollout.mode == "score":
+            raise LlamaGymError(
+                "agent.parser=game lets the game judge written commands, so it needs "
+                "generate mode: add --set rollout.mode=generate (or keep "
+                "agent.parser=admissible to rank the admissible commands)"
+            )
         return TextWorldEnv(
             list(game_files) if game_files is not None else self.game_files(),
             max_episode_steps=options.max_episode_steps,
@@ -260,16 +316,24 @@ class TextWorldAgent(Agent):
     @property
     def lists_commands(self) -> bool:
         if self.options.list_commands is None:
-            return self.config.rollout.mode == "generate"
+            return self.config.rollout.mode == "generate" and self.options.parser != "game"
         return self.options.list_commands
 
     def outcome(self, episode_return: float, info: Mapping[str, Any]) -> str:
         return "won" if info.get("won") is True else "lost"
 
     # -- actions --------------------------------------------------------------------
-    def legal_actions(self, observation: Any, info: dict) -> Sequence[str]:
-        # The game always accepts "look"; offering it when TextWorld lists nothing keeps
-        # the engine from ever facing an empty choice.
+    def legal_actions(self, observation: Any, info: dict) -> Sequence[str] | None:
+        """The admissible commands; None with ``agent.parser=game``, where any written
+        command goes to the game (:meth:`extract_action` reads it)."""
+        if self.options.parser == "game":
+            return None
+        return self.named_actions(observation, info)
+
+    def named_actions(self, observation: Any, info: Mapping[str, Any]) -> Sequence[str]:
+        """The admissible commands, whatever the parser (the baselines and checks play
+        them). The game always accepts "look"; offering it when TextWorld lists nothing
+        keeps the engine from ever facing an empty choice."""
         return list(info.get("admissible_commands") or [FALLBACK_COMMAND])
 
     def exploration_place(self, observation: Any, info: Mapping[str, Any]) -> str | None:
@@ -281,12 +345,15 @@ class TextWorldAgent(Agent):
         return legal_actions[index]  # TextWorldEnv steps on the command text itself
 
     def extract_action(self, response: str) -> str | None:
-        """The reply itself (cut short), or None if it is blank.
-
-        Reading it needs the admissible commands, which only :meth:`action_index` sees.
-        """
+        """The reply itself (cut short), or None if it is blank: reading it needs the
+        admissible commands, which only :meth:`action_index` sees. With
+        ``agent.parser=game``, the command itself, for the game's parser: the
+        ``"command"`` of a JSON object, else the reply's first line without a label
+        (a blank reply is the empty command, which the game answers as it does)."""
         text = response[:_MAX_REPLY_CHARS].strip()
-        return text or None
+        if self.options.parser != "game":
+            return text or None
+        return written_command(text)
 
     def action_index(self, value: Any, legal_actions: Sequence[str]) -> int | None:
         """The command a reply names: its first line is the command exactly (ignoring

@@ -50,6 +50,18 @@ _BLANK_RUNS = re.compile(r"\n{3,}")
 _TRAILING_SPACES = re.compile(r"[ \t]+\n")
 
 
+#: The interpreter's own verbs, which act on its session, not in the game: save and
+#: restore (and Inform's recording and replay) write and read files, quit, restart and
+#: undo ask a yes-or-no question the next command would answer, script and its kin
+#: start a transcript file. A free-text command starting with one never reaches the
+#: interpreter: the game answers :data:`REFUSED_FEEDBACK`, and the step counts.
+INTERPRETER_VERBS = frozenset({
+    "save", "restore", "quit", "q", "restart", "undo", "script", "unscript",
+    "transcript", "noscript", "verify", "recording", "replay",
+})
+REFUSED_FEEDBACK = "That command is not part of this game."
+
+
 def clean_feedback(text: str) -> str:
     """Drop the trailing prompt/status line, trailing spaces and runs of blank lines."""
     text = _PROMPT_TAIL.sub("", text)
@@ -176,6 +188,7 @@ class TextWorldEnv(gym.Env[str, str]):
             extras=["walkthrough"],
         )
         self._tw_env: Any = None
+        self._state: Any = {}  # the game's state after the last reset or step
         self._loaded: Path | None = None
         self._game_index = 0
         self._walkthrough: list[str] = []
@@ -218,6 +231,7 @@ class TextWorldEnv(gym.Env[str, str]):
             self._loaded = path
 
         state = self._tw_env.reset()
+        self._state = state
         self._walkthrough = list(state.get("extra.walkthrough") or [])
         if not self._walkthrough:
             # Games made outside make_game may lack the metadata; the tracker's plan from
@@ -238,8 +252,11 @@ class TextWorldEnv(gym.Env[str, str]):
         # One action is one parser command: a newline would make the interpreter read
         # only the first line, so all whitespace is collapsed to single spaces.
         command = " ".join(str(action).split())
+        if command.split(" ", 1)[0].lower() in INTERPRETER_VERBS:
+            return self._refused(command)
         state, score, done = self._tw_env.step(command)
         self._steps += 1
+        self._state = state
 
         score = int(score or 0)
         won = bool(state.get("won"))
@@ -263,6 +280,16 @@ class TextWorldEnv(gym.Env[str, str]):
         self._last_command = command
         self._last_obs = self._observation(state)
         return self._last_obs, reward, terminated, truncated, self._info(state)
+
+    def _refused(self, command: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """An interpreter verb (:data:`INTERPRETER_VERBS`): a step that changes nothing
+        in the game, as an unknown command does."""
+        self._steps += 1
+        self._progress = 0
+        truncated = self._steps >= self.max_episode_steps
+        self._done = truncated
+        self._last_command, self._last_obs = command, REFUSED_FEEDBACK
+        return REFUSED_FEEDBACK, -self.step_penalty, False, truncated, self._info(self._state)
 
     def render(self) -> str | None:
         if self.render_mode is None:
