@@ -5,10 +5,12 @@ zero-shot success).
     python benchmarks/textworld.py            # tiny, 20 games (3 rooms, quests of 2-3), 15 min
     python benchmarks/textworld.py --quick    # 4 games, 1 min of training: a smoke run
     python benchmarks/textworld.py --model smollm2-135m --minutes 30 --training-only
+    python benchmarks/textworld.py --model smollm2-135m --preset w2-o3-q4 --minutes 30
 
 1. The games are generated (or found in the cache) first, so generation never eats into
    the training budget: the training pool has seeds 0..N-1, the unseen pool seeds
-   1000..1000+N-1, both with the same parameters.
+   1000..1000+N-1, both with the same parameters (with ``--preset``, a published game
+   set: the unseen pool is its held-out test pool, ``agent.pool=test``).
 2. Training is the CLI a user would type (``llamagym run textworld --minutes M --seed S
    --set agent.games=N ... --output DIR --quiet``), with the agent's default settings.
 3. The final checkpoint then plays every game of each pool once, greedily (one env per
@@ -138,7 +140,9 @@ def play_agent(agent: Any, game_files: list[Path]) -> list[dict[str, Any]]:
                     "game": Path(str(episode.info.get("game_file", ""))).parent.name,
                     "won": bool(episode.info.get("won")),
                     "steps": episode.length,
-                    "commands": [turn.legal_actions[turn.action_index]
+                    # what each turn sent the game (agent.parser=game: what it wrote)
+                    "commands": [turn.env_action if turn.action_index is None
+                                 else turn.legal_actions[turn.action_index]
                                  for turn in episode.turns],
                 })
     return sorted(outcomes, key=lambda outcome: outcome["game"])
@@ -178,6 +182,9 @@ def main() -> None:
                         help="Measure the training games only (for a slow model).")
     parser.add_argument("--model", default="tiny",
                         help="Model to train; any but tiny is also measured zero-shot.")
+    parser.add_argument("--preset", choices=["w2-o3-q4", "w4-o6-q8"],
+                        help="A published game set (agent.preset); its unseen games are "
+                        "its held-out test pool (agent.pool=test).")
     add_allow_dirty(parser)
     args = parser.parse_args()
     quick = args.quick
@@ -185,28 +192,36 @@ def main() -> None:
     minutes = args.minutes or (1.0 if quick else 15.0)
     games = args.games or (4 if quick else 20)
     seeds = args.seeds or [0]
-    world_size, quest = 3, (2, 3)
+    world_size, nb_objects, quest = 3, 5, (2, 3)
     max_steps = 10 if quick else 30
+    unseen_first_seed = UNSEEN_FIRST_SEED
+    from llamagym_textworld.agent import PRESETS, TEST_POOL_OFFSET
+    from llamagym_textworld.games import make_games
+
+    if args.preset:
+        preset = PRESETS[args.preset]
+        world_size, nb_objects = preset["world_size"], preset["nb_objects"]
+        quest = (preset["quest_min_length"], preset["quest_max_length"])
+        max_steps, unseen_first_seed = preset["max_episode_steps"], TEST_POOL_OFFSET
     random_episodes = 2 if quick else 5
     extra = list(args.extra)
     if quick:  # small updates, so the one-minute budget holds several of them
         extra = ["algorithm.episodes_per_update=8", *extra]
 
-    from llamagym_textworld.games import make_games
-
     started = time.perf_counter()
     pools: dict[str, list[Path]] = {}
-    for pool, first_seed in (("training", 0), ("unseen", UNSEEN_FIRST_SEED)):
+    for pool, first_seed in (("training", 0), ("unseen", unseen_first_seed)):
         if pool == "unseen" and args.training_only:
             continue
         pools[pool] = make_games(games, first_seed=first_seed, world_size=world_size,
-                                 nb_objects=5, quest_length=quest)
+                                 nb_objects=nb_objects, quest_length=quest)
     generation_seconds = time.perf_counter() - started
     print(f"{len(pools) * games} games ready in {generation_seconds:.0f}s", flush=True)
 
     runs_dir = args.keep_runs or Path(tempfile.mkdtemp(prefix="llamagym-textworld-bench-"))
     runs_dir.mkdir(parents=True, exist_ok=True)
     settings = game_settings(games, 0, world_size, quest, max_steps)
+    settings["nb_objects"] = nb_objects
     runs = []
     baselines: dict[str, dict[str, float]] = {}
     zero_shot = None
@@ -262,7 +277,9 @@ def main() -> None:
     target = TARGET if args.model == "tiny" else PRETRAINED_TARGET
     result = {
         "model": args.model,
-        "mode": "score",
+        "mode": "generate" if "rollout.mode=generate" in extra else "score",
+        "preset": args.preset,
+        "nb_objects": nb_objects,
         "zero_shot_success": zero_shot,
         "minutes_per_seed": minutes,
         "games_per_pool": games,
