@@ -15,7 +15,12 @@ import torch
 pytest.importorskip("textworld")
 
 from llamagym_textworld.agent import PRESETS, TEST_POOL_OFFSET, TextWorldAgent, written_command
-from llamagym_textworld.env import INTERPRETER_VERBS, REFUSED_FEEDBACK
+from llamagym_textworld.env import (
+    INTERPRETER_VERBS,
+    MAX_COMMAND_CHARS,
+    REFUSED_FEEDBACK,
+    typed_command,
+)
 from llamagym_textworld.games import game_hash, list_games
 
 from llamagym.errors import LlamaGymError
@@ -77,6 +82,17 @@ def test_a_written_command_is_read_from_the_reply(reply: str, command: str) -> N
     assert written_command(reply) == command
 
 
+@pytest.mark.parametrize(("action", "typed"), [
+    ("open  the\nbox", "open the box"),  # one line: the interpreter reads only the first
+    ("take\x11 box", "take box"),  # a control character crashed the interpreter
+    ("\\help", "help"),  # a backslash line is the interpreter's own command
+    ("caf\u00e9", "caf"),
+    ("go " * 1000, ("go " * 1000)[:MAX_COMMAND_CHARS].strip()),
+])
+def test_a_command_reaches_the_interpreter_as_a_player_types_it(action, typed) -> None:
+    assert typed_command(action) == typed
+
+
 def test_the_games_parser_judges_a_written_command_and_an_unknown_one_costs_a_step(
     tmp_path, monkeypatch,
 ) -> None:
@@ -91,6 +107,11 @@ def test_the_games_parser_judges_a_written_command_and_an_unknown_one_costs_a_st
     assert "not a verb" in text and reward == 0 and not (terminated or truncated)
     assert after["episode_step"] == 1
     assert after["admissible_commands"] == info["admissible_commands"]
+
+    # What a model writes is data: a control character (which crashed the interpreter)
+    # or one beyond ASCII reaches it as a space; the command is still a step.
+    text, *_, after = env.step("take\x11 box\u00e9 " + "go " * 1000)
+    assert after["episode_step"] == 2 and text
 
     monkeypatch.chdir(tmp_path)  # where the interpreter would write a saved game
     for verb in sorted(INTERPRETER_VERBS):

@@ -62,6 +62,24 @@ INTERPRETER_VERBS = frozenset({
 REFUSED_FEEDBACK = "That command is not part of this game."
 
 
+#: What a command may hold on its way to the interpreter: printable ASCII but the
+#: backslash. A control character crashes it (``\x11`` ends the process with a
+#: segmentation fault), and a line starting with a backslash is one of the interpreter's
+#: own commands (``\help``), not the game's.
+_TYPED = frozenset(string.ascii_letters + string.digits + string.punctuation + " ") - {"\\"}
+MAX_COMMAND_CHARS = 500
+
+
+def typed_command(action: Any) -> str:
+    """``action`` as a player could type it: any other character a space, whitespace
+    collapsed to single spaces (one line: the interpreter reads only the first),
+    at most :data:`MAX_COMMAND_CHARS` long."""
+    text = str(action)[: 4 * MAX_COMMAND_CHARS]
+    if not _TYPED.issuperset(text):
+        text = "".join(c if c in _TYPED else " " for c in text)
+    return " ".join(text.split())[:MAX_COMMAND_CHARS]
+
+
 def clean_feedback(text: str) -> str:
     """Drop the trailing prompt/status line, trailing spaces and runs of blank lines."""
     text = _PROMPT_TAIL.sub("", text)
@@ -249,9 +267,7 @@ class TextWorldEnv(gym.Env[str, str]):
     def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
         if self._tw_env is None or self._done:
             raise RuntimeError("call reset() before step() (and after an episode ends)")
-        # One action is one parser command: a newline would make the interpreter read
-        # only the first line, so all whitespace is collapsed to single spaces.
-        command = " ".join(str(action).split())
+        command = typed_command(action)
         if command.split(" ", 1)[0].lower() in INTERPRETER_VERBS:
             return self._refused(command)
         state, score, done = self._tw_env.step(command)
