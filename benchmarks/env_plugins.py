@@ -13,7 +13,8 @@ evaluated greedily on the same evaluation seeds.
 ``vault`` is a package as a newcomer writes one: ``llamagym new-plugin vault --env-class``,
 its env and agent replaced by the text game in ``benchmarks/newcomer_game/`` (one reward
 at the end; random play wins ~1%, its expert baseline 100%), installed with pip into this
-Python before anything runs. ``--warm-start BASELINE`` gives every run that flag; ``--set
+Python before anything runs. ``--warm-start BASELINE`` gives every run that flag
+(``expert``: each agent's own expert baseline, one command for every agent); ``--set
 KEY=VALUE`` every command that setting (``rollout.explore=all`` turns a lever off).
 
 An agent is its name, or ``NAME:VARIANT`` for another game or level than its default

@@ -282,6 +282,7 @@ def resolve_config(
         for key in leaf_keys(layer):
             sources[key] = source
     problems: list[str] = []
+    merged = _named_expert(merged, agent_class, problems)
     try:
         RunConfig.model_validate(merged)
     except ValidationError as error:
@@ -389,14 +390,55 @@ def _validated_agent_options(
     return None
 
 
+#: ``--warm-start expert``: the agent's expert baseline, whatever the agent calls it.
+EXPERT = "expert"
+
+
+def expert_baseline(agent_class: type | None) -> str | None:
+    """The baseline ``agent_class`` plays best: its ``expert_baseline``, else its one
+    baseline besides ``random`` (None when it has none, or several and names none)."""
+    baselines = list(getattr(agent_class, "baselines", None) or {})
+    named = getattr(agent_class, "expert_baseline", None)
+    if named is not None:
+        return str(named)
+    others = [name for name in baselines if name != "random"]
+    return others[0] if len(others) == 1 else None
+
+
+def _named_expert(
+    merged: dict[str, Any], agent_class: type | None, problems: list[str]
+) -> dict[str, Any]:
+    """``merged`` with ``algorithm.warm_start.baseline: expert`` replaced by the name of
+    the agent's expert baseline, so the run's config records which one it played (an
+    agent with a baseline of its own called ``expert`` keeps it)."""
+    warm_start = merged.get("algorithm", {}).get("warm_start")
+    if not isinstance(warm_start, Mapping) or warm_start.get("baseline") != EXPERT:
+        return merged
+    baselines = list(getattr(agent_class, "baselines", None) or {})
+    if agent_class is None or EXPERT in baselines:
+        return merged
+    expert = expert_baseline(agent_class)
+    if expert is None:
+        name = getattr(agent_class, "name", "") or agent_class.__name__
+        problems.append(
+            f"algorithm.warm_start.baseline: {name} names no expert baseline (its "
+            f"baselines: {', '.join(baselines) or 'none'}); name one of them instead of "
+            f"{EXPERT!r}, or declare expert_baseline = NAME on the agent class"
+        )
+        return merged
+    algorithm = dict(merged["algorithm"])
+    algorithm["warm_start"] = {**warm_start, "baseline": expert}
+    return {**merged, "algorithm": algorithm}
+
+
 def _unknown_baseline(algorithm_settings: Any, agent_class: type | None) -> list[str]:
     """A warm start from a baseline the agent does not have (``--warm-start NAME``), refused
     before anything loads or is written. (A checkpoint's is not checked: a resumed run
     trains on the demonstrations it recorded, and a loaded one plays no baseline.)"""
     baseline = getattr(getattr(algorithm_settings, "warm_start", None), "baseline", None)
     baselines = list(getattr(agent_class, "baselines", None) or {})
-    if baseline is None or agent_class is None or baseline in baselines:
-        return []
+    if baseline in (None, EXPERT) or agent_class is None or baseline in baselines:
+        return []  # (an expert that could not be named is reported by _named_expert)
     name = getattr(agent_class, "name", "") or agent_class.__name__
     return [
         f"algorithm.warm_start.baseline: {name} has no baseline {baseline!r}; its "

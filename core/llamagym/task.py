@@ -69,6 +69,10 @@ class Task:
     action_names: ClassVar[Sequence[str] | None] = None
     defaults: ClassVar[Mapping[str, Any]] = {}
     baselines: ClassVar[Mapping[str, Baseline]] = {}
+    #: The baseline that plays this env best (a solver, an oracle, a bot), which
+    #: ``--warm-start expert`` warm-starts from. None: the one baseline besides
+    #: ``random``, when the agent has exactly one.
+    expert_baseline: ClassVar[str | None] = None
     #: The outcomes :meth:`outcome` names, in the order evaluations show them (e.g.
     #: ``("win", "draw", "loss")``); empty: the agent names none.
     outcome_names: ClassVar[Sequence[str]] = ()

@@ -17,6 +17,7 @@ from gymnasium.utils.env_checker import check_env
 from llamagym_textarena.agent import (
     FrozenLakeAgent,
     GuessTheNumberAgent,
+    LightsOutAgent,
     SudokuAgent,
     TextArenaAgent,
     TowerOfHanoiAgent,
@@ -25,6 +26,7 @@ from llamagym_textarena.env import TextArenaEnv
 from llamagym_textarena.games import GAMES, fewest_presses, hanoi_distance
 
 from llamagym.cli.run_commands import resolve_run_config
+from llamagym.config_layers import expert_baseline
 from llamagym.errors import ConfigError
 from llamagym.plugin_manager import get_plugins
 from llamagym.rollout.evaluation import evaluate_baseline
@@ -328,6 +330,20 @@ def test_baselines_and_outcomes() -> None:
                                                       "invalid move": 0.0}
     random_play = evaluate_baseline(agent, "random", 8)
     assert random_play.outcomes["won"] < 1.0
+
+
+@pytest.mark.parametrize("spec", plugin.AGENTS, ids=lambda spec: spec.name)
+def test_every_game_has_an_expert_to_warm_start_from(spec) -> None:
+    agent_class = get_plugins().get("agent", spec.name).load()
+    expert = expert_baseline(agent_class)  # what --warm-start expert plays
+    assert expert in agent_class.baselines and expert != "random"
+
+
+def test_the_lights_out_solver_turns_every_light_off() -> None:
+    agent = tiny_agent(LightsOutAgent, rollout={"num_envs": 2})
+    solver = evaluate_baseline(agent, "solver", 4)
+    assert solver.outcomes["won"] == 1.0
+    assert evaluate_baseline(agent, "random", 4).outcomes["won"] == 0.0
 
 
 @pytest.mark.parametrize("spec", plugin.AGENTS, ids=lambda spec: spec.name)

@@ -94,12 +94,14 @@ class WarmStartConfig(BaseModel):
         None,
         max_length=100,
         description="One of the agent's baselines to warm-start from (llamagym run "
-        "--warm-start NAME): a training run plays it for baseline_episodes episodes, "
-        "records the decisions of its successful ones (those that end in the agent's "
-        "first named outcome: Blackjack's win, TextWorld's won; for an agent that names "
-        "no outcomes, a return above 0) as the run's model sees them in its mode, writes "
-        "them to demonstrations.jsonl in the run directory and trains on them first, as "
-        "on demonstrations. A resumed run records nothing: it reads that file again.",
+        "--warm-start NAME), or expert: the agent's expert_baseline (a solver, an oracle, "
+        "a bot), else its one baseline besides random. A training run plays it for "
+        "baseline_episodes episodes, records the decisions of its successful ones (those "
+        "that end in the agent's first named outcome: Blackjack's win, TextWorld's won; for "
+        "an agent that names no outcomes, a return above 0) as the run's model sees them "
+        "in its mode, writes them to demonstrations.jsonl in the run directory and trains "
+        "on them first, as on demonstrations. A resumed run records nothing: it reads "
+        "that file again.",
     )
     baseline_episodes: int = Field(
         100,

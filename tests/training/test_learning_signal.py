@@ -155,7 +155,7 @@ def test_one_action_in_almost_every_turn_is_a_finding() -> None:
     )
     assert "\x1b" not in message
     assert "--set algorithm.entropy_coef=..., now 0.01" in message
-    assert "--warm-start BASELINE: always-stick, hit-below-17, basic-strategy" in message
+    assert "--warm-start basic-strategy; its others: always-stick, hit-below-17" in message
 
 
 def test_a_policy_that_still_varies_is_no_finding() -> None:

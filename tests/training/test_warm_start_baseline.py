@@ -125,6 +125,54 @@ def test_an_unknown_baseline_is_one_line_naming_the_agents_baselines(asked, tmp_
     assert [path.name for path in run_dir.iterdir()] == ["notes.txt"]
 
 
+def expert_of(agent_class: type) -> str:
+    resolved = resolve_agent_config(agent_class, [("--set", {"algorithm": {"warm_start": {
+        "baseline": "expert"}}})])
+    return resolved.algorithm.warm_start.baseline
+
+
+class TwoExpertsBandit(BanditAgent):
+    baselines = {**BanditAgent.baselines, "random": BanditAgent.baselines["left"]}
+
+
+class OwnExpertBandit(BanditAgent):
+    baselines = {"expert": BanditAgent.baselines["left"], **BanditAgent.baselines}
+
+
+class OneBaselineBandit(BanditAgent):
+    baselines = {"random": BanditAgent.baselines["left"], "right": BanditAgent.baselines["right"]}
+
+
+def test_expert_names_the_agents_expert_baseline_whatever_it_is_called() -> None:
+    # Declared by the agent (Blackjack has three besides random), else its only one
+    # besides random; the name the run records is the baseline's own.
+    assert expert_of(BlackjackAgent) == "basic-strategy"
+    assert expert_of(OneBaselineBandit) == "right"
+    # A baseline of its own called "expert" is that one.
+    assert expert_of(OwnExpertBandit) == "expert"
+
+
+def test_an_agent_without_an_expert_is_one_line_naming_its_baselines() -> None:
+    with pytest.raises(ConfigError) as refused:
+        expert_of(TwoExpertsBandit)  # left and right besides random: neither is named
+    message = str(refused.value)
+    assert message == (
+        "algorithm.warm_start.baseline: bandit names no expert baseline (its "
+        "baselines: left, right, random); name one of them instead of 'expert', or declare "
+        "expert_baseline = NAME on the agent class"
+    )
+    with pytest.raises(ConfigError, match="names no expert baseline"):
+        expert_of(type("NoBaselines", (BanditAgent,), {"baselines": {}}))
+
+
+def test_warm_start_expert_records_the_expert_and_config_yaml_names_it(tmp_path, cli) -> None:
+    run_dir = tmp_path / "run"
+    code, _, err = cli("run", "blackjack", *FAST, "--output", run_dir, "--warm-start", "expert")
+    assert code == 0, err
+    assert "episodes of 'basic-strategy'" in said(err)
+    assert "    baseline: basic-strategy  # from flag\n" in (run_dir / "config.yaml").read_text()
+
+
 def test_a_baseline_and_a_demonstrations_file_are_not_both_taken(tmp_path) -> None:
     demos = tmp_path / "demos.jsonl"
     demos.write_text("")

@@ -44,8 +44,9 @@ HELP = {
     "(vLLM, DeepSpeed, FSDP through accelerate; needs the trl extra).",
     "trust_remote_code": "Let the model run Python code of its own (never taken from a "
     "config file, --set or a checkpoint; only for a model whose code you trust).",
-    "warm_start": "One of the agent's baselines: its successful episodes are recorded in "
-    "the run's mode and model (RUN_DIR/demonstrations.jsonl) and trained on before RL "
+    "warm_start": "One of the agent's baselines, or expert for the one that plays best: "
+    "its successful episodes are recorded in the run's mode and model "
+    "(RUN_DIR/demonstrations.jsonl) and trained on before RL "
     "(= --set algorithm.warm_start.baseline=NAME).",
 }
 

@@ -53,6 +53,7 @@ class BlackjackAgent(Agent):
         "hit-below-17": hit_below_17,
         "basic-strategy": basic_strategy,
     }
+    expert_baseline = "basic-strategy"
     # A hand's return is its payout: above 0 the player won (1.5 for a natural when
     # Blackjack-v1 pays it), 0 a push, below 0 the dealer won.
     outcome_names = ("win", "draw", "loss")

@@ -79,6 +79,7 @@ class CartPoleAgent(Agent):
         "pole-angle": push_toward_lean,
         "angle+velocity": angle_and_velocity,
     }
+    expert_baseline = "angle+velocity"
     # Episodes run up to 500 turns, so a handful of them already holds thousands of
     # decisions: few episodes per update, a moderate number of envs in lockstep, and
     # credit by GAE with a discount so a turn answers for the next ~100 steps, not 500.

@@ -185,6 +185,7 @@ class TowerOfHanoiAgent(TextArenaAgent):
 class LightsOutAgent(TextArenaAgent):
     family, example_move = "LightsOut", "[2 3]"
     Config = _options(plugin.LIGHTS_OUT, family)
+    baselines = {"random": random_move, "solver": expert_move}
 
 
 @plugin.FROZEN_LAKE.bind

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llamagym import distributed
+from llamagym.config_layers import expert_baseline
 from llamagym.display import printable
 from llamagym.task import Task
 
@@ -130,6 +131,8 @@ class Advice:
         self.config = config
         baselines = [name for name in agent.baselines if name != "random"]
         self.baselines = [printable(name, keep="") for name in baselines]
+        expert = expert_baseline(type(agent))
+        self.expert = None if expert is None else printable(expert, keep="")
         options = getattr(agent, "options", None)
         self.options = options
         self.option_names = set(type(options).model_fields) if options is not None else set()
@@ -137,6 +140,12 @@ class Advice:
     def warm_start(self) -> str | None:
         if not self.baselines:
             return None
+        if len(self.baselines) > 1 and self.expert in self.baselines:
+            others = ", ".join(name for name in self.baselines if name != self.expert)
+            return (
+                f"warm-starting from its expert baseline (--warm-start {self.expert}; "
+                f"its others: {others})"
+            )
         if len(self.baselines) == 1:
             return f"warm-starting from its baseline (--warm-start {self.baselines[0]})"
         return (
