@@ -5,8 +5,10 @@ baselines, conformance and a short training run on the tiny model."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import random
+import re
 import subprocess
 import sys
 from collections import deque
@@ -344,6 +346,20 @@ def test_the_lights_out_solver_turns_every_light_off() -> None:
     solver = evaluate_baseline(agent, "solver", 4)
     assert solver.outcomes["won"] == 1.0
     assert evaluate_baseline(agent, "random", 4).outcomes["won"] == 0.0
+
+
+def test_a_recorded_move_is_written_as_the_model_writes_it_after_the_prefix(tmp_path,
+                                                                           cli) -> None:
+    path = tmp_path / "hanoi.jsonl"
+    code, out, err = cli("record", "textarena-tower-of-hanoi", "-b", "optimal", "-n", "2",
+                         "-o", path, "--mode", "generate")
+    assert code == 0, out + err
+    replies = [json.loads(line)["messages"][-1]["content"] for line in path.read_text().splitlines()]
+    # The prefix "[" opens the move, which closes itself: "[A C]", not "[[A C]}".
+    assert replies and all(re.fullmatch(r"\[[ABC] [ABC]\]", reply) for reply in replies)
+    agent = tiny_agent(TowerOfHanoiAgent, rollout={"mode": "generate"})
+    assert agent.config.rollout.reply_prefix == "["
+    assert agent.extract_action(replies[0]) == replies[0]
 
 
 @pytest.mark.parametrize("spec", plugin.AGENTS, ids=lambda spec: spec.name)

@@ -5,7 +5,8 @@ decision: ``{"messages": [...]}``, the conversation exactly as the agent's model
 in the run's mode (system prompt, the history the agent keeps, the observation), ending
 with the baseline's action as the assistant's reply, written as the model says it. In
 generate mode that is after the agent's ``rollout.reply_prefix`` and closed
-(``{"action": "hit"}``), so a model fine-tuned on the file, here or with another tool,
+(``{"action": "hit"}``), or the move alone where it is written in the reply's format
+already (TextArena's ``[A C]`` after the prefix ``[``), so a model fine-tuned on the file, here or with another tool,
 learns the format the prompt asks for. In score mode it is the action's name, and the
 line also lists the ``legal_actions`` it was chosen from: the warm start then trains
 score mode's own choice, the action against the others.
@@ -21,7 +22,7 @@ baseline (basic strategy, a walkthrough) teaches its play as well.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -99,6 +100,29 @@ def check_recording(agent: Task, baseline: str, outcomes: Sequence[str] = ()) ->
         )
 
 
+def written_reply(
+    engine: RolloutEngine, prefix: str, action: str, observation: Any, info: Mapping[str, Any]
+) -> str:
+    """The generate-mode reply that names ``action`` after the reply ``prefix``, as the
+    agent's parsers read it back: the action closed after the prefix (``{"action": "hit"}``),
+    or the action alone where it is written in the reply's own format already (a
+    TextArena move ``[1 2 3 4]`` after the prefix ``[``). The first of these that parses
+    back to the action is the one; an agent that lists no legal actions here (its env's
+    parser judges the text) gets the first."""
+    if not prefix:
+        return action
+    candidates = [prefix + action + reply_closing(prefix), prefix + action]
+    if action.startswith(prefix):
+        candidates.insert(0, action)
+    legal = engine.agent.legal_actions(observation, info)
+    if legal and action in legal:
+        wanted = list(legal).index(action)
+        for text in candidates:
+            if engine.plugins.parse_reply(engine.agent, text, list(legal))[0] == wanted:
+                return text
+    return candidates[0]
+
+
 def record_demonstrations(
     engine: RolloutEngine,
     baseline: str,
@@ -138,7 +162,7 @@ def record_demonstrations(
             record = {"messages": [*messages, reply], "legal_actions": legal}
         else:
             prefix = fill_reply_prefix(engine.settings.reply_prefix, agent, step.observation)
-            text = prefix + step.action + reply_closing(prefix) if prefix else step.action
+            text = written_reply(engine, prefix, step.action, step.observation, step.info)
             reply = {"role": "assistant", "content": text}
             record = {"messages": [*messages, reply]}
         episode_records.append(record)
