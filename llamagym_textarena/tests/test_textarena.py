@@ -354,7 +354,8 @@ def test_a_recorded_move_is_written_as_the_model_writes_it_after_the_prefix(tmp_
     code, out, err = cli("record", "textarena-tower-of-hanoi", "-b", "optimal", "-n", "2",
                          "-o", path, "--mode", "generate")
     assert code == 0, out + err
-    replies = [json.loads(line)["messages"][-1]["content"] for line in path.read_text().splitlines()]
+    lines = path.read_text().splitlines()
+    replies = [json.loads(line)["messages"][-1]["content"] for line in lines]
     # The prefix "[" opens the move, which closes itself: "[A C]", not "[[A C]}".
     assert replies and all(re.fullmatch(r"\[[ABC] [ABC]\]", reply) for reply in replies)
     agent = tiny_agent(TowerOfHanoiAgent, rollout={"mode": "generate"})

@@ -6,10 +6,10 @@ in the run's mode (system prompt, the history the agent keeps, the observation),
 with the baseline's action as the assistant's reply, written as the model says it. In
 generate mode that is after the agent's ``rollout.reply_prefix`` and closed
 (``{"action": "hit"}``), or the move alone where it is written in the reply's format
-already (TextArena's ``[A C]`` after the prefix ``[``), so a model fine-tuned on the file, here or with another tool,
-learns the format the prompt asks for. In score mode it is the action's name, and the
-line also lists the ``legal_actions`` it was chosen from: the warm start then trains
-score mode's own choice, the action against the others.
+already (TextArena's ``[A C]`` after the prefix ``[``), so a model fine-tuned on the file,
+here or with another tool, learns the format the prompt asks for. In score mode it is
+the action's name, and the line also lists the ``legal_actions`` it was chosen from: the
+warm start then trains score mode's own choice, the action against the others.
 ``algorithm.warm_start.demonstrations`` reads the file back
 (``llamagym_builtins.demonstrations_file.load_demonstrations``).
 
