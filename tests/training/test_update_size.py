@@ -52,6 +52,8 @@ class SlowAgent(Agent):
     def make_env(self) -> Slow:
         return Slow()
 
+    baselines = {"one": lambda *_: "one"}
+
 
 class SlowPlugin:
     @hookimpl
@@ -122,3 +124,22 @@ def test_a_size_the_user_set_is_kept(tmp_path, cli) -> None:
     assert "update size:" not in err
     updates = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "update"]
     assert updates and all(r["episodes"] == 32 for r in updates)
+
+
+def test_a_warm_start_counts_in_the_time_budget_and_says_when_it_takes_most(tmp_path,
+                                                                           cli) -> None:
+    # 120 baseline episodes of 0.05 s each: 6 s of the 9 s budget, before update 1.
+    run_dir = tmp_path / "run"
+    with temporary_plugin(SlowPlugin(), "slow-plugin"):
+        code, _, err = cli("run", "slow", "--minutes", "0.15", "-o", run_dir, *FAST,
+                           "--warm-start", "one",
+                           "--set", "algorithm.warm_start.baseline_episodes=120",
+                           "--set", "algorithm.warm_start.demonstration_epochs=1")
+    assert code == 0, err
+    said = " ".join(err.split())
+    assert "warm start: it took" in said and "of the 0.15 min budget" in said
+    assert "--set algorithm.warm_start.demonstration_epochs=..., now 1" in said
+    updates = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "update"]
+    assert updates and updates[0]["seconds"] >= 120 * STEP_SECONDS  # the clock ran
+    # The run ends within its budget (and the update it was in), warm start included.
+    assert updates[-1]["seconds"] < 9.0 + 4.0

@@ -146,6 +146,7 @@ class Training:
     several: bool  # more than one process
     started: float = 0.0  # perf_counter when training started in this process
     seconds_before: float = 0.0  # training seconds of the run before (a resumed run's)
+    warm_start_seconds: float = 0.0  # of a fresh run's budget, spent before update 1
     metrics: dict[str, float] = field(default_factory=dict)  # the last update's
     skipped_in_a_row: int = 0
     seconds_used: float | None = None  # set when a collection is cut short
@@ -154,6 +155,13 @@ class Training:
     update_started: float = 0.0
     steps_before: int = 0
     failures_before: int = 0
+
+    def rl_budget(self) -> float | None:
+        """The seconds of the time budget left for the updates once the warm start had
+        its (None: no time budget)."""
+        if self.time_budget is None:
+            return None
+        return max(self.time_budget - self.warm_start_seconds, 0.0)
 
     def time_used(self) -> float:
         """Training time so far, the same clock as ``counters.seconds``."""

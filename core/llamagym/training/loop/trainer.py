@@ -95,7 +95,11 @@ from llamagym.training.loop.update_metrics import (
     count_update,
     warn_if_first_update_moved_far,
 )
-from llamagym.training.loop.update_size import first_collection_enough, fit_to_budget
+from llamagym.training.loop.update_size import (
+    first_collection_enough,
+    fit_to_budget,
+    warm_start_share,
+)
 from llamagym.training.records.report import METRICS, append_record, write_report
 from llamagym.training.records.run_files import read_metrics, read_transcripts
 from llamagym.training.records.transcripts import (
@@ -354,8 +358,12 @@ class Trainer:
             on_epoch=self._show_epoch,
         )
         resumed_run = None if resume_checkpoint is None else self.run_dir_of(resume_checkpoint)
+        # A fresh run's time budget counts from here: the warm start (a baseline played
+        # and its demonstrations trained on) is part of the run, not extra time.
+        built = time.perf_counter()
         with baseline_demonstrations(agent, policy, self.output_dir, resumed_run) as recorded:
             run = self.parts.start_run(control, recorded)  # with its warm start, if any
+        warm_start_seconds = 0.0 if resume_checkpoint is not None else time.perf_counter() - built
         counters = Counters()
         history: list[dict[str, Any]] = []
         if resume_checkpoint is not None:
@@ -375,11 +383,15 @@ class Trainer:
             run, counters,
             history, deque(counters.recent_returns, maxlen=MOVING_AVERAGE_EPISODES),
             episode_budget, time_budget, resume_checkpoint, several,
-            started=time.perf_counter(), seconds_before=counters.seconds,
+            started=time.perf_counter() - warm_start_seconds, seconds_before=counters.seconds,
+            warm_start_seconds=warm_start_seconds,
         )
+        said = warm_start_share(warm_start_seconds, time_budget, run.algorithm)
+        if said is not None:
+            logger.warning("%s", said)
         if self.progress is not None:
             self.progress.start(episode_budget, config.training.minutes, counters.episodes,
-                                counters.seconds)
+                                counters.seconds + warm_start_seconds)
         self._time_used, self._time_budget = training.time_used, time_budget
         return training
 
@@ -418,7 +430,7 @@ class Trainer:
         enough = None
         if carry and counters.updates == 0:  # the first ends at its share of the budget
             enough = first_collection_enough(
-                self.agent, training.time_budget, training.resume_checkpoint is not None
+                self.agent, training.rl_budget(), training.resume_checkpoint is not None
             )
         watch.show()
         try:
@@ -463,7 +475,7 @@ class Trainer:
         would hold too few (:mod:`.update_size`); the new size in config.yaml."""
         said = fit_to_budget(
             self.agent, training.run.algorithm, training.counters.episodes,
-            training.counters.seconds, training.time_budget,
+            training.counters.seconds - training.warm_start_seconds, training.rl_budget(),
             resumed=training.resume_checkpoint is not None,
         )
         if said is None:
