@@ -292,6 +292,19 @@ def _commit(result: Mapping[str, Any]) -> str:
     return {True: f"{commit} + changes", None: f"{commit}?"}.get(result.get("dirty"), commit)
 
 
+def _training_cell(training: Mapping[str, Any]) -> str:
+    """Episodes, updates and minutes of a training run; the run's whole time beside its
+    training time where they differ by a minute or more (a warm start, the model's
+    loading, its final checkpoint)."""
+    updates = training["updates"]
+    cell = (f"{training['episodes']:,} episodes, {updates} update{'' if updates == 1 else 's'}, "
+            f"{training['train_seconds'] / 60:.1f} min")
+    wall = training.get("wall_seconds")
+    if wall is not None and wall - training["train_seconds"] >= 60:
+        cell += f" ({wall / 60:.1f} min in all)"
+    return cell
+
+
 def env_plugins_section(result: Mapping[str, Any]) -> str:
     """``benchmarks/env_plugins.py``: per agent, its baselines, zero-shot and trained."""
     rows = []
@@ -308,10 +321,7 @@ def env_plugins_section(result: Mapping[str, Any]) -> str:
                       if name != "random") or "–",
             _policy(row["zero_shot"]["agent"]),
             _policy(row["trained"]["agent"]) if "trained" in row else "–",
-            "–" if training is None else training.get("failed") or (
-                f"{training['episodes']:,} episodes, {training['updates']} update"
-                f"{'' if training['updates'] == 1 else 's'}, "
-                f"{training['train_seconds'] / 60:.1f} min"),
+            "–" if training is None else training.get("failed") or _training_cell(training),
             f"`{(training or row['zero_shot'])['command']}`",
             machine_label(result.get("machine") or {}), _commit(result),
         ])
