@@ -144,3 +144,26 @@ def record_baseline(task: Task, policy: Policy, baseline: str, path: Path) -> Pa
         baseline, success, path,
     )
     return path
+
+
+#: The share of a time budget past which a warm start is said to crowd out RL.
+WARM_START_SHARE = 0.5
+
+
+def warn_if_long(seconds: float, budget_seconds: float | None, algorithm: Any) -> None:
+    """Say when a fresh run's warm start took more than :data:`WARM_START_SHARE` of its
+    time budget (it counts in it), with what makes it shorter."""
+    if budget_seconds is None or seconds <= WARM_START_SHARE * budget_seconds:
+        return
+    settings = getattr(getattr(algorithm, "config", None), "warm_start", None)
+    if settings is None or (settings.demonstrations is None and settings.baseline is None):
+        return
+    left = max(budget_seconds - seconds, 0.0)
+    logger.warning(
+        "warm start: it took %.0f s of the %g min budget, %.0f s left for RL; fewer passes "
+        "over the demonstrations (--set algorithm.warm_start.demonstration_epochs=..., now "
+        "%d), fewer baseline episodes (algorithm.warm_start.baseline_episodes, now %d) or "
+        "a larger budget (--minutes) leave RL more",
+        seconds, budget_seconds / 60, left, settings.demonstration_epochs,
+        settings.baseline_episodes,
+    )

@@ -56,6 +56,7 @@ from llamagym.training.checkpoint import store as checkpoints
 from llamagym.training.loop.baseline_warm_start import (
     baseline_demonstrations,
     check_resumed_demonstrations,
+    warn_if_long,
 )
 from llamagym.training.loop.budget import (
     TIME_BUDGET,
@@ -95,11 +96,7 @@ from llamagym.training.loop.update_metrics import (
     count_update,
     warn_if_first_update_moved_far,
 )
-from llamagym.training.loop.update_size import (
-    first_collection_enough,
-    fit_to_budget,
-    warm_start_share,
-)
+from llamagym.training.loop.update_size import first_collection_enough, fit_to_budget
 from llamagym.training.records.report import METRICS, append_record, write_report
 from llamagym.training.records.run_files import read_metrics, read_transcripts
 from llamagym.training.records.transcripts import (
@@ -358,8 +355,7 @@ class Trainer:
             on_epoch=self._show_epoch,
         )
         resumed_run = None if resume_checkpoint is None else self.run_dir_of(resume_checkpoint)
-        # A fresh run's time budget counts from here: the warm start (a baseline played
-        # and its demonstrations trained on) is part of the run, not extra time.
+        # A fresh run's time budget counts from here, its warm start's included.
         built = time.perf_counter()
         with baseline_demonstrations(agent, policy, self.output_dir, resumed_run) as recorded:
             run = self.parts.start_run(control, recorded)  # with its warm start, if any
@@ -386,9 +382,7 @@ class Trainer:
             started=time.perf_counter() - warm_start_seconds, seconds_before=counters.seconds,
             warm_start_seconds=warm_start_seconds,
         )
-        said = warm_start_share(warm_start_seconds, time_budget, run.algorithm)
-        if said is not None:
-            logger.warning("%s", said)
+        warn_if_long(warm_start_seconds, time_budget, run.algorithm)
         if self.progress is not None:
             self.progress.start(episode_budget, config.training.minutes, counters.episodes,
                                 counters.seconds + warm_start_seconds)

@@ -96,26 +96,3 @@ def fit_to_budget(
         f"(--set {KEY}={episodes} keeps {episodes}; training.min_updates=null turns this off)"
     )
 
-
-#: The share of a time budget past which a warm start is said to crowd out RL.
-WARM_START_SHARE = 0.5
-
-
-def warm_start_share(seconds: float, budget_seconds: float | None, algorithm: Any) -> str | None:
-    """The line that says a fresh run's warm start took more than
-    :data:`WARM_START_SHARE` of its time budget (it counts in it), with what makes it
-    shorter; None otherwise, or without a time budget or a warm start."""
-    if budget_seconds is None or seconds <= WARM_START_SHARE * budget_seconds:
-        return None
-    settings = getattr(getattr(algorithm, "config", None), "warm_start", None)
-    if settings is None or (settings.demonstrations is None and settings.baseline is None):
-        return None
-    left = max(budget_seconds - seconds, 0.0)
-    return (
-        f"warm start: it took {seconds:.0f} s of the {budget_seconds / 60:g} min budget, "
-        f"{left:.0f} s left for RL; fewer passes over the demonstrations "
-        f"(--set algorithm.warm_start.demonstration_epochs=..., now "
-        f"{settings.demonstration_epochs}), fewer baseline episodes "
-        f"(algorithm.warm_start.baseline_episodes, now {settings.baseline_episodes}) or a "
-        "larger budget (--minutes) leave RL more"
-    )
