@@ -1,0 +1,1 @@
+"""LlamaGym's TextWorldExpress plugin: one agent per TextWorldExpress game (``twx-coin``, ...)."""
