@@ -12,8 +12,9 @@ and the full learning rate.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from llamagym.config import RolloutSettings
@@ -100,18 +101,37 @@ def ignore_epoch(epoch: int, epochs: int) -> None:
 
 
 @dataclass(frozen=True)
+class WarmStartLimit:
+    """Where a warm start's passes over its demonstrations end early: at ``deadline`` (a
+    ``time.perf_counter()`` reading: a fresh run's share of its time budget) or after
+    ``batches`` batches (a resumed run's: those the run it continues took, so its weights
+    and KL reference are the unbroken run's). The default: no limit."""
+
+    deadline: float | None = None
+    batches: int | None = None
+
+    def reached(self, batches: int) -> bool:
+        """True when a warm start that has taken ``batches`` batches must stop."""
+        if self.batches is not None:
+            return batches >= self.batches
+        return self.deadline is not None and time.perf_counter() >= self.deadline
+
+
+@dataclass(frozen=True)
 class Control:
     """How the one running an algorithm steers its updates.
 
     ``should_stop()`` turns True once a stop has been asked for (SIGINT/SIGTERM): an
     update then ends at its next minibatch boundary, keeping the steps already taken,
     and reports ``update_interrupted: 1.0``. ``on_epoch(k, epochs)`` is told when epoch
-    ``k`` (from 1) of an update starts (the progress bar shows it). The defaults never
-    stop and show nothing.
+    ``k`` (from 1) of an update starts (the progress bar shows it). ``warm_start`` bounds
+    the supervised steps before the first update. The defaults never stop and show
+    nothing.
     """
 
     should_stop: Callable[[], bool] = never_stop
     on_epoch: Callable[[int, int], None] = ignore_epoch
+    warm_start: WarmStartLimit = field(default_factory=WarmStartLimit)
 
 
 def run_budgets(training: Any) -> tuple[int | None, float | None]:

@@ -232,6 +232,7 @@ class WarmStart:
         self.optimizer = torch.optim.Adam(algorithm.model_parameters(), lr=config.lr)
         self.steps = 0
         self.demonstrations_done = False
+        self.demonstration_batches: int | None = None  # None: not trained on yet
 
     @classmethod
     def create(cls, algorithm: Algorithm, config: WarmStartConfig) -> WarmStart | None:
@@ -284,24 +285,46 @@ class WarmStart:
         )
 
     def train_on_demonstrations(self) -> dict[str, float]:
-        """Before RL: ``demonstration_epochs`` passes over the demonstrations file."""
+        """Before RL: ``demonstration_epochs`` passes over the demonstrations file, ended
+        early where the run's :class:`~llamagym.schedule.WarmStartLimit` says (a warm
+        start may spend half of a time budget; a resumed run takes the batches its run
+        took)."""
         path = self.config.demonstrations
         if path is None or self.demonstrations_done:
             return {}
         turns = self.demonstration_turns(load_demonstrations(path))
-        losses = []
+        losses: list[float] = []
         size = self.config.batch_size
+        limit = self.algorithm.control.warm_start
+        batches_per_epoch = -(-len(turns) // size)
         for _ in range(self.config.demonstration_epochs):
             order = list(range(len(turns)))
             self.algorithm.rng.shuffle(order)
             for start in range(0, len(order), size):
+                if limit.reached(len(losses)):
+                    break
                 batch = [turns[i] for i in order[start : start + size]]
                 losses.append(self.supervised_step(batch))
         self.demonstrations_done = True
+        self.demonstration_batches = len(losses)
+        planned = batches_per_epoch * self.config.demonstration_epochs
+        if len(losses) < planned:
+            logger.warning(
+                "warm start: stopped after %d of %d batches (%.1f of %d passes over the "
+                "demonstrations), %s; fewer demonstrations (algorithm.warm_start."
+                "baseline_episodes) or a larger budget (--minutes) let it finish",
+                len(losses), planned, len(losses) / max(batches_per_epoch, 1),
+                self.config.demonstration_epochs,
+                "as the run it continues did" if limit.batches is not None
+                else "at the share of the time budget a warm start may take",
+            )
+        if not losses:
+            return {}
         logger.info(
             "warm start on %d demonstrations: loss %.3f -> %.3f", len(turns), losses[0], losses[-1]
         )
-        return {"sft_demo_loss_first": losses[0], "sft_demo_loss_last": losses[-1]}
+        return {"sft_demo_loss_first": losses[0], "sft_demo_loss_last": losses[-1],
+                "sft_demo_batches": float(len(losses))}
 
     def after_update(self, episodes: Sequence[Episode]) -> dict[str, float]:
         """Offer the batch's best episodes to the buffer, then ``steps`` steps on it;
@@ -334,6 +357,7 @@ class WarmStart:
             "buffer": self.buffer.state_dict(),
             "steps": self.steps,
             "demonstrations_done": self.demonstrations_done,
+            "demonstration_batches": self.demonstration_batches,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -341,4 +365,6 @@ class WarmStart:
         self.buffer.load_state_dict(state["buffer"])
         self.steps = int(state["steps"])
         self.demonstrations_done = bool(state["demonstrations_done"])
+        batches = state.get("demonstration_batches")  # absent in older checkpoints
+        self.demonstration_batches = None if batches is None else int(batches)
 

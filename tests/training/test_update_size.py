@@ -5,6 +5,7 @@ never changed."""
 
 from __future__ import annotations
 
+import re
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -143,3 +144,32 @@ def test_a_warm_start_counts_in_the_time_budget_and_says_when_it_takes_most(tmp_
     assert updates and updates[0]["seconds"] >= 120 * STEP_SECONDS  # the clock ran
     # The run ends within its budget (and the update it was in), warm start included.
     assert updates[-1]["seconds"] < 9.0 + 4.0
+
+
+def _stopped_after(said: str) -> int:
+    """The batches a warm start's 'stopped after N of M batches' warning names."""
+    return int(re.search(r"warm start: stopped after (\d+) of \d+ batches", said).group(1))
+
+
+def test_a_warm_start_stops_at_half_the_budget_and_a_resume_takes_as_many_batches(
+        tmp_path, cli) -> None:
+    # A thousand passes over the demonstrations cannot fit in 6 s: the warm start ends at
+    # 3 s, RL gets the rest, and the resumed run trains on the same batches again before
+    # its checkpoint loads (so its weights and KL reference are the unbroken run's).
+    run_dir = tmp_path / "run"
+    warm = ["--warm-start", "one", "--set", "algorithm.warm_start.baseline_episodes=8",
+            "--set", "algorithm.warm_start.demonstration_epochs=1000",
+            "--set", "algorithm.warm_start.batch_size=1"]
+    with temporary_plugin(SlowPlugin(), "slow-plugin"):
+        code, _, err = cli("run", "slow", "--minutes", "0.1", "-o", run_dir, *FAST, *warm)
+        assert code == 0, err
+        said = " ".join(err.split())
+        assert "at the share of the time budget a warm start may take" in said
+        batches = _stopped_after(said)
+        assert 0 < batches < 8 * 1000
+        updates = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "update"]
+        assert updates and updates[-1]["seconds"] < 6.0 + 3.0
+        code, _, err = cli("run", "slow", "--minutes", "0.2", "--resume", run_dir, *FAST)
+    assert code == 0, err
+    said = " ".join(err.split())
+    assert "as the run it continues did" in said and _stopped_after(said) == batches

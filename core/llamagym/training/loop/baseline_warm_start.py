@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from llamagym.rollout.demonstrations import (
     SuccessRule,
     record_demonstrations,
 )
-from llamagym.schedule import Schedule
+from llamagym.schedule import Schedule, WarmStartLimit
 from llamagym.task import Task
 from llamagym.training.loop.run_directory import DEMONSTRATIONS
 from llamagym.training.loop.run_state import isolated_rng, make_engine
@@ -148,6 +149,25 @@ def record_baseline(task: Task, policy: Policy, baseline: str, path: Path) -> Pa
 
 #: The share of a time budget past which a warm start is said to crowd out RL.
 WARM_START_SHARE = 0.5
+
+
+def warm_start_limit(
+    budget_seconds: float | None, resumed_meta: dict[str, Any] | None, several: bool
+) -> WarmStartLimit:
+    """Where a run's warm start stops: a resumed run (``resumed_meta``, its checkpoint's
+    meta) after the batches the run it continues took; a fresh one of one process at
+    :data:`WARM_START_SHARE` of its time budget, counted from now (several processes
+    take every batch: a deadline each read on its own clock would break their lockstep)."""
+    if resumed_meta is not None:
+        state = resumed_meta.get("state") or {}
+        saved = ((state.get("algorithm") or {}).get("warm_start") or {}).get(
+            "demonstration_batches")
+        if isinstance(saved, int) and not isinstance(saved, bool) and saved >= 0:
+            return WarmStartLimit(batches=saved)
+        return WarmStartLimit()
+    if budget_seconds is None or several:
+        return WarmStartLimit()
+    return WarmStartLimit(deadline=time.perf_counter() + WARM_START_SHARE * budget_seconds)
 
 
 def warn_if_long(seconds: float, budget_seconds: float | None, algorithm: Any) -> None:

@@ -56,6 +56,7 @@ from llamagym.training.checkpoint import store as checkpoints
 from llamagym.training.loop.baseline_warm_start import (
     baseline_demonstrations,
     check_resumed_demonstrations,
+    warm_start_limit,
     warn_if_long,
 )
 from llamagym.training.loop.budget import (
@@ -348,15 +349,17 @@ class Trainer:
         distributed.broadcast_parameters(policy.trainable_parameters())
         agent.plugins.reset_participants()  # this run's, not an earlier one's in the process
         several = distributed.world_size() > 1
+        episode_budget, time_budget = run_budgets(config.training)
+        # A fresh run's time budget counts from here, its warm start's included.
+        built = time.perf_counter()
         control = Control(
             # One process stops within an update; several only between updates, where
             # they agree (a stop inside would break their lockstep).
             should_stop=(lambda: False) if several else self._stop_requested,
             on_epoch=self._show_epoch,
+            warm_start=warm_start_limit(time_budget, meta or None, several),  # meta: a resume
         )
         resumed_run = None if resume_checkpoint is None else self.run_dir_of(resume_checkpoint)
-        # A fresh run's time budget counts from here, its warm start's included.
-        built = time.perf_counter()
         with baseline_demonstrations(agent, policy, self.output_dir, resumed_run) as recorded:
             run = self.parts.start_run(control, recorded)  # with its warm start, if any
         warm_start_seconds = 0.0 if resume_checkpoint is not None else time.perf_counter() - built
@@ -374,7 +377,6 @@ class Trainer:
             seed = distributed.process_seed(config.training.seed, rank, counters.updates)
             reseed_process(run, seed)
 
-        episode_budget, time_budget = run_budgets(config.training)
         training = Training(
             run, counters,
             history, deque(counters.recent_returns, maxlen=MOVING_AVERAGE_EPISODES),
