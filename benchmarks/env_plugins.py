@@ -9,6 +9,8 @@ evaluated greedily on the same evaluation seeds.
     python benchmarks/env_plugins.py --agents textarena-tower-of-hanoi:TowerOfHanoi-v0-medium
     python benchmarks/env_plugins.py --agents vault --model smollm2-135m --minutes 10 \
         --eval-episodes 20 --warm-start follow-the-draft     # a newcomer's env
+    python benchmarks/env_plugins.py --agents textarena-frozen-lake --model smollm2-135m \
+        --minutes 40 --eval-episodes 20 --curve-every 6      # success against minutes
 
 ``vault`` is a package as a newcomer writes one: ``llamagym new-plugin vault --env-class``,
 its env and agent replaced by the text game in ``benchmarks/newcomer_game/`` (one reward
@@ -27,6 +29,10 @@ An agent is its name, or ``NAME:VARIANT`` for another game or level than its def
    command a user types with the agent's defaults, its own final evaluation off;
 3. ``llamagym eval AGENT --checkpoint RUN -n N --seed E --json``: the trained agent on
    the same seeds.
+
+With ``--curve-every K`` the run checkpoints every K updates and keeps them all, and each
+checkpoint is evaluated as in 3: the row's ``curve`` holds the share won at each, against
+the training minutes its update ended at, and a plot of it is written beside the result.
 
 Every number comes from ``llamagym eval``'s JSON: mean return with its 95% CI, the share
 of episodes won (``won`` or ``success``), the share the game ended for invalid moves,
@@ -59,6 +65,7 @@ from benchmarks.common import (  # noqa: E402
     add_allow_dirty,
     budget_arguments,
     log,
+    pyplot,
     recorded_arguments,
     refuse_dirty_tree,
     worker_environment,
@@ -286,6 +293,9 @@ def measure(spec: str, args: argparse.Namespace, runs: Path) -> dict[str, Any]:
     words = run_line(agent, args.model, args.seed, budget, output, args.threads, assignments)
     if args.warm_start:
         words += ["--warm-start", args.warm_start]
+    if args.curve_every:
+        words += ["--checkpoint-every", str(args.curve_every),
+                  "--set", f"output.keep_checkpoints={CURVE_KEEP}"]
     training: dict[str, Any] = {"command": "llamagym " + " ".join(recorded_arguments(words)),
                                 **budget}
     try:
@@ -300,7 +310,54 @@ def measure(spec: str, args: argparse.Namespace, runs: Path) -> dict[str, Any]:
     trained = evaluate(agent, ["--checkpoint", str(output)], args, assignments)
     trained.pop("baselines")
     trained["command"] = trained["command"].replace(str(output), "RUN_DIR")
-    return {**row, "training": training, "trained": trained}
+    row = {**row, "training": training, "trained": trained}
+    if args.curve_every:
+        row["curve"] = checkpoint_curve(agent, output, records, args, assignments)
+    return row
+
+
+#: Checkpoints a curve's run keeps: all of them, for any run this benchmark makes.
+CURVE_KEEP = 10_000
+
+
+def checkpoint_curve(agent: str, output: Path, records: Sequence[Mapping[str, Any]],
+                     args: argparse.Namespace, assignments: Sequence[str]) -> list[dict]:
+    """Each checkpoint of the run in ``output`` evaluated greedily on the evaluation
+    seeds: its update, the training minutes that update ended at, its numbers."""
+    minutes = {int(r["update"]): float(r["seconds"]) / 60 for r in records
+               if r.get("kind") == "update"}
+    points = []
+    for directory in sorted((output / "checkpoints").glob("update-[0-9]*")):
+        if not directory.name.removeprefix("update-").isdigit():  # a set-aside copy
+            continue
+        update = int(directory.name.removeprefix("update-"))
+        log(NAME, f"{agent}: evaluating {directory.name}")
+        numbers = evaluate(agent, ["--checkpoint", str(directory)], args, assignments)
+        points.append({"update": update, "minutes": minutes.get(update),
+                       **numbers["agent"]})
+    return points
+
+
+def plot_curves(rows: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
+    """Share won against training minutes, a line per agent with a curve; None without
+    matplotlib or curves."""
+    curves = [row for row in rows if row.get("curve")]
+    plt = pyplot()
+    if plt is None or not curves:
+        return None
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for row in curves:
+        points = [p for p in row["curve"] if p["minutes"] is not None and p["won"] is not None]
+        axis.plot([p["minutes"] for p in points], [100 * p["won"] for p in points],
+                  marker="o", label=row["agent"])
+    axis.set_xlabel("training minutes")
+    axis.set_ylabel("won, greedy (%)")
+    axis.set_ylim(0, 100)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+    return path
 
 
 # -- the newcomer's env ------------------------------------------------------------------
@@ -378,6 +435,9 @@ def parser() -> argparse.ArgumentParser:
                         help="baselines and the untrained model only, no training")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: 4 evaluation episodes, 16 training episodes")
+    parser.add_argument("--curve-every", type=positive(int), metavar="K",
+                        help="checkpoint every K updates and evaluate each: the share won "
+                        "against training minutes, in the result and a plot beside it")
     parser.add_argument("--keep-runs", type=Path, help="keep the run directories here")
     parser.add_argument("--output", type=Path,
                         help="the result file (default: results/env-plugins-<model>.json)")
@@ -393,6 +453,9 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.eval_episodes > MAX_EVAL_EPISODES:
         arguments.error(f"--eval-episodes {args.eval_episodes} is over "
                         f"{MAX_EVAL_EPISODES}: give fewer")
+    if args.curve_every and args.zero_shot_only:
+        arguments.error("--curve-every evaluates a run's checkpoints: give it without "
+                        "--zero-shot-only")
     if args.minutes is not None and args.agent_episodes:
         arguments.error("--agent-episodes is an episode budget: give it without --minutes")
     unknown = sorted({agent for agent, _ in args.agent_episodes} - set(args.agents))
@@ -439,6 +502,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "budget": None if args.zero_shot_only else budget_of(args),
         "training_seed": args.seed,
         "warm_start": args.warm_start,
+        "curve_every": args.curve_every,
         "set": args.set,
         "eval_episodes": args.eval_episodes,
         "eval_seed": args.eval_seed,
@@ -450,6 +514,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     output = args.output or Path(__file__).resolve().parent / "results" / (
         f"{name}{'-quick' if args.quick else ''}.json")
     path = write_script_result(name, args.quick, output, result, argv)
+    plotted = plot_curves(rows, path.with_suffix(".png"))
     for row in rows:
         if "zero_shot" not in row:
             print(f"{row['agent']} ({row['env_id']}): {row['failed']}")
@@ -459,15 +524,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             line += f", training {row['training']['failed']}"
         if "trained" in row:
             line += f", trained {_won(row['trained'])}"
+        for point in row.get("curve", []):
+            line += f"; update {point['update']}: {_share(point['won'])}"
         print(line)
-    print(f"written to {path}")
+    print(f"written to {path}" + (f" and {plotted}" if plotted else ""))
     return 0
+
+
+def _share(won: float | None) -> str:
+    return "–" if won is None else f"{won:.0%}"
 
 
 def _won(evaluation: Mapping[str, Any]) -> str:
     numbers = evaluation["agent"]
-    won = "–" if numbers["won"] is None else f"{numbers['won']:.0%}"
-    return f"won {won}, mean return {numbers['mean']:+.3f}"
+    return f"won {_share(numbers['won'])}, mean return {numbers['mean']:+.3f}"
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ def test_the_result_files_are_the_ones_the_results_table_reads() -> None:
         (["--minutes", "2", "--agent-episodes", "babyai=4"], "give it without --minutes"),
         (["--agents", "babyai;rm"], "give NAME or NAME:VARIANT"),
         (["--eval-episodes", "100000"], "is over 10000"),
+        (["--curve-every", "0"], "must be above 0"),
+        (["--curve-every", "4", "--zero-shot-only"], "give it without --zero-shot-only"),
     ],
 )
 def test_bad_options_stop_with_one_line_naming_the_fix(argv, said, capsys) -> None:
