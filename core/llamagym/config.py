@@ -191,6 +191,14 @@ class RolloutSettings(Settings):
         "budget (episodes or minutes), so late rollouts play closer to the greedy policy "
         "that is evaluated; null = constant.",
     )
+    legal_replies: bool = Field(
+        False,
+        description="Generate mode: a reply may only write one of the turn's legal "
+        "actions (the tokens of a reply the agent's parsers read as that action, after "
+        "the reply prefix), then end, so no reply is invalid; what is trained on stays "
+        "the model's own log-probabilities. Off: the model writes freely and the parsers "
+        "judge the reply. A turn without legal actions is written freely.",
+    )
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling in generate mode.")
     top_k: int = Field(0, ge=0, description="Top-k sampling in generate mode; 0 = off.")
     reward_shaping: bool = Field(False, description="Add llamagym_shape_reward hook terms.")

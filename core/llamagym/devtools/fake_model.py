@@ -171,6 +171,7 @@ class FakePolicy:
         reply_prefix: str | Sequence[str] = "",
         should_stop: Any = None,  # a scripted reply is one step
         keys: Sequence[Any] | None = None,  # no model, no cache to keep
+        reply_trees: Any = None,  # a scripted reply is written as the script says
     ) -> Replies:
         from llamagym.models.generation import reply_prefixes
         from llamagym.models.policy import Replies

@@ -33,6 +33,7 @@ from llamagym.models.decoder import (
     model_device,
 )
 from llamagym.models.generation import Generation, reply_prefixes, sampling_processors
+from llamagym.models.legal_replies import LegalReplies, ReplyTree
 from llamagym.models.pass_memory import attention_heads
 from llamagym.models.passes import BatchedPasses, PassCounts
 from llamagym.models.trunk import TrunkStates, first_trained_layer
@@ -490,6 +491,7 @@ class Policy(nn.Module):
         reply_prefix: str | Sequence[str] = "",
         should_stop: Callable[[], bool] | None = None,
         keys: Sequence[Hashable] | None = None,
+        reply_trees: Sequence[ReplyTree | None] | None = None,
     ) -> Replies:
         """Sample one reply per prompt in one batched ``generate`` (left padding), with
         the log-probabilities and values the rollout keeps, from the same passes.
@@ -512,6 +514,8 @@ class Policy(nn.Module):
         With ``keys`` (the rollout's: one per prompt, naming its env's episode), each
         row starts from its env's turn cache instead (``TurnCachePasses.turn_inputs``),
         and what the row ran, its prompt and reply, is kept there for the next turn.
+        With ``reply_trees``, a row with a tree writes only what it allows
+        (:class:`~llamagym.models.legal_replies.LegalReplies`).
         """
         prefixes = reply_prefixes(reply_prefix, len(prompts))
         # A reply ends where the model's context does.
@@ -526,10 +530,13 @@ class Policy(nn.Module):
                     [prompts[i] for i in rows], max_new_tokens, temperature, top_p, top_k,
                     greedy, generator, [prefixes[i] for i in rows], should_stop,
                     None if keys is None else [keys[i] for i in rows],
+                    None if reply_trees is None else [reply_trees[i] for i in rows],
                 )
 
             return Replies.joined([part(group) for group in groups])
         processors = [] if greedy else sampling_processors(temperature, top_p, top_k, generator)
+        if reply_trees is not None and any(reply_trees):  # before sampling: what may be drawn
+            processors.insert(0, LegalReplies(reply_trees))
         replies, logprobs, states = self.generation.run(
             prompts, prefixes, keys, max_new_tokens, processors, should_stop
         )

@@ -23,6 +23,7 @@ import torch
 
 from llamagym import moved_name as _moved_name
 from llamagym.config import RolloutSettings
+from llamagym.models.legal_replies import ReplyTree, legal_reply_text
 from llamagym.models.policy import Policy
 from llamagym.rollout import carried
 from llamagym.rollout.env_checks import checked_legal_actions
@@ -74,6 +75,8 @@ class RolloutEngine:
         self.generator = torch.Generator().manual_seed(seed)
         self.stats = RolloutStats()
         self._greedy_memo: dict[tuple, Turn] | None = None
+        #: each (reply prefix, action)'s reply tokens under rollout.legal_replies
+        self._legal_replies: dict[tuple[str, str], list[int] | None] = {}
         self.failures = EnvFailures(
             lambda: self.agent.make_env(), lambda: env_name(self.agent), max_failures_in_a_row,
             self.stats,
@@ -313,6 +316,10 @@ class RolloutEngine:
             for prompt, prefix in zip(prompts, prefixes, strict=True)
         ]
         temperature = self.temperature
+        trees = None
+        if settings.legal_replies:
+            trees = [self._reply_tree(prefix, names) for prefix, names in zip(
+                prefixes, legal, strict=True)]
         replies = self.policy.generate(
             prompts,
             max_new_tokens=settings.max_new_tokens,
@@ -324,6 +331,7 @@ class RolloutEngine:
             reply_prefix=prefixes,
             should_stop=should_stop,
             keys=keys,
+            **({} if trees is None else {"reply_trees": trees}),
         )
         turns = []
         for row, reply_tokens in enumerate(replies.tokens):
@@ -349,6 +357,32 @@ class RolloutEngine:
                 )
             )
         return turns
+
+    def _reply_tree(self, prefix: str, names: Sequence[str]) -> ReplyTree | None:
+        """The replies after ``prefix`` that write one of ``names`` (None: no name has one:
+        the row writes freely)."""
+        replies = [self._legal_reply(prefix, name) for name in names]
+        tree = ReplyTree([reply for reply in replies if reply is not None])
+        return tree or None
+
+    def _legal_reply(self, prefix: str, name: str) -> list[int] | None:
+        """The tokens of the reply that writes action ``name`` after ``prefix``, ending
+        the turn: None where its text does not come back from its tokens, is longer than
+        ``max_new_tokens``, or the agent's parsers do not read it as ``name``."""
+        key = (prefix, name)
+        if key in self._legal_replies:
+            return self._legal_replies[key]
+        text = legal_reply_text(prefix, name)
+        tokenizer = self.policy.tokenizer
+        tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
+        reply: list[int] | None = [*tokens, self.policy.eos_id]
+        if (len(tokens) > self.settings.max_new_tokens
+                or tokenizer.decode(tokens, skip_special_tokens=True) != text
+                or self.plugins.parse_reply(self.agent, prefix + text, [name])[0] != 0):
+            reply = None
+        if len(self._legal_replies) < 100_000:
+            self._legal_replies[key] = reply
+        return reply
 
     def _reprompt(
         self,

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 import torch
 
+from llamagym.models.legal_replies import ReplyTree
 from llamagym.models.policy import Replies
 
 
@@ -18,7 +19,9 @@ class RolloutPolicy(Protocol):
     :class:`~llamagym.devtools.fake_model.FakePolicy` plays without a model. ``keys``
     name each row's episode in progress (its slot's key), so a policy may keep what a
     row's pass computed for the episode's next turn (Policy's turn cache); a policy
-    with a ``drop_turn_cache(key)`` method is told when that episode is over."""
+    with a ``drop_turn_cache(key)`` method is told when that episode is over.
+    ``reply_trees`` (one per row, None: free) hold each row's reply to the tokens its
+    tree allows (``rollout.legal_replies``)."""
 
     @property
     def tokenizer(self) -> Any: ...
@@ -49,4 +52,5 @@ class RolloutPolicy(Protocol):
         reply_prefix: str | Sequence[str] = "",
         should_stop: Callable[[], bool] | None = None,
         keys: Sequence[Hashable] | None = None,
+        reply_trees: Sequence[ReplyTree | None] | None = None,
     ) -> Replies: ...

@@ -145,6 +145,10 @@ class _Sampler:
     def generate(self, prompts: Sequence[Sequence[int]], **settings: Any) -> Replies:
         if self.vllm is None:
             return self.policy.generate(prompts, **settings)
+        if settings.get("reply_trees") is not None:
+            raise LlamaGymError("rollout.legal_replies holds replies to the legal actions "
+                                "through the model's own generate, which vLLM does not run: "
+                                "set trl.use_vllm=false, or rollout.legal_replies=false")
         # vLLM samples with the run's temperature, top-p and top-k (GRPOConfig's) for
         # max_new_tokens (its max_completion_length); a reply ends as the policy's do.
         # Its log-probabilities (top-1: the sampled token's, after temperature and the
