@@ -192,6 +192,9 @@ def blackjack_signal_after(history: list[dict]) -> LearningSignal:
          "(1.0 of 4 epochs run on average)"),
         ([episode([0, 1], reward=float(i), valid=i > 2) for i in range(4)], {},
          "invalid-replies", "75% of the replies of the last 3 updates named no legal action"),
+        ([episode([0, 1], reward=float(i), valid=i > 2) for i in range(4)], {},
+         "invalid-replies", "try replies held to the legal actions (--set "
+         "rollout.legal_replies=true)"),
     ],
 )
 def test_each_finding(batch, metrics, finding, words) -> None:

@@ -243,6 +243,11 @@ def diagnose(window: Sequence[UpdateSignal], advice: Advice) -> list[Finding]:
             )
         )))
     if total.turns and total.invalid > INVALID_SHARE * total.turns:
+        held = (
+            "replies held to the legal actions (--set rollout.legal_replies=true), so "
+            "each one writes one of them"
+            if total.named_turns and not advice.config.rollout.legal_replies else None
+        )
         score = (
             "score mode (--set rollout.mode=score), which ranks the legal actions instead "
             "of reading a reply" if total.named_turns else None
@@ -250,7 +255,7 @@ def diagnose(window: Sequence[UpdateSignal], advice: Advice) -> list[Finding]:
         findings.append(Finding("invalid-replies", (
             f"{total.invalid / total.turns:.0%} of the replies of {last} named no legal "
             "action: the model seldom answers in a form the agent reads; "
-            + _try(advice.warm_start(), score)
+            + _try(held, advice.warm_start(), score)
         )))
     return findings
 
