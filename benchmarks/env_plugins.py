@@ -513,6 +513,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = result_name(args.model)
     output = args.output or Path(__file__).resolve().parent / "results" / (
         f"{name}{'-quick' if args.quick else ''}.json")
+    if any(row.get("curve") for row in rows):  # the plot beside the result, by name
+        result["plot"] = output.with_suffix(".png").name
     path = write_script_result(name, args.quick, output, result, argv)
     plotted = plot_curves(rows, path.with_suffix(".png"))
     for row in rows:

@@ -338,9 +338,20 @@ def env_plugins_section(result: Mapping[str, Any]) -> str:
             f"{result['threads']} torch threads, one run at a time, at niceness "
             f"{result['niceness']}. Made by "
             f"`{result['command']}`, {str(result.get('date', '–'))[:10]}.")
+    curves = [_curve_line(row, result.get("plot")) for row in result["agents"]
+              if row.get("curve")]
     return "\n\n".join([heading, _table(
         ("Agent", "Env", "Random", "Expert", "Zero-shot", "Trained", "Training", "Command",
-         "CPU", "Commit"), rows), note])
+         "CPU", "Commit"), rows), note, *curves])
+
+
+def _curve_line(row: Mapping[str, Any], plot: str | None) -> str:
+    """A row's checkpoints (``env_plugins.py --curve-every``): the share won at each."""
+    points = ", ".join(
+        f"update {p['update']} ({'?' if p['minutes'] is None else format(p['minutes'], '.1f')}"
+        f" min) {'–' if p['won'] is None else format(p['won'], '.0%')}" for p in row["curve"])
+    shown = f" ([plot](../benchmarks/results/{plot}))" if plot else ""
+    return f"`{row['agent']}`, greedy share won at each checkpoint{shown}: {points}."
 
 
 SECTIONS: dict[str, Callable[[Mapping[str, Any]], str]] = {
