@@ -339,8 +339,9 @@ def checkpoint_curve(agent: str, output: Path, records: Sequence[Mapping[str, An
 
 
 def plot_curves(rows: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
-    """Share won against training minutes, a line per agent with a curve; None without
-    matplotlib or curves."""
+    """Share won against training minutes (the untrained model at 0), a line per agent
+    with a curve; None without matplotlib or curves. ``python benchmarks/env_plugins.py
+    --plot RESULT`` draws it again from a result file."""
     curves = [row for row in rows if row.get("curve")]
     plt = pyplot()
     if plt is None or not curves:
@@ -348,6 +349,9 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
     figure, axis = plt.subplots(figsize=(7, 4))
     for row in curves:
         points = [p for p in row["curve"] if p["minutes"] is not None and p["won"] is not None]
+        zero_shot = row["zero_shot"]["agent"]["won"]
+        if zero_shot is not None:  # the untrained model, at minute 0
+            points.insert(0, {"minutes": 0.0, "won": zero_shot})
         axis.plot([p["minutes"] for p in points], [100 * p["won"] for p in points],
                   marker="o", label=row["agent"])
     axis.set_xlabel("training minutes")
@@ -472,6 +476,14 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if len(argv) == 2 and argv[0] == "--plot":  # a result's plot drawn again
+        result = Path(argv[1])
+        plotted = plot_curves(json.loads(result.read_text(encoding="utf-8"))["agents"],
+                              result.with_suffix(".png"))
+        print(f"written to {plotted}" if plotted else f"{result}: no curve to plot")
+        return 0
     args = parse_arguments(argv)
     refuse_dirty_tree(NAME, args.quick, args.allow_dirty)
     started = time.perf_counter()
@@ -513,8 +525,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = result_name(args.model)
     output = args.output or Path(__file__).resolve().parent / "results" / (
         f"{name}{'-quick' if args.quick else ''}.json")
-    if any(row.get("curve") for row in rows):  # the plot beside the result, by name
-        result["plot"] = output.with_suffix(".png").name
     path = write_script_result(name, args.quick, output, result, argv)
     plotted = plot_curves(rows, path.with_suffix(".png"))
     for row in rows:

@@ -34,9 +34,14 @@ def _paths(directory: Path, name: str, quick: bool) -> list[Path]:
 
 def _load(directory: Path, name: str, quick: bool) -> list[dict[str, Any]]:
     """The results of a section; those of a ``*`` name by model (``tiny`` first), then
-    by the date each was made."""
-    results = [json.loads(path.read_text(encoding="utf-8"))
-               for path in _paths(directory, name, quick)]
+    by the date each was made. A result with a ``.png`` of its name beside it has it as
+    its ``plot``."""
+    results = []
+    for path in _paths(directory, name, quick):
+        result = json.loads(path.read_text(encoding="utf-8"))
+        if path.with_suffix(".png").is_file():  # its plot, beside it by name
+            result["plot"] = path.with_suffix(".png").name
+        results.append(result)
     return sorted(results, key=lambda r: (r.get("model") != "tiny", str(r.get("date"))))
 
 
