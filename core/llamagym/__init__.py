@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.abc
+import importlib.machinery
 import importlib.util
 import logging
 import sys
@@ -18,16 +19,6 @@ from llamagym.hookspecs import hookimpl
 
 __version__ = "0.4.0"
 
-
-def _without_cpu_kernel_notice(record: logging.LogRecord) -> bool:
-    """peft imports bitsandbytes whenever it is installed, and bitsandbytes then warns, on
-    a machine without the optional ``kernels`` package, that its fast 4-bit CPU matmul is
-    missing: on every run, although only a quantized model uses it (the loader says so
-    then)."""
-    return "kernels" not in record.getMessage()
-
-
-logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_without_cpu_kernel_notice)
 
 _LAZY = {
     "Agent": "llamagym.agent",
@@ -198,6 +189,59 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.append(_MovedModuleFinder())
+
+
+# No code from the Hub at import. On a CPU with avx512_bf16, bitsandbytes's CPU backend asks
+# the optional `kernels` package (a dependency of transformers since 5.25) for a compiled
+# 4-bit matmul from the Hub as it is imported, which peft does whenever bitsandbytes is
+# installed: a network call on every run, a warning on stderr when the Hub is offline,
+# and a binary fetched and loaded unasked. That one module is imported with `kernels` out
+# of reach, so bitsandbytes keeps its own CPU code, as where `kernels` is not installed,
+# and the notice it then logs is dropped (the loader speaks of a quantized model's speed).
+_NO_MODULE = object()
+
+
+class _WithoutKernels(importlib.abc.Loader):
+    """A module's own loader, run while ``import kernels`` fails."""
+
+    def __init__(self, loader: importlib.abc.Loader) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        saved = sys.modules.get("kernels", _NO_MODULE)
+        sys.modules["kernels"] = None  # type: ignore[assignment]  # `import kernels` raises
+        try:
+            self._loader.exec_module(module)
+        finally:
+            if saved is _NO_MODULE:
+                del sys.modules["kernels"]
+            else:
+                sys.modules["kernels"] = saved  # type: ignore[assignment]
+
+
+class NoHubKernels(importlib.abc.MetaPathFinder):
+    """Imports :attr:`guarded` through :class:`_WithoutKernels`."""
+
+    guarded = "bitsandbytes.backends.cpu.ops"
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != self.guarded:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _WithoutKernels(spec.loader)
+        return spec
+
+
+def _without_cpu_kernel_notice(record: logging.LogRecord) -> bool:
+    return "kernels" not in record.getMessage()
+
+
+logging.getLogger(NoHubKernels.guarded).addFilter(_without_cpu_kernel_notice)
+sys.meta_path.insert(0, NoHubKernels())
 
 
 def __getattr__(name: str) -> Any:
