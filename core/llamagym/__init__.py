@@ -207,6 +207,9 @@ class _WithoutKernels(importlib.abc.Loader):
     def __init__(self, loader: importlib.abc.Loader) -> None:
         self._loader = loader
 
+    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ... (tracebacks)
+        return getattr(self._loader, name)
+
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
         return self._loader.create_module(spec)
 
