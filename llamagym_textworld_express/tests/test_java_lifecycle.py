@@ -36,6 +36,25 @@ def _gone(pid: int, within: float) -> bool:
         time.sleep(0.05)
 
 
+def _stop(pid: int, within: float = 10.0) -> None:
+    """SIGSTOP process ``pid`` and wait until every one of its threads has stopped: the
+    signal is taken by one thread, which stops the others, so a busy machine can leave a
+    thread answering for a while after kill() returns."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + within
+    while True:
+        states = []
+        for stat_file in Path(f"/proc/{pid}/task").glob("*/stat"):
+            try:
+                states.append(stat_file.read_text().rsplit(")", 1)[1].split()[0])
+            except (FileNotFoundError, ProcessLookupError):  # a thread that ended
+                continue
+        if states and all(state in ("T", "t") for state in states):
+            return
+        assert time.monotonic() < deadline, f"JVM {pid} did not stop: thread states {states}"
+        time.sleep(0.02)
+
+
 def test_close_ends_the_jvm_with_the_last_env_that_shares_it() -> None:
     pool = SharedJava()
     first = TextWorldExpressEnv("coin", java=pool)
@@ -108,7 +127,7 @@ def test_a_stopped_jvm_fails_the_env_within_its_timeout_and_is_killed() -> None:
     pid = env.java_pid
     try:
         _, info = env.reset(seed=0)
-        os.kill(pid, signal.SIGSTOP)
+        _stop(pid)
         started = time.monotonic()
         with pytest.raises(JavaFailure, match=r"did not answer within 3 s "
                            r"\(agent.timeout_seconds\); it was stopped"):
