@@ -84,7 +84,7 @@ class ServedEnvironment(Environment[TextAction, TextObservation, State]):
         if not terminated and self._state.step_count >= self.turn_cap:
             truncated = True  # cut where a run in process would cut it
         self._done = terminated or truncated
-        return self._observation(observation, info, reward, terminated, truncated, {})
+        return self._observation(observation, info, float(reward), terminated, truncated, {})
 
     @property
     def state(self) -> State:
