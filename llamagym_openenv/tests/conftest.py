@@ -89,8 +89,9 @@ def stop(process: subprocess.Popen) -> None:
 def serving_in_thread(agent_name: str, max_sessions: int = 8, keepalive: float = 20.0,
                       overrides: dict | None = None) -> Iterator[str]:
     """The same server in a thread of this process (uvicorn on 127.0.0.1, port 0)."""
-    from llamagym.cli.run_commands import resolve_run_config
     from llamagym_openenv.server import bind, build_app, make_server
+
+    from llamagym.cli.run_commands import resolve_run_config
 
     agent_class, resolved = resolve_run_config(agent_name, None, [], {})
     agent = agent_class(config=resolved)

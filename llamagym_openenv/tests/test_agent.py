@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from llamagym.cli.run_commands import resolve_run_config
 from llamagym_openenv.client import OpenEnvError
+
+from llamagym.cli.run_commands import resolve_run_config
 
 ENVIRONMENT = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
@@ -53,7 +54,9 @@ def test_a_tiny_model_run_trains_on_a_served_blackjack(blackjack_server, llamagy
 
 
 @pytest.mark.slow
-def test_a_run_whose_server_is_killed_ends_in_one_line_and_never_hangs(serve, llamagym, tmp_path: Path):
+def test_a_run_whose_server_is_killed_ends_in_one_line_and_never_hangs(
+    serve, llamagym, tmp_path: Path
+):
     with serve("blackjack", "--max-sessions", "16") as served:
         run = subprocess.Popen(
             [*llamagym, "run", "openenv", "--set", f"agent.url={served.url}",

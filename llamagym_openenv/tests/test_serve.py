@@ -8,8 +8,9 @@ import time
 from typing import Any
 
 import pytest
-from llamagym.cli.run_commands import resolve_run_config
 from llamagym_openenv.client import LEGAL, OpenEnvEnv, OpenEnvError
+
+from llamagym.cli.run_commands import resolve_run_config
 
 
 def _actions(seed: int, step: int) -> str:

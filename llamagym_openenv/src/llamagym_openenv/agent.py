@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from llamagym.agent import Agent
 from pydantic import BaseModel, ConfigDict, Field
 
+from llamagym.agent import Agent
 from llamagym_openenv import protocol
 from llamagym_openenv.client import (
     CONTEXT,
@@ -79,6 +79,11 @@ class OpenEnvOptions(BaseModel):
     max_legal_actions: int = Field(
         256, ge=1, le=10_000, description="More legal actions than this end the session."
     )
+    max_episode_steps: int = Field(
+        200, ge=1, le=100_000,
+        description="Steps after which an episode the server has not ended is cut "
+        "(truncated): a server's env may never say done.",
+    )
     max_action_chars: int = Field(
         200, ge=1, le=protocol.MAX_ACTION_CHARS, description="The longest action name taken."
     )
@@ -118,6 +123,7 @@ class OpenEnvAgent(Agent):
             max_message_bytes=options.max_message_bytes,
             max_observation_chars=options.max_observation_chars,
             max_legal_actions=options.max_legal_actions, max_action_chars=options.max_action_chars,
+            max_episode_steps=options.max_episode_steps,
         )
         return OpenEnvEnv(options.url, wire, bounds)
 

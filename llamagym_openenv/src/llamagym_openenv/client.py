@@ -13,6 +13,7 @@ line naming the server and the fix. A run counts an env that raised and replaces
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import threading
@@ -22,9 +23,9 @@ from typing import Any
 
 import gymnasium
 from gymnasium import spaces
+
 from llamagym.display import printable
 from llamagym.errors import LlamaGymError
-
 from llamagym_openenv import protocol
 
 #: Keys of the info this env returns (``_``: kept out of episode summaries).
@@ -48,6 +49,9 @@ class Bounds:
     max_observation_chars: int = 4_000
     max_legal_actions: int = 256
     max_action_chars: int = 200
+    #: Steps after which an episode the server has not ended is truncated (Gymnasium's
+    #: TimeLimit): a server's env may never say done.
+    max_episode_steps: int = 200
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,7 @@ class OpenEnvEnv(gymnasium.Env):
         self.action_space = spaces.Text(max_length=self.bounds.max_action_chars)
         self._client: Any = None
         self._legal: list[str] | None = None
+        self._steps = 0
 
     # -- Gymnasium -------------------------------------------------------------------
     def reset(
@@ -98,12 +103,18 @@ class OpenEnvEnv(gymnasium.Env):
         kwargs = {} if seed is None else {"seed": int(seed)}
         result = self._call("reset", lambda client: client.reset(**kwargs))
         observation, _, _, _, info = self._read(result, reset=True)
+        self._steps = 0
         return observation, info
 
     def step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
         payload = {self.wire.action_field: self._action_value(action)}
         result = self._call("step", lambda client: client.step(payload))
-        return self._read(result, reset=False)
+        observation, reward, terminated, truncated, info = self._read(result, reset=False)
+        self._steps += 1
+        if not (terminated or truncated) and self._steps >= self.bounds.max_episode_steps:
+            truncated, self._legal = True, None  # the episode ends here for this env
+            info[LEGAL] = None
+        return observation, reward, terminated, truncated, info
 
     def close(self) -> None:
         client, self._client = self._client, None
@@ -149,7 +160,7 @@ class OpenEnvEnv(gymnasium.Env):
         if code == 1009:
             return (f"{where} sent a message over {bounds.max_message_bytes:,} bytes on a "
                     f"{what}: raise agent.max_message_bytes if it is meant to")
-        if isinstance(error, json.JSONDecodeError) or isinstance(error, (RecursionError,)):
+        if isinstance(error, (json.JSONDecodeError, RecursionError)):
             return f"{where} answered a {what} with what is not JSON ({quoted(text)})"
         if "CAPACITY_REACHED" in text:
             return (f"{where} is full and refused a session ({quoted(text)}): start it "
@@ -252,10 +263,9 @@ class OpenEnvEnv(gymnasium.Env):
 
 
 def _close_quietly(client: Any) -> None:
-    try:
+    # A session that failed may fail to close; it is dropped either way.
+    with contextlib.suppress(Exception):
         client.close()
-    except Exception:  # a session that failed may fail to close; it is dropped either way
-        pass
 
 
 def _close_code(error: BaseException) -> int | None:

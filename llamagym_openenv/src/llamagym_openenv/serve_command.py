@@ -1,10 +1,15 @@
-"""``llamagym serve AGENT``: an installed agent's env as an OpenEnv server."""
+"""``llamagym serve AGENT``: an installed agent's env as an OpenEnv server. Importing
+this module imports neither OpenEnv nor uvicorn (the command is registered at start)."""
 
 from __future__ import annotations
 
 import typer
 
-from llamagym_openenv.server import DEFAULT_KEEPALIVE_SECONDS, LOOPBACK
+#: Where a server listens unless ``--host`` says otherwise: this machine only.
+LOOPBACK = "127.0.0.1"
+#: Seconds between the server's keepalive pings; a client silent for as long again is
+#: taken for gone and its session closed.
+DEFAULT_KEEPALIVE_SECONDS = 20.0
 
 
 def serve_command(
@@ -30,7 +35,6 @@ def serve_command(
     as the agent's text, legal actions in the observation's metadata, reward and done
     as the env gives them, reset(seed) honoured."""
     from llamagym.cli.run_commands import resolve_run_config
-
     from llamagym_openenv.server import serve
 
     agent_class, resolved = resolve_run_config(agent, None, assignments, {})

@@ -22,22 +22,19 @@ import socket
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from openenv.core.env_server.interfaces import Environment
+from openenv.core.env_server.types import State
+
 from llamagym.errors import LlamaGymError
 from llamagym.rollout.env_checks import checked_reset, checked_step, max_turns
 from llamagym.rollout.trajectory import info_summary
 from llamagym.task import Task
-from openenv.core.env_server.interfaces import Environment
-from openenv.core.env_server.types import State
-
 from llamagym_openenv import protocol
 from llamagym_openenv.protocol import TextAction, TextObservation
+from llamagym_openenv.serve_command import DEFAULT_KEEPALIVE_SECONDS, LOOPBACK
 
 logger = logging.getLogger(__name__)
 
-LOOPBACK = "127.0.0.1"
-#: Seconds between the server's keepalive pings; a client silent for as long again is
-#: taken for gone and its session closed.
-DEFAULT_KEEPALIVE_SECONDS = 20.0
 
 
 class ServeError(LlamaGymError):
