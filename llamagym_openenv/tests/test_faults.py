@@ -22,9 +22,10 @@ QUICK = Bounds(connect_timeout=2.0, timeout=1.5, max_message_bytes=64 * 1024)
 
 
 @contextlib.contextmanager
-def fake_server(answer: Callable[[dict], object]) -> Iterator[str]:
-    """A WebSocket server on 127.0.0.1 that answers each message with ``answer(message)``
-    (a str or bytes frame sent as it is; None: no answer at all)."""
+def fake_server(answer: Callable[[dict], object], port: int = 0) -> Iterator[str]:
+    """A WebSocket server on 127.0.0.1 (``port``, 0: any free one) that answers each
+    message with ``answer(message)`` (a str or bytes frame sent as it is; None: no answer
+    at all)."""
     from websockets.asyncio.server import serve
 
     ready = threading.Event()
@@ -38,7 +39,7 @@ def fake_server(answer: Callable[[dict], object]) -> Iterator[str]:
 
     async def main() -> None:
         state["stop"] = asyncio.get_running_loop().create_future()
-        async with serve(handler, "127.0.0.1", 0, max_size=None) as server:
+        async with serve(handler, "127.0.0.1", port, max_size=None) as server:
             state["port"] = next(iter(server.sockets)).getsockname()[1]
             ready.set()
             await state["stop"]
@@ -59,6 +60,12 @@ def _observation(**overrides) -> str:
             "metadata": {"legal_actions": ["a", "b"]}}
     data.update(overrides)
     return json.dumps({"type": "observation", "data": data})
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def _timed_error(url: str, call: Callable[[OpenEnvEnv], object]) -> tuple[str, float]:
@@ -117,12 +124,30 @@ def test_a_server_that_never_answers_times_out():
 
 
 def test_no_server_at_all_is_one_line_within_the_connect_timeout():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = _free_port()
     message, seconds = _timed_error(f"ws://127.0.0.1:{port}", lambda env: env.reset(seed=0))
     assert "closed or refused the connection" in message and "llamagym serve" in message
     assert seconds < QUICK.connect_timeout + 2
+
+
+def test_a_server_that_starts_late_is_waited_for_within_the_connect_timeout():
+    port, started = _free_port(), threading.Event()
+
+    def start_late() -> None:
+        time.sleep(1.0)
+        with fake_server(lambda message: _observation(), port=port):
+            started.set()
+            time.sleep(5)
+
+    threading.Thread(target=start_late, daemon=True).start()
+    env = OpenEnvEnv(f"ws://127.0.0.1:{port}", bounds=QUICK)
+    try:
+        start = time.monotonic()
+        observation, info = env.reset(seed=0)  # refused at first, then answered
+        assert started.is_set() and 0.9 < time.monotonic() - start < QUICK.connect_timeout
+        assert info["_legal_actions"] == ["a", "b"]
+    finally:
+        env.close()
 
 
 def test_a_server_killed_mid_episode_ends_the_step_in_one_line(serve):

@@ -67,7 +67,9 @@ class OpenEnvOptions(BaseModel):
         30.0, gt=0, le=3600, description="The longest wait for one answer of the server."
     )
     connect_timeout_seconds: float = Field(
-        10.0, gt=0, le=600, description="The longest wait for a connection."
+        20.0, gt=0, le=600,
+        description="The longest wait for a connection; a refused one (a server starting, "
+        "or restarting after a crash) is tried again every 0.5 s until then.",
     )
     max_message_bytes: int = Field(
         1_000_000, ge=1_024, le=100_000_000,

@@ -17,6 +17,7 @@ import contextlib
 import json
 import math
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,7 +44,7 @@ class OpenEnvError(LlamaGymError):
 class Bounds:
     """What this env accepts from a server, and how long it waits."""
 
-    connect_timeout: float = 10.0
+    connect_timeout: float = 20.0
     timeout: float = 30.0
     max_message_bytes: int = 1_000_000
     max_observation_chars: int = 4_000
@@ -139,15 +140,24 @@ class OpenEnvEnv(gymnasium.Env):
 
     def _call(self, what: str, call: Any) -> Any:
         """``call(client)``, with whatever goes wrong said in one line; a session that
-        failed is dropped (closed in the background), so the next reset starts anew."""
-        if self._client is None:
-            self._client = self._connect()
-        try:
-            return call(self._client)
-        except Exception as error:
-            client, self._client = self._client, None
-            threading.Thread(target=_close_quietly, args=(client,), daemon=True).start()
-            raise OpenEnvError(self._problem(what, error)) from error
+        failed is dropped (closed in the background), so the next reset starts anew.
+        A new session whose connection is refused is tried again every half second
+        until ``connect_timeout``: a server that is starting, or restarting after a
+        crash, is waited for as long."""
+        fresh = self._client is None
+        deadline = time.monotonic() + self.bounds.connect_timeout
+        while True:
+            if self._client is None:
+                self._client = self._connect()
+            try:
+                return call(self._client)
+            except Exception as error:
+                client, self._client = self._client, None
+                threading.Thread(target=_close_quietly, args=(client,), daemon=True).start()
+                if fresh and _refused(error) and time.monotonic() + 0.5 < deadline:
+                    time.sleep(0.5)
+                    continue
+                raise OpenEnvError(self._problem(what, error)) from error
 
     def _problem(self, what: str, error: BaseException) -> str:
         where = f"the OpenEnv server at {quoted(self.url)}"
@@ -275,6 +285,16 @@ def _close_code(error: BaseException) -> int | None:
             return code
     cause = error.__cause__ or error.__context__
     return _close_code(cause) if cause is not None and cause is not error else None
+
+
+def _refused(error: BaseException | None) -> bool:
+    """Whether ``error`` (or what caused it) is a connection refused: no server listens."""
+    seen = 0
+    while error is not None and seen < 10:
+        if isinstance(error, ConnectionRefusedError):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
 
 
 def _is_closed(error: BaseException) -> bool:
