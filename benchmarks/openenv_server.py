@@ -37,8 +37,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a file: make the `benchmarks` package importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run as a file: make the `benchmarks` package importable,
+    # and keep this folder off the path (its textworld.py would shadow the package)
+    _here = Path(__file__).resolve().parent
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
+    sys.path.insert(0, str(_here.parent))
 
 from benchmarks.common import write_script_result  # noqa: E402
 
@@ -244,6 +247,7 @@ def soak(minutes: float, kill_every: float) -> dict[str, Any]:
     if metrics.exists():
         records = [json.loads(line) for line in metrics.read_text().splitlines() if line]
     updates = [r["update"] for r in records if r.get("kind") == "update"]
+    # env_failures in metrics.jsonl counts the run's failures so far
     failures = [r.get("env_failures", 0) for r in records if r.get("kind") == "update"]
     shutil.rmtree(output.parent, ignore_errors=True)
     return {
@@ -251,7 +255,7 @@ def soak(minutes: float, kill_every: float) -> dict[str, Any]:
         "kills_at_seconds": kills, "exit_code": run.returncode, "hung": hung,
         "wall_seconds": round(wall, 1), "updates": len(updates),
         "updates_numbered_without_gap": updates == list(range(1, len(updates) + 1)),
-        "env_failures": sum(failures), "stderr_tail": stderr[-600:],
+        "env_failures": max(failures, default=0), "stderr_tail": stderr[-600:],
     }
 
 

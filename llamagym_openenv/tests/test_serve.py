@@ -135,6 +135,20 @@ def test_an_illegal_action_is_refused_in_one_line_and_the_next_episode_plays(bla
         env.close()
 
 
+def test_a_step_without_a_reset_or_after_the_end_is_refused_saying_which(blackjack_server):
+    env = OpenEnvEnv(blackjack_server.url)
+    try:
+        with pytest.raises(OpenEnvError, match="refused a step.*this session has no episode"):
+            env.step("stick")  # what a client sees that lost its session to a restart
+        env.reset(seed=0)
+        _, _, terminated, _, _ = env.step("stick")  # Blackjack: standing ends the hand
+        assert terminated
+        with pytest.raises(OpenEnvError, match="refused a step.*the episode is over"):
+            env.step("stick")
+    finally:
+        env.close()
+
+
 def test_serve_refuses_an_unknown_agent_and_a_busy_port_in_one_line(blackjack_server, llamagym):
     unknown = subprocess.run([*llamagym, "serve", "no-such-agent", "--port", "0"],
                              capture_output=True, text=True, timeout=60)

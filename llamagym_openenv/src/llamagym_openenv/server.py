@@ -36,7 +36,6 @@ from llamagym_openenv.serve_command import DEFAULT_KEEPALIVE_SECONDS, LOOPBACK
 logger = logging.getLogger(__name__)
 
 
-
 class ServeError(LlamaGymError):
     """The server could not start (a port in use, an agent whose env cannot be made)."""
 
@@ -55,6 +54,7 @@ class ServedEnvironment(Environment[TextAction, TextObservation, State]):
         self._state = State()
         self._legal: list[str] | None = None
         self._done = True
+        self._started = False  # whether this session was ever reset
 
     # -- OpenEnv's Environment -----------------------------------------------------
     def reset(
@@ -62,7 +62,7 @@ class ServedEnvironment(Environment[TextAction, TextObservation, State]):
     ) -> TextObservation:
         observation, info = checked_reset(self.env, seed)  # type: ignore[arg-type]
         self._state = State(episode_id=episode_id, step_count=0)
-        self._done = False
+        self._done, self._started = False, True
         extra = {
             protocol.AGENT: self.agent.name,
             protocol.SYSTEM_PROMPT: self.agent.plugins.system_prompt(self.agent),
@@ -74,6 +74,11 @@ class ServedEnvironment(Environment[TextAction, TextObservation, State]):
         self, action: TextAction, timeout_s: float | None = None, **kwargs: Any
     ) -> TextObservation:
         if self._done:
+            if not self._started:
+                raise ValueError(
+                    "this session has no episode: reset first (a client that stepped a "
+                    "new session lost its episode with its connection, e.g. to a server "
+                    "restart)")
             raise ValueError("the episode is over: reset before stepping again")
         env_action = self._env_action(action.action)
         observation, reward, terminated, truncated, info = checked_step(self.env, env_action)
