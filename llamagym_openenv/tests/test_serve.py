@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -173,3 +175,28 @@ def test_another_agent_serves_too_cartpole_with_its_text(serve):
         finally:
             env.close()
     assert served.process.poll() is not None  # stopped when the block ended
+
+
+USAGE = Path(__file__).resolve().parents[2] / "docs" / "usage.md"
+
+
+@pytest.mark.skipif(not USAGE.is_file(), reason="the repository's docs are not beside this")
+def test_the_trl_environment_class_in_the_docs_plays_a_served_episode(blackjack_server):
+    from transformers.utils import get_json_schema
+
+    block = next(code for code in re.findall(r"```python\n(.*?)```", USAGE.read_text(),
+                                              re.DOTALL) if "class ServedGame" in code)
+    namespace: dict[str, Any] = {}
+    exec(block.replace("ws://127.0.0.1:8000", blackjack_server.url), namespace)  # our doc
+    game = namespace["ServedGame"]()
+    try:
+        first = game.reset(seed=0)
+        assert first.endswith("\nLegal actions: stick, hit") and not game.done
+        while not game.done:
+            game.act("stick")
+        assert game.reward == sum(step[2] for step in in_process(0))  # seed 0: sticks
+    finally:
+        game.env.close()
+    # TRL makes each public method a tool from its docstring, as transformers reads it.
+    tool = get_json_schema(namespace["ServedGame"].act)["function"]
+    assert tool["name"] == "act" and tool["parameters"]["required"] == ["action"]
