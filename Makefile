@@ -9,14 +9,14 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 PLUGINS := -e ./llamagym_blackjack -e ./llamagym_cartpole -e "./llamagym_textworld[textworld]" \
-	-e ./llamagym_textarena -e ./llamagym_babyai -e ./llamagym_textworld_express
+	-e ./llamagym_textarena -e ./llamagym_babyai -e ./llamagym_textworld_express -e ./llamagym_openenv
 STAMP := $(VENV)/.installed
 
 .PHONY: install demo test test-fast lint bench clean
 
 $(STAMP): pyproject.toml llamagym_blackjack/pyproject.toml llamagym_cartpole/pyproject.toml \
 		llamagym_textworld/pyproject.toml llamagym_textarena/pyproject.toml llamagym_babyai/pyproject.toml \
-		llamagym_textworld_express/pyproject.toml
+		llamagym_textworld_express/pyproject.toml llamagym_openenv/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))

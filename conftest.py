@@ -13,7 +13,8 @@ import pytest
 # src/llamagym_blackjack/). Import the installed packages before pytest walks those
 # folders, so a folder is never mistaken for the package it contains.
 for _package in ("llamagym_blackjack", "llamagym_cartpole", "llamagym_textworld",
-                 "llamagym_textarena", "llamagym_babyai", "llamagym_textworld_express"):
+                 "llamagym_textarena", "llamagym_babyai", "llamagym_textworld_express",
+                 "llamagym_openenv"):
     with contextlib.suppress(ImportError):  # not installed: its tests skip or fail alone
         importlib.import_module(_package)
 

@@ -11,6 +11,14 @@ evaluated greedily on the same evaluation seeds.
         --eval-episodes 20 --warm-start follow-the-draft     # a newcomer's env
     python benchmarks/env_plugins.py --agents textarena-frozen-lake --model smollm2-135m \
         --minutes 40 --eval-episodes 20 --curve-every 6      # success against minutes
+    python benchmarks/env_plugins.py --agents openenv --serve-echo --model smollm2-135m \
+        --minutes 10 --eval-episodes 20                      # an OpenEnv env, served
+
+``--serve-echo`` serves the echo env OpenEnv's own ``openenv init`` makes (a step echoes
+the message sent, rewarded by its length up to 1.0 at 10 characters; its episodes never
+end) with uvicorn on 127.0.0.1 for the whole run, and gives agent ``openenv`` its URL and
+three messages to choose from (``--agents openenv --serve-echo``): an env LlamaGym did
+not write, reached over OpenEnv.
 
 ``vault`` is a package as a newcomer writes one: ``llamagym new-plugin vault --env-class``,
 its env and agent replaced by the text game in ``benchmarks/newcomer_game/`` (one reward
@@ -44,6 +52,7 @@ Result: ``benchmarks/results/env-plugins-<model>.json`` (``-quick`` for ``--quic
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -54,7 +63,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -392,6 +401,50 @@ def install_newcomer(folder: Path) -> None:
     log(NAME, f"installed {package.name} (llamagym new-plugin {NEWCOMER} --env-class)")
 
 
+#: Agent openenv on the echo env: its fields, three messages (rewards 0.2, 0.5 and 1.0 a
+#: step), and an end to its episodes, which the env never ends.
+ECHO_SETS = ("agent.text_field=echoed_message", "agent.action_field=message",
+             "agent.actions=hi,hello,hello_there_friend", "agent.max_episode_steps=4")
+
+
+@contextlib.contextmanager
+def serve_echo(folder: Path) -> Iterator[str]:
+    """OpenEnv's echo env, made by ``openenv init echo_env`` in ``folder`` and served by
+    uvicorn on 127.0.0.1 (a free port) until the block ends: its ws:// URL."""
+    openenv = shutil.which("openenv", path=str(Path(sys.executable).parent))
+    if openenv is None:
+        raise SystemExit(f"{NAME}: --serve-echo needs OpenEnv: pip install -e llamagym_openenv")
+    shutil.rmtree(folder / "echo_env", ignore_errors=True)
+    subprocess.run([openenv, "init", "echo_env"], cwd=folder, check=True,
+                   capture_output=True, timeout=120)
+    app = folder / "echo_env" / "server" / "app.py"
+    # The template serves one session; a run plays several envs at once.
+    app.write_text(app.read_text().replace("max_concurrent_envs=1,", "max_concurrent_envs=64,"))
+    log_file = folder / "echo_env" / "server.log"
+    with log_file.open("w") as sink:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "server.app:app", "--host", "127.0.0.1",
+             "--port", "0"], cwd=folder / "echo_env", stdout=sink, stderr=subprocess.STDOUT,
+            env=worker_environment(1))
+    try:
+        deadline, port = time.monotonic() + 60, None
+        while port is None and server.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+            found = re.search(r"running on http://127\.0\.0\.1:(\d+)", log_file.read_text())
+            port = found and found.group(1)
+        if port is None:
+            raise SystemExit(f"{NAME}: the echo env's server did not start: "
+                             f"{log_file.read_text()[-500:]}")
+        log(NAME, f"OpenEnv's echo env served on ws://127.0.0.1:{port}")
+        yield f"ws://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
 # -- the command line -------------------------------------------------------------------
 def positive(kind: type) -> Any:
     def parse(text: str) -> Any:
@@ -442,6 +495,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--curve-every", type=positive(int), metavar="K",
                         help="checkpoint every K updates and evaluate each: the share won "
                         "against training minutes, in the result and a plot beside it")
+    parser.add_argument("--serve-echo", action="store_true",
+                        help="serve OpenEnv's echo env (openenv init) and point agent "
+                        "openenv at it, with three messages to choose from")
     parser.add_argument("--keep-runs", type=Path, help="keep the run directories here")
     parser.add_argument("--output", type=Path,
                         help="the result file (default: results/env-plugins-<model>.json)")
@@ -460,6 +516,8 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.curve_every and args.zero_shot_only:
         arguments.error("--curve-every evaluates a run's checkpoints: give it without "
                         "--zero-shot-only")
+    if args.serve_echo and [split_agent(spec)[0] for spec in args.agents] != ["openenv"]:
+        arguments.error("--serve-echo serves an env for agent openenv: give --agents openenv")
     if args.minutes is not None and args.agent_episodes:
         arguments.error("--agent-episodes is an episode budget: give it without --minutes")
     unknown = sorted({agent for agent, _ in args.agent_episodes} - set(args.agents))
@@ -473,6 +531,22 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
             arguments.error(f"--agents {spec!r}: give NAME or NAME:VARIANT (letters, digits, "
                             "'.', '_', '-'), e.g. textarena-sudoku:Sudoku-v0-easy")
     return args
+
+
+def measure_all(args: argparse.Namespace, runs: Path) -> list[dict[str, Any]]:
+    """Every agent's row, one at a time."""
+    for spec in args.agents:  # every name and variant checked before anything runs
+        variant_assignments(*split_agent(spec), args.model)
+    rows = []
+    for spec in args.agents:
+        try:
+            rows.append(measure(spec, args, runs))
+        except CommandFailed as error:  # an evaluation failed: said in the row
+            log(NAME, f"{spec}: {error}")
+            agent, variant = split_agent(spec)
+            rows.append({"agent": agent, "env_id": variant_assignments(
+                agent, variant, args.model)[1], "failed": str(error)})
+    return rows
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -489,20 +563,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     runs = args.keep_runs or Path(tempfile.mkdtemp(prefix="llamagym-env-plugins-"))
     runs.mkdir(parents=True, exist_ok=True)
-    if NEWCOMER in {split_agent(spec)[0] for spec in args.agents}:
-        install_newcomer(runs)
-    for spec in args.agents:  # every name and variant checked before anything runs
-        variant_assignments(*split_agent(spec), args.model)
-    rows = []
     try:
-        for spec in args.agents:
-            try:
-                rows.append(measure(spec, args, runs))
-            except CommandFailed as error:  # an evaluation failed: said in the row
-                log(NAME, f"{spec}: {error}")
-                agent, variant = split_agent(spec)
-                rows.append({"agent": agent, "env_id": variant_assignments(
-                    agent, variant, args.model)[1], "failed": str(error)})
+        if NEWCOMER in {split_agent(spec)[0] for spec in args.agents}:
+            install_newcomer(runs)
+        with contextlib.ExitStack() as stack:
+            if args.serve_echo:
+                url = stack.enter_context(serve_echo(runs))
+                args.set = [f"agent.url={url}", *ECHO_SETS, *args.set]
+            rows = measure_all(args, runs)
+        if args.serve_echo:
+            rows = [{**row, "env_id": "echo_env (openenv init)"} for row in rows]
     finally:
         if args.keep_runs is None:
             shutil.rmtree(runs, ignore_errors=True)

@@ -359,6 +359,44 @@ def _curve_line(row: Mapping[str, Any], plot: str | None) -> str:
     return f"`{row['agent']}`, greedy share won at each checkpoint{shown}: {points}."
 
 
+def openenv_server_section(result: Mapping[str, Any]) -> str:
+    """``benchmarks/openenv_server.py``: env steps/s through ``llamagym serve`` against in
+    process, the server's memory over many episodes, and the soak with its kills."""
+    rates = {(r["agent"], r["sessions"], r["side"]): r["env_steps_per_second"]
+             for r in result["rows"]}
+    rows = []
+    for agent, sessions in dict.fromkeys((r["agent"], r["sessions"]) for r in result["rows"]):
+        local = rates.get((agent, sessions, "in process"))
+        cells = [agent, str(sessions), _number(local, 0)]
+        for side in ("server, lockstep", "server, concurrent"):
+            served = rates.get((agent, sessions, side))
+            share = f" ({served / local:.0%})" if served and local else ""
+            cells.append(f"{_number(served, 0)}{share}")
+        rows.append([*cells, *_provenance(result)])
+    text = _table(("Agent", "Sessions", "In process", "Server, lockstep",
+                   "Server, concurrent", *PROVENANCE), rows)
+    lines = []
+    memory = result.get("server_memory")
+    if memory:
+        lines.append(
+            f"- Server RSS over {memory['episodes']:,} Blackjack episodes: "
+            f"{memory['rss_mb_after_first_tenth']:.1f} MB after the first tenth, "
+            f"{memory['rss_mb_at_end']:.1f} MB at the end "
+            f"({memory['growth_after_first_tenth_percent']:+.1f}%), peak "
+            f"{memory['peak_rss_mb']:.1f} MB.")
+    soak = result.get("soak")
+    if soak:
+        lines.append(
+            f"- Soak: a {soak['minutes']:g}-min tiny-model run of agent `openenv`, its server "
+            f"killed and restarted every {soak['kill_every_seconds']:g} s "
+            f"({soak['server_kills']} kills): exit code {soak['exit_code']}, "
+            f"{'hung' if soak['hung'] else 'no hang'}, {soak['updates']:,} updates "
+            f"{'numbered without a gap' if soak['updates_numbered_without_gap'] else 'with a gap'}"
+            f", {soak['env_failures']} env failures (episodes dropped).")
+    heading = "### OpenEnv server (env steps/s, random legal actions; loopback)"
+    return "\n\n".join(filter(None, [heading, text, "\n".join(lines)]))
+
+
 SECTIONS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "algorithms": algorithms_section,
     "cartpole": cartpole_section,
@@ -369,6 +407,7 @@ SECTIONS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "breakdown": profile_section,
     "learning": learning_section,
     "scaling": scaling_section,
+    "openenv-server": openenv_server_section,
 }
 
 

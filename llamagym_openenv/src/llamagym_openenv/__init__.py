@@ -1,0 +1,1 @@
+"""LlamaGym over OpenEnv: ``llamagym serve AGENT`` and agent ``openenv``."""
