@@ -39,18 +39,24 @@ def test_llamagym_check_passes_on_openenv_against_a_served_blackjack(blackjack_s
 
 
 @pytest.mark.slow
-def test_a_tiny_model_run_trains_on_a_served_blackjack(blackjack_server, llamagym, tmp_path: Path):
+@pytest.mark.parametrize(("algorithm", "mode"), [
+    ("ppo", "score"), ("grpo", "generate"), ("rloo", "score"), ("reinforce", "generate")])
+def test_a_tiny_model_run_trains_on_a_served_blackjack(blackjack_server, llamagym, tmp_path: Path,
+                                                       algorithm: str, mode: str):
     output = tmp_path / "run"
     done = subprocess.run(
         [*llamagym, "run", "openenv", "--set", f"agent.url={blackjack_server.url}",
-         "--episodes", "16", "--eval-episodes", "8", "--threads", "1", "--quiet",
+         "--algorithm", algorithm, "--mode", mode, "--episodes", "16", "--eval-episodes", "0",
+         "--threads", "1", "--quiet", "--seed", "0",
          "--set", "algorithm.episodes_per_update=8", "--output", str(output)],
         capture_output=True, text=True, timeout=600, env=ENVIRONMENT,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     metrics = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
-    updates = [m for m in metrics if m.get("kind", m.get("type")) == "update" or "loss" in m]
-    assert updates, metrics[:3]
+    updates = [m for m in metrics if m.get("kind") == "update"]
+    assert [m["update"] for m in updates] == [1, 2] and updates[-1]["env_failures"] == 0
+    resolved = (output / "config.yaml").read_text()
+    assert f"name: {algorithm}" in resolved and f"mode: {mode}" in resolved
 
 
 @pytest.mark.slow
