@@ -283,9 +283,10 @@ def textworld_section(result: Mapping[str, Any]) -> str:
 
 
 def _policy(numbers: Mapping[str, Any]) -> str:
-    """``40% won, +0.52``, with the invalid moves and replies where there were any."""
-    won = "–" if numbers.get("won") is None else f"{numbers['won']:.0%}"
-    text = f"{won} won, {numbers['mean']:+.2f}"
+    """``40% won, +0.52`` (``+0.52`` for an env with no outcome to win), with the invalid
+    moves and replies where there were any."""
+    won = "" if numbers.get("won") is None else f"{numbers['won']:.0%} won, "
+    text = f"{won}{numbers['mean']:+.2f}"
     for key, label in (("invalid_move", "invalid moves"), ("invalid_reply", "invalid replies")):
         if numbers.get(key):
             text += f", {numbers[key]:.0%} {label}"
