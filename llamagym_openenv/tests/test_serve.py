@@ -177,6 +177,28 @@ def test_another_agent_serves_too_cartpole_with_its_text(serve):
     assert served.process.poll() is not None  # stopped when the block ended
 
 
+@pytest.mark.parametrize("agent_name", ["textworld", "babyai", "textarena-tower-of-hanoi"])
+def test_the_text_games_serve_their_seeded_first_turn_as_in_process(serve_in_thread,
+                                                                     agent_name):
+    pytest.importorskip(f"llamagym_{agent_name.split('-')[0]}")
+    agent_class, resolved = resolve_run_config(agent_name, None, [], {})
+    agent = agent_class(config=resolved)
+    local = agent.make_env()
+    observation, info = local.reset(seed=5)
+    expected = (agent.plugins.format_observation(agent, observation, info),
+                [str(name) for name in agent.legal_actions(observation, info)])
+    local.close()
+    with serve_in_thread(agent_name, max_sessions=2) as url:
+        env = OpenEnvEnv(url)
+        try:
+            text, info = env.reset(seed=5)
+            assert (text, info[LEGAL]) == expected
+            _, reward, _, _, _ = env.step(info[LEGAL][0])
+            assert isinstance(reward, float)
+        finally:
+            env.close()
+
+
 USAGE = Path(__file__).resolve().parents[2] / "docs" / "usage.md"
 
 
