@@ -223,6 +223,16 @@ def peak_rss_mb() -> float:
 
 
 # -- worker processes -------------------------------------------------------------------
+def stop_process(process: subprocess.Popen, grace: float = 10.0) -> None:
+    """SIGTERM ``process``, and SIGKILL it if it has not ended within ``grace`` seconds."""
+    process.terminate()
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=grace)
+
+
 def worker_environment(threads: int) -> dict[str, str]:
     """The environment every worker (ours and the peer's) runs with."""
     env = dict(os.environ)

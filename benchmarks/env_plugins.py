@@ -77,6 +77,7 @@ from benchmarks.common import (  # noqa: E402
     pyplot,
     recorded_arguments,
     refuse_dirty_tree,
+    stop_process,
     worker_environment,
     write_script_result,
 )
@@ -438,11 +439,7 @@ def serve_echo(folder: Path) -> Iterator[str]:
         log(NAME, f"OpenEnv's echo env served on ws://127.0.0.1:{port}")
         yield f"ws://127.0.0.1:{port}"
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop_process(server)
 
 
 # -- the command line -------------------------------------------------------------------

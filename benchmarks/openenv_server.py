@@ -43,7 +43,7 @@ if __package__ in (None, ""):  # run as a file: make the `benchmarks` package im
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
     sys.path.insert(0, str(_here.parent))
 
-from benchmarks.common import write_script_result  # noqa: E402
+from benchmarks.common import stop_process, write_script_result  # noqa: E402
 
 SESSIONS = (8, 64)
 
@@ -289,11 +289,7 @@ def main() -> None:
                 memory = memory_over_episodes(process, url, episodes)
                 print(json.dumps(memory), flush=True)
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
+            stop_process(process)
     soaked = soak(soak_minutes, kill_every) if soak_minutes > 0 else None
     data = {"agents": args.agents, "rows": rows, "server_memory": memory, "soak": soaked,
             "settings": {"seconds": seconds, "episodes": episodes,

@@ -134,3 +134,9 @@ def serve_in_thread() -> Callable[..., contextlib.AbstractContextManager[str]]:
 def llamagym() -> list[str]:
     """The installed ``llamagym`` command."""
     return _llamagym()
+
+
+@pytest.fixture(scope="session")
+def stop_process() -> Callable[[subprocess.Popen], None]:
+    """``stop_process(process)``: SIGTERM, and SIGKILL if it has not ended within 10 s."""
+    return stop

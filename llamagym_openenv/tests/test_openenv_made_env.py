@@ -30,7 +30,7 @@ def _sets(url: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def echo_server(tmp_path_factory) -> Iterator[str]:
+def echo_server(tmp_path_factory, stop_process) -> Iterator[str]:
     folder = tmp_path_factory.mktemp("openenv")
     openenv = shutil.which("openenv", path=str(Path(sys.executable).parent))
     assert openenv, "the openenv command is not installed beside this Python"
@@ -65,12 +65,7 @@ def echo_server(tmp_path_factory) -> Iterator[str]:
         assert ready.wait(60) and "port" in found, "the echo env's server did not start"
         yield f"ws://127.0.0.1:{found['port']}"
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(timeout=10)
+        stop_process(server)
 
 
 def _llamagym() -> list[str]:
