@@ -152,6 +152,46 @@ def test_options_are_validated() -> None:
         tiny_agent(TextWorldAgent, agent={"quest_min_length": 4, "quest_max_length": 2})
 
 
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("world_size", "1000000000"),
+        ("nb_objects", "1000000000"),
+        ("quest_max_length", "1000000000"),
+        ("max_episode_steps", "1000000000"),
+        ("max_observation_chars", "1000000000"),
+        ("first_seed", "1000000000000000000000000"),
+        ("win_bonus", "nan"),
+        ("win_bonus", "inf"),
+        ("step_penalty", "1e400"),
+    ],
+)
+def test_a_size_past_what_textworld_generates_is_refused_in_one_line(
+    key, value, tmp_path, cli
+) -> None:
+    """A world, a quest or a seed TextWorld's generator cannot make in bounded time (or
+    at all), and a reward that is not a finite number, are named before anything runs."""
+    from llamagym.testing import one_error_line
+
+    code, _, err = cli("run", "textworld", "--model", "tiny", "--episodes", "4", "-q",
+                       "-o", tmp_path / "run", "--set", f"agent.{key}={value}")
+    assert code == 2, err
+    assert one_error_line(err).startswith(f"error: agent.{key}: got ")
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_games_command_refuses_a_world_past_its_bounds(tmp_path) -> None:
+    from llamagym_textworld.games import MAX_WORLD_SIZE, make_game
+
+    runner = CliRunner()
+    for option, value in [("--world-size", "1000000000"), ("--nb-objects", "1000000000"),
+                          ("--quest-length", "2-1000000000"), ("--seed", str(2**40))]:
+        result = runner.invoke(games_app, ["make", "--count", "1", option, value])
+        assert result.exit_code == 2, (option, result.output)
+    with pytest.raises(ValueError, match=f"world_size must be 1 to {MAX_WORLD_SIZE}"):
+        make_game(MAX_WORLD_SIZE + 1, 5, 2, 0, cache_dir=tmp_path)
+
+
 # -- prompts -------------------------------------------------------------------------
 def test_the_goal_is_said_once_in_the_system_prompt_and_the_banner_dropped(env) -> None:
     agent = tiny_agent(TextWorldAgent, agent=TINY_GAMES, rollout={"mode": "generate"})

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from llamagym.agent import Agent
 from llamagym.errors import LlamaGymError
 from llamagym_textworld.baselines import FALLBACK_COMMAND, WalkthroughPolicy
+from llamagym_textworld.games import MAX_OBJECTS, MAX_QUEST_LENGTH, MAX_SEED, MAX_WORLD_SIZE
 from llamagym_textworld.plugin import TEXTWORLD
 
 logger = logging.getLogger(__name__)
@@ -51,12 +52,14 @@ PRESETS: dict[str, dict[str, int]] = {
 #: How far the test pool's seeds are from the training pool's: more than a pool holds,
 #: so the two never share a game.
 TEST_POOL_OFFSET = 100_000
+#: The most games a pool holds.
+MAX_GAMES = 100_000
 
 
 class TextWorldOptions(BaseModel):
     """The ``agent`` section keys this agent reads, e.g. ``--set agent.games=50``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     preset: Literal["w2-o3-q4", "w4-o6-q8"] | None = Field(
         None,
         description="A published game set: its world size, objects, quest length and "
@@ -73,17 +76,33 @@ class TextWorldOptions(BaseModel):
         "game (generate mode): no command list anywhere, the reply is the command and the "
         "game's own parser judges it (an unknown one costs a step).",
     )
-    games: int = Field(20, ge=1, le=100_000, description="Games in the pool the envs play.")
-    first_seed: int = Field(0, ge=0, description="Seed of the first game; the rest count up.")
-    world_size: int = Field(3, ge=1, description="Rooms per game.")
-    nb_objects: int = Field(5, ge=0, description="Objects per game (at least).")
-    quest_min_length: int = Field(2, ge=1, description="Shortest quest, in commands.")
-    quest_max_length: int = Field(3, ge=1, description="Longest quest, in commands.")
-    max_episode_steps: int = Field(30, ge=1, description="Steps before an episode is cut.")
-    win_bonus: float = Field(0.0, description="Reward added on the step that wins.")
-    step_penalty: float = Field(0.0, ge=0, description="Reward taken off every step.")
+    games: int = Field(20, ge=1, le=MAX_GAMES, description="Games in the pool the envs play.")
+    first_seed: int = Field(
+        0, ge=0, le=MAX_SEED - TEST_POOL_OFFSET - MAX_GAMES,
+        description="Seed of the first game; the rest count up.",
+    )
+    world_size: int = Field(3, ge=1, le=MAX_WORLD_SIZE, description="Rooms per game.")
+    nb_objects: int = Field(
+        5, ge=0, le=MAX_OBJECTS, description="Objects per game (at least)."
+    )
+    quest_min_length: int = Field(
+        2, ge=1, le=MAX_QUEST_LENGTH, description="Shortest quest, in commands."
+    )
+    quest_max_length: int = Field(
+        3, ge=1, le=MAX_QUEST_LENGTH, description="Longest quest, in commands."
+    )
+    max_episode_steps: int = Field(
+        30, ge=1, le=10_000, description="Steps before an episode is cut."
+    )
+    win_bonus: float = Field(
+        0.0, ge=-1_000, le=1_000, description="Reward added on the step that wins."
+    )
+    step_penalty: float = Field(
+        0.0, ge=0, le=1_000, description="Reward taken off every step."
+    )
     max_observation_chars: int = Field(
-        1200, ge=50, description="Game text longer than this is cut (keeps prompts bounded)."
+        1200, ge=50, le=100_000,
+        description="Game text longer than this is cut (keeps prompts bounded).",
     )
     list_commands: bool | None = Field(
         None,

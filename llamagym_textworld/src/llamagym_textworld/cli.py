@@ -11,6 +11,8 @@ import re
 
 import typer
 
+from llamagym_textworld.games import MAX_OBJECTS, MAX_QUEST_LENGTH, MAX_SEED, MAX_WORLD_SIZE
+
 games_app = typer.Typer(
     help="Generate TextWorld games into the cache, or list the cached ones.",
     no_args_is_help=True,
@@ -24,18 +26,24 @@ def parse_quest_length(text: str) -> tuple[int, int]:
         raise typer.BadParameter(f"expected N or MIN-MAX, e.g. 2 or 2-3; got {text!r}")
     low = int(match.group(1))
     high = int(match.group(2) or low)
-    if low < 1 or high < low:
-        raise typer.BadParameter(f"need 1 <= MIN <= MAX; got {text!r}")
+    if low < 1 or high < low or high > MAX_QUEST_LENGTH:
+        raise typer.BadParameter(f"need 1 <= MIN <= MAX <= {MAX_QUEST_LENGTH}; got {text!r}")
     return low, high
 
 
 @games_app.command("make")
 def make_command(
-    count: int = typer.Option(20, "--count", "-n", min=1, help="How many games."),
-    world_size: int = typer.Option(3, "--world-size", min=1, help="Rooms per game."),
-    nb_objects: int = typer.Option(5, "--nb-objects", min=0, help="Objects per game."),
+    count: int = typer.Option(20, "--count", "-n", min=1, max=100_000, help="How many games."),
+    world_size: int = typer.Option(
+        3, "--world-size", min=1, max=MAX_WORLD_SIZE, help="Rooms per game."
+    ),
+    nb_objects: int = typer.Option(
+        5, "--nb-objects", min=0, max=MAX_OBJECTS, help="Objects per game."
+    ),
     quest_length: str = typer.Option("2-3", "--quest-length", help="N or MIN-MAX commands."),
-    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the first game; then +1 each."),
+    seed: int = typer.Option(
+        0, "--seed", min=0, max=MAX_SEED - 100_000, help="Seed of the first game; then +1 each."
+    ),
 ) -> None:
     """Generate COUNT games with seeds SEED, SEED+1, ... (cached ones are reused)."""
     from llamagym_textworld.games import default_cache_dir, make_game

@@ -54,6 +54,14 @@ __all__ = [
     "make_games",
 ]
 
+#: The largest games generated: TextWorld's generator takes a few minutes at most to
+#: make one this large on a CPU; past them its search for a quest grows without bound.
+MAX_WORLD_SIZE = 20
+MAX_OBJECTS = 50
+MAX_QUEST_LENGTH = 20
+#: The largest seed TextWorld's generator takes (numpy's).
+MAX_SEED = 2**32 - 1
+
 #: Name of the metadata file written beside every generated game.
 GAME_RECORD = "llamagym_game.json"
 
@@ -146,8 +154,9 @@ def _quest_bounds(quest_length: QuestLength) -> tuple[int, int]:
         lo = hi = quest_length
     else:
         lo, hi = (int(v) for v in quest_length)
-    if lo < 1 or hi < lo:
-        raise ValueError(f"quest_length must be >= 1 and min <= max, got {quest_length!r}")
+    if lo < 1 or hi < lo or hi > MAX_QUEST_LENGTH:
+        raise ValueError(f"quest_length must be 1 to {MAX_QUEST_LENGTH} and min <= max, "
+                         f"got {quest_length!r}")
     return lo, hi
 
 
@@ -235,8 +244,11 @@ def make_game(
         MissingDependencyError: TextWorld is not installed.
         GameGenerationError: no quest fits the parameters.
     """
-    if world_size < 1 or nb_objects < 0:
-        raise ValueError("world_size must be >= 1 and nb_objects >= 0")
+    if not (1 <= world_size <= MAX_WORLD_SIZE and 0 <= nb_objects <= MAX_OBJECTS):
+        raise ValueError(f"world_size must be 1 to {MAX_WORLD_SIZE} and nb_objects 0 to "
+                         f"{MAX_OBJECTS}, got {world_size} and {nb_objects}")
+    if not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"seed must be 0 to {MAX_SEED}, got {seed}")
     quest = _quest_bounds(quest_length)
     version = _textworld_version()
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
