@@ -27,7 +27,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from llamagym.agent import Agent
 from llamagym.errors import LlamaGymError
 from llamagym_textworld.baselines import FALLBACK_COMMAND, WalkthroughPolicy
-from llamagym_textworld.games import MAX_OBJECTS, MAX_QUEST_LENGTH, MAX_SEED, MAX_WORLD_SIZE
+from llamagym_textworld.games import (
+    MAX_GAMES,
+    MAX_OBJECTS,
+    MAX_QUEST_LENGTH,
+    MAX_SEED,
+    MAX_WORLD_SIZE,
+)
 from llamagym_textworld.plugin import TEXTWORLD
 
 logger = logging.getLogger(__name__)
@@ -52,8 +58,6 @@ PRESETS: dict[str, dict[str, int]] = {
 #: How far the test pool's seeds are from the training pool's: more than a pool holds,
 #: so the two never share a game.
 TEST_POOL_OFFSET = 100_000
-#: The most games a pool holds.
-MAX_GAMES = 100_000
 
 
 class TextWorldOptions(BaseModel):

@@ -11,7 +11,13 @@ import re
 
 import typer
 
-from llamagym_textworld.games import MAX_OBJECTS, MAX_QUEST_LENGTH, MAX_SEED, MAX_WORLD_SIZE
+from llamagym_textworld.games import (
+    MAX_GAMES,
+    MAX_OBJECTS,
+    MAX_QUEST_LENGTH,
+    MAX_SEED,
+    MAX_WORLD_SIZE,
+)
 
 games_app = typer.Typer(
     help="Generate TextWorld games into the cache, or list the cached ones.",
@@ -33,7 +39,7 @@ def parse_quest_length(text: str) -> tuple[int, int]:
 
 @games_app.command("make")
 def make_command(
-    count: int = typer.Option(20, "--count", "-n", min=1, max=100_000, help="How many games."),
+    count: int = typer.Option(20, "--count", "-n", min=1, max=MAX_GAMES, help="How many games."),
     world_size: int = typer.Option(
         3, "--world-size", min=1, max=MAX_WORLD_SIZE, help="Rooms per game."
     ),
@@ -42,7 +48,7 @@ def make_command(
     ),
     quest_length: str = typer.Option("2-3", "--quest-length", help="N or MIN-MAX commands."),
     seed: int = typer.Option(
-        0, "--seed", min=0, max=MAX_SEED - 100_000, help="Seed of the first game; then +1 each."
+        0, "--seed", min=0, max=MAX_SEED - MAX_GAMES, help="Seed of the first game; then +1 each."
     ),
 ) -> None:
     """Generate COUNT games with seeds SEED, SEED+1, ... (cached ones are reused)."""

@@ -61,6 +61,8 @@ MAX_OBJECTS = 50
 MAX_QUEST_LENGTH = 20
 #: The largest seed TextWorld's generator takes (numpy's).
 MAX_SEED = 2**32 - 1
+#: The most games a pool (or one `textworld-games make`) holds.
+MAX_GAMES = 100_000
 
 #: Name of the metadata file written beside every generated game.
 GAME_RECORD = "llamagym_game.json"
