@@ -19,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 from llamagym.errors import LlamaGymError, UnsafeFileError, WriteError
 
@@ -148,6 +149,11 @@ _FILE_TYPES = {
 }
 
 
+def kind_of_file(mode: int) -> str:
+    """What a ``stat`` mode says the entry is, in words: ``a FIFO (named pipe)``."""
+    return _FILE_TYPES.get(stat.S_IFMT(mode), "not a regular file")
+
+
 def check_own_entry(path: Path, *, folder: bool = False) -> None:
     """``path`` does not exist, or is a file of its own (with ``folder``: a folder of its
     own). Anything else (a symbolic link, a FIFO, a device, a socket) is refused with
@@ -160,7 +166,7 @@ def check_own_entry(path: Path, *, folder: bool = False) -> None:
         return
     if (stat.S_ISDIR if folder else stat.S_ISREG)(mode):
         return
-    what = _FILE_TYPES.get(stat.S_IFMT(mode), "not a regular file")
+    what = kind_of_file(mode)
     if stat.S_ISLNK(mode):
         with contextlib.suppress(OSError):
             what += f" (to {os.readlink(path)!r})"
@@ -251,15 +257,25 @@ def write_atomically(path: Path, content: str | bytes) -> None:
     """Replace ``path`` with ``content`` (text is written as UTF-8) in one rename from a
     hidden sibling. A failure (a full disk, a read-only directory) raises
     :class:`WriteError` saying so and leaves ``path`` as it was and no temporary file."""
-    path = Path(path)
     data = content.encode("utf-8") if isinstance(content, str) else content
+    _replace_atomically(Path(path), lambda out: out.write(data))
+
+
+def copy_atomically(source: Path, path: Path) -> None:
+    """Replace ``path`` with a copy of the regular file ``source``, as
+    :func:`write_atomically` does, read and written in chunks (never whole in memory)."""
+    with Path(source).open("rb") as read:
+        _replace_atomically(Path(path), lambda out: shutil.copyfileobj(read, out))
+
+
+def _replace_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
     try:
         handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as error:
         raise _refuse_write(path, error) from error
     try:
         with os.fdopen(handle, "wb") as out:
-            out.write(data)
+            write(out)
             out.flush()
             os.fsync(out.fileno())
         os.chmod(tmp, 0o644)  # mkstemp makes it private; run files are ordinary files

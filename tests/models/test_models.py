@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
+import shutil
 import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -20,6 +23,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from llamagym.errors import LlamaGymError, ModelLoadError
 from llamagym.models.loading import (
+    MAX_MODEL_TEXT_BYTES,
     _prepare_tokenizer,
     linear_module_names,
     load_model_and_tokenizer,
@@ -334,6 +338,41 @@ def test_broken_local_directory_is_reported(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(ModelLoadError, match="could not load model from local directory"):
         load_model_and_tokenizer(str(tmp_path), device="cpu")
+
+
+@pytest.mark.parametrize(
+    ("name", "make", "says"),
+    [
+        ("config.json", lambda p: os.mkfifo(p), "'config.json' is a FIFO (named pipe)"),
+        ("tokenizer_config.json", lambda p: os.mkfifo(p), "is a FIFO (named pipe)"),
+        ("config.json", lambda p: p.symlink_to("/dev/zero"), "is a character device"),
+        ("tokenizer.json", lambda p: p.symlink_to("/dev/zero"), "is a character device"),
+        ("chat_template.jinja", lambda p: os.truncate(p, MAX_MODEL_TEXT_BYTES + 1),
+         f"holds {MAX_MODEL_TEXT_BYTES + 1:,} bytes"),
+    ],
+)
+def test_a_model_directory_file_that_is_no_file_is_refused_unread(
+    name: str, make: Any, says: str, tiny_dir: Path, tmp_path: Path
+) -> None:
+    # A pipe would keep the loader waiting and /dev/zero reading without end.
+    copy = tmp_path / "model"
+    shutil.copytree(tiny_dir, copy)
+    if not name.endswith(".jinja"):
+        (copy / name).unlink()
+    make(copy / name)
+    with pytest.raises(ModelLoadError, match="from local directory") as refused:
+        load_model_and_tokenizer(str(copy), device="cpu")
+    assert says in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_model_directory_of_links_to_files_loads(tiny_dir: Path, tmp_path: Path) -> None:
+    # The Hub's cache is a folder of links to its blobs.
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    for file in tiny_dir.iterdir():
+        (linked / file.name).symlink_to(file)
+    model, _ = load_model_and_tokenizer(str(linked), device="cpu", lora=False)
+    assert sum(p.numel() for p in model.parameters()) > 0
 
 
 def test_bad_options_name_the_allowed_values(tiny_dir: Path) -> None:

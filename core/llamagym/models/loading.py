@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
+import stat
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,7 +39,7 @@ from llamagym.models.registry import (
     PHI_TARGETS,
     get_model_entry,
 )
-from llamagym.paths import CACHE_ENV_VAR, expand_user
+from llamagym.paths import CACHE_ENV_VAR, expand_user, kind_of_file
 from llamagym.specs import ModelEntry
 
 if TYPE_CHECKING:
@@ -190,6 +192,47 @@ def _resolve_source(name_or_path: str, seed: int) -> tuple[str, ModelEntry | Non
             "Hugging Face Hub id (expected owner/name). Use --model tiny or a local path."
         ) from exc
     return hub_id, entry, False
+
+
+#: Bounds on a local model directory, checked before transformers opens a file of it:
+#: its entries, and each file other than weights (those are read whole: the configs, the
+#: tokenizer, the chat template).
+MAX_MODEL_DIR_ENTRIES = 10_000
+MAX_MODEL_TEXT_BYTES = 256 * 2**20
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".ckpt")
+
+
+def check_model_directory(directory: Path) -> None:
+    """Every entry of a local model directory is a folder or a regular file (a link to
+    one is fine: the Hub's cache is made of them), and no file but the weights holds
+    more than :data:`MAX_MODEL_TEXT_BYTES`. A FIFO would keep the loader waiting and a
+    device (``/dev/zero``) reading without end; either is a ModelLoadError naming it."""
+    where = f"could not load model from local directory {str(directory)!r}"
+    with os.scandir(directory) as entries:
+        for count, entry in enumerate(entries):
+            if count == MAX_MODEL_DIR_ENTRIES:
+                raise ModelLoadError(
+                    f"{where}: more than {MAX_MODEL_DIR_ENTRIES:,} entries; give the folder "
+                    "that holds the model's config.json"
+                )
+            try:
+                info = os.stat(entry.path)  # through a link: what the loader would open
+            except OSError:
+                continue  # a broken link: the loader says so if it needs the file
+            if stat.S_ISDIR(info.st_mode):
+                continue
+            if not stat.S_ISREG(info.st_mode):
+                raise ModelLoadError(
+                    f"{where}: {entry.name!r} is {kind_of_file(info.st_mode)}, not a file; "
+                    "put the model's real file there"
+                )
+            if (info.st_size > MAX_MODEL_TEXT_BYTES
+                    and not entry.name.lower().endswith(_WEIGHT_SUFFIXES)):
+                raise ModelLoadError(
+                    f"{where}: {entry.name!r} holds {info.st_size:,} bytes, more than the "
+                    f"{MAX_MODEL_TEXT_BYTES:,} a model's config, tokenizer or template file "
+                    "may; put the model's real file there"
+                )
 
 
 def _exception_chain(exc: BaseException) -> list[BaseException]:
@@ -438,6 +481,8 @@ def load_model_and_tokenizer(
     transformers.utils.logging.disable_progress_bar()
     resolved_device = resolve_device(device)
     source, entry, is_local = _resolve_source(name_or_path, seed)
+    if is_local:
+        check_model_directory(Path(source))
     torch_dtype = resolve_dtype(dtype, resolved_device, entry.dtype if entry is not None else None)
 
     try:
