@@ -219,6 +219,11 @@ def test_the_key_round_trips_and_a_resumed_run_records_nothing(tmp_path, monkeyp
     line = one_error(cli("run", "blackjack", "--resume", run_dir, "--episodes", "48"))
     assert "demonstrations.jsonl' is missing" in line and "records none" in line
     assert (run_dir / "metrics.jsonl").read_bytes() == metrics
+    # Nor is a link in its place read (it could lead to any file, or a pipe).
+    recorded.symlink_to(tmp_path / "elsewhere.jsonl")
+    line = one_error(cli("run", "blackjack", "--resume", run_dir, "--episodes", "48"))
+    assert "demonstrations.jsonl' is a symbolic link" in line, line
+    assert (run_dir / "metrics.jsonl").read_bytes() == metrics
 
 
 class RiggedBandit(TwoArmedBandit):

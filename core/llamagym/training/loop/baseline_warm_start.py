@@ -29,7 +29,7 @@ from typing import Any
 from llamagym import distributed
 from llamagym.errors import LlamaGymError
 from llamagym.models.policy import Policy
-from llamagym.paths import write_atomically
+from llamagym.paths import check_own_entry, copy_atomically
 from llamagym.rollout.demonstrations import (
     MAX_BASELINE_EPISODES,
     SuccessRule,
@@ -62,6 +62,7 @@ def check_resumed_demonstrations(task: Task, resumed_run: Path) -> Path | None:
     if baseline is None:
         return None
     path = resumed_run / DEMONSTRATIONS
+    check_own_entry(path)  # the run wrote it: a link or a pipe there is not its record
     if not path.is_file():
         raise LlamaGymError(
             f"cannot resume with a warm start from the baseline {baseline!r}: "
@@ -88,7 +89,7 @@ def baseline_demonstrations(
         path = check_resumed_demonstrations(task, resumed_run)
         assert path is not None  # a baseline is named
         if distributed.is_main() and resumed_run.resolve() != output_dir.resolve():
-            write_atomically(output_dir / DEMONSTRATIONS, path.read_bytes())
+            copy_atomically(path, output_dir / DEMONSTRATIONS)
         logger.info(
             "warm start: the demonstrations of %r the run recorded when it started (%s), "
             "trained on again before the checkpoint is loaded; none recorded", baseline, path,
