@@ -37,6 +37,7 @@ from llamagym.config import (
     deep_merge,
     defaults_for_algorithm,
 )
+from llamagym.display import clipped
 from llamagym.errors import ConfigError, UnknownNameError
 from llamagym.models.lora_choice import trains_through_lora
 from llamagym.plugin_manager import get_plugins
@@ -181,7 +182,8 @@ def format_validation_error(
             holder = _model_at(model, loc[:-1]) if model is not None else None
             allowed = list(holder.model_fields) if holder is not None else []
             lines.append(
-                f"{key}: unknown key (got {value!r})" + _unknown_key_hint(str(loc[-1]), allowed)
+                f"{key}: unknown key (got {clipped(value)})"
+                + _unknown_key_hint(str(loc[-1]), allowed)
             )
             continue
         message = problem["msg"]
@@ -195,7 +197,7 @@ def format_validation_error(
         if problem["type"] == "missing":
             lines.append(f"{key}: required, but not given")
         else:
-            lines.append(f"{key}: got {value!r}; {message}")
+            lines.append(f"{key}: got {clipped(value)}; {message}")
     return "\n".join(lines)
 
 
@@ -383,7 +385,7 @@ def _validated_agent_options(
     # Nothing would ever read these keys: a typo must not pass silently.
     for key, value in options.items():
         problems.append(
-            f"agent.{key}: unknown key (got {value!r}); agent "
+            f"agent.{key}: unknown key (got {clipped(value)}); agent "
             f"{getattr(agent_class, 'name', '')!r} takes no options (an agent "
             "declares its options as a pydantic model: class Config(BaseModel))"
         )

@@ -53,6 +53,15 @@ def shown(text: object) -> str:
     return escape(printable(text, keep=""))
 
 
+def clipped(value: object, width: int = 80) -> str:
+    """``repr(value)`` cut to ``width`` characters with its length said, for an error
+    line that quotes what was given: a 5,000-character option stays one short line."""
+    text = repr(value)
+    if len(text) <= width:
+        return text
+    return f"{text[: width - 3]}... ({len(text):,} characters)"
+
+
 def code_block(text: str, info: str = "") -> list[str]:
     """``text`` as the lines of a fenced Markdown code block that nothing in it can close:
     the fence is one backtick longer than the longest run of backticks in the text."""

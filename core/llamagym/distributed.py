@@ -50,6 +50,7 @@ from typing import Any, Protocol, TypeVar
 import torch
 import torch.distributed as dist
 
+from llamagym.config import MAX_WAIT_SECONDS
 from llamagym.errors import ConfigError, LlamaGymError
 
 logger = logging.getLogger(__name__)
@@ -63,7 +64,6 @@ UPDATE_SEED_STRIDE = 1_000_003
 TIMEOUT_VARIABLE = "LLAMAGYM_PROCESS_TIMEOUT"
 #: The longest wait it may ask for (a week): far past any real wait, and well inside
 #: what a ``timedelta`` (and the process group's own timeout) can hold.
-MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
 DEFAULT_TIMEOUT_SECONDS = 300.0
 #: Set by ``llamagym run --num-processes N`` to its own pid in the processes it starts.
 LAUNCHER_VARIABLE = "LLAMAGYM_LAUNCHER_PID"
@@ -125,10 +125,10 @@ def process_timeout() -> float:
         seconds = float(text)
     except ValueError:
         seconds = math.nan
-    if not 0 < seconds <= MAX_TIMEOUT_SECONDS:
+    if not 0 < seconds <= MAX_WAIT_SECONDS:
         raise ConfigError(
             f"{TIMEOUT_VARIABLE}={text[:40]!r} is not a number of seconds from 0 to "
-            f"{MAX_TIMEOUT_SECONDS:,} (a week); set it to how long one process may wait "
+            f"{MAX_WAIT_SECONDS:,} (a week); set it to how long one process may wait "
             f"for the others (default {DEFAULT_TIMEOUT_SECONDS:g})"
         )
     return seconds

@@ -36,6 +36,8 @@ from typing import Any
 import pluggy
 
 from llamagym import hookspecs
+from llamagym.config import MAX_WAIT_SECONDS
+from llamagym.display import clipped
 from llamagym.plugin_answers import RefusedAnswer, checked_answer, expected_answer
 from llamagym.specs import disable_hint
 
@@ -86,14 +88,14 @@ def timeout_from_env() -> tuple[float | None, str | None]:
         return DEFAULT_TIMEOUT_SECONDS, None
     try:
         seconds = float(text)
-        if math.isnan(seconds):
-            raise ValueError(text)
     except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds <= MAX_WAIT_SECONDS:
         return DEFAULT_TIMEOUT_SECONDS, (
-            f"{TIMEOUT_VARIABLE}={text!r} is not a number of seconds; "
-            f"{DEFAULT_TIMEOUT_SECONDS:g} is used"
+            f"{TIMEOUT_VARIABLE}={clipped(text, 40)} is not a number of seconds from 0 (no "
+            f"limit) to {MAX_WAIT_SECONDS:,} (a week); {DEFAULT_TIMEOUT_SECONDS:g} is used"
         )
-    return (seconds if 0 < seconds < math.inf else None), None
+    return (seconds or None), None
 
 
 def _named(argnames: Sequence[str], args: tuple) -> dict[str, Any]:

@@ -57,6 +57,8 @@ def test_a_parameter_string_reads_in_the_games_order() -> None:
          r"numDistractorItems \(0-10"),
         ("coin", "numLocations=12", r"^numLocations=12 is out of range: numLocations \(1-11"),
         ("twc", "numLocations=0", r"numLocations=0 is out of range: numLocations \(1-3"),
+        ("coin", "numLocations=1000000000",
+         r"^numLocations=1000000000 is out of range: numLocations \(1-11"),
         ("coin", "numLocations=two", r"'numLocations=two' is not KEY=INTEGER; coin takes"),
         ("coin", "numLocations=2,numLocations=3", r"numLocations is given twice"),
         ("sorting", "numLocations=2", r"sorting has no parameter 'numLocations'; it takes none"),

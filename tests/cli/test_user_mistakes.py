@@ -231,6 +231,17 @@ def test_other_commands_refuse_a_bad_seed_too(command, tmp_path, cli) -> None:
     assert not output.exists()
 
 
+def test_check_refuses_a_bad_set_value_as_the_users_mistake(cli) -> None:
+    line = one_error(cli("check", "blackjack", "--set", "algorithm.lr=-1"))
+    assert line.startswith("error: algorithm.lr: got -1;"), line
+
+
+def test_a_long_bad_value_is_shown_cut_with_its_length(cli) -> None:
+    line = one_error(cli("check", "blackjack", "--set", "rollout.mode=" + "x" * 5000))
+    assert line.startswith("error: rollout.mode: got 'xxx"), line
+    assert "(5,002 characters)" in line and len(line) < 300, line
+
+
 def resolve(algorithm: str, assignment: str) -> None:
     resolve_run_config("blackjack", None, [assignment], {"algorithm.name": algorithm})
 

@@ -583,11 +583,14 @@ def test_a_registration_hook_that_hangs_is_skipped_after_the_time_limit() -> Non
 
 
 def test_the_time_limit_comes_from_the_environment(monkeypatch) -> None:
-    for value, expected in [("2.5", 2.5), ("0", None), ("", 5.0), ("soon", 5.0)]:
+    # Past a week (1e15 once overflowed the thread's wait: a traceback) or below 0, the
+    # default holds and the problem is said.
+    refused = ("soon", "nan", "-1", "1e15", "inf")
+    for value, expected in [("2.5", 2.5), ("0", None), ("", 5.0), *((v, 5.0) for v in refused)]:
         monkeypatch.setenv("LLAMAGYM_PLUGIN_TIMEOUT", value)
         plugins = plugin_manager.Plugins(load_entry_points=False)
-        assert plugins.registration_timeout == expected
-        assert bool(plugins.problems) == (value == "soon")
+        assert plugins.registration_timeout == expected, value
+        assert bool(plugins.problems) == (value in refused), value
 
 
 # -- listings stay machine-readable -------------------------------------------------------

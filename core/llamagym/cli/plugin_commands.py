@@ -9,10 +9,11 @@ import typer
 from llamagym.cli.app import app, report_plugin_problems
 from llamagym.config import check_seed, deep_merge
 from llamagym.config_files import parse_assignment
+from llamagym.config_layers import resolve_agent_config
 from llamagym.devtools.agent_checks import CHECK_NAMES
 from llamagym.devtools.conformance import check_agent
-from llamagym.errors import LlamaGymError
-from llamagym.plugin_manager import get_plugins
+from llamagym.errors import ConfigError, LlamaGymError
+from llamagym.plugin_manager import Plugins, get_plugins
 
 
 @app.command("new-plugin")
@@ -89,6 +90,7 @@ def check_command(
     overrides: dict = {}
     for assignment in assignments:
         overrides = deep_merge(overrides, parse_assignment(assignment))
+    _refuse_bad_settings(agent_class, plugins, overrides)
     typer.echo(
         f"llamagym check {agent}: {agent_class.__module__}.{agent_class.__qualname__} "
         f"from {registration.distribution or 'an unknown distribution'}"
@@ -110,3 +112,16 @@ def check_command(
         typer.secho(f"{summary} ({', '.join(failed)})", fg="red")
         raise typer.Exit(1)
     typer.secho(summary, fg="green")
+
+
+def _refuse_bad_settings(agent_class: type, plugins: Plugins, overrides: dict) -> None:
+    """A ``--set`` that the agent's own settings would not take is the user's mistake, not
+    a failed check: a ConfigError (exit 2) naming it. Settings the agent's defaults
+    already break are left to the checks, which report them as the plugin's."""
+    if not overrides:
+        return
+    try:
+        resolve_agent_config(agent_class, plugins=plugins)
+    except ConfigError:
+        return
+    resolve_agent_config(agent_class, [("--set", overrides)], plugins=plugins)

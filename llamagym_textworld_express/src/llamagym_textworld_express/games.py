@@ -101,7 +101,7 @@ GAMES: dict[str, Game] = {
     )
 }
 
-_PAIR = re.compile(r"([A-Za-z]{1,40})=(-?[0-9]{1,9})")
+_PAIR = re.compile(r"([A-Za-z]{1,40})=(-?[0-9]{1,40})")
 #: A parameter string longer than this is refused unread (every real one is far shorter).
 MAX_PARAMS_CHARS = 500
 

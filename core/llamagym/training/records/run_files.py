@@ -34,6 +34,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, ValidationError
 
 from llamagym.config_files import read_config_file
+from llamagym.display import clipped
 from llamagym.errors import ConfigError, RunFileError
 
 logger = logging.getLogger(__name__)
@@ -208,17 +209,12 @@ EXPORT_META = ExportMeta
 
 
 # -- problems, in words ---------------------------------------------------------------------
-def _shown(value: Any, width: int = 40) -> str:
-    text = repr(value)
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
 def schema_problem(error: ValidationError) -> str:
     """The first thing wrong with a record, in words: ``field 'update': Input should be
     a valid integer, got 'x'``."""
     first = error.errors(include_url=False)[0]
     where = ".".join(str(part) for part in first["loc"])
-    got = "" if first["type"] == "missing" else f", got {_shown(first.get('input'))}"
+    got = "" if first["type"] == "missing" else f", got {clipped(first.get('input'), 40)}"
     what = f"field {where!r}" if where else "the record"
     return f"{what}: {first['msg']}{got}"
 
@@ -347,7 +343,7 @@ def _parse_line(
         return {}, f"holds a JSON {_json_type(record)}, not an object"
     kind = record.get("kind")
     if not isinstance(kind, str) or kind not in schema:
-        return {}, f"field 'kind' is {_shown(kind)}, expected one of {', '.join(schema)}"
+        return {}, f"field 'kind' is {clipped(kind, 40)}, expected one of {', '.join(schema)}"
     return record, check(schema[kind], record)
 
 
