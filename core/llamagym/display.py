@@ -53,6 +53,17 @@ def shown(text: object) -> str:
     return escape(printable(text, keep=""))
 
 
+#: The most characters of an env's text an agent's ``max_observation_chars`` option may
+#: keep (the text agents' upper bound: each turn's prompt is built from it).
+MAX_OBSERVATION_CHARS = 100_000
+
+
+def cut(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, marked `` ...`` where it was cut: an env's
+    observation kept to the length an agent's option allows."""
+    return text if len(text) <= limit else text[:limit].rstrip() + " ..."
+
+
 def clipped(value: object, width: int = 80) -> str:
     """``repr(value)`` cut to ``width`` characters with its length said, for an error
     line that quotes what was given: a 5,000-character option stays one short line."""

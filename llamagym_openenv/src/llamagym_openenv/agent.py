@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from llamagym.agent import Agent
+from llamagym.display import MAX_OBSERVATION_CHARS
 from llamagym_openenv import protocol
 from llamagym_openenv.client import (
     CONTEXT,
@@ -76,7 +77,8 @@ class OpenEnvOptions(BaseModel):
         description="The largest message taken from the server; a larger one ends the session.",
     )
     max_observation_chars: int = Field(
-        4_000, ge=50, le=100_000, description="Observation text longer than this is cut."
+        4_000, ge=50, le=MAX_OBSERVATION_CHARS,
+        description="Observation text longer than this is cut.",
     )
     max_legal_actions: int = Field(
         256, ge=1, le=10_000, description="More legal actions than this end the session."

@@ -25,7 +25,7 @@ from typing import Any
 import gymnasium
 from gymnasium import spaces
 
-from llamagym.display import printable
+from llamagym.display import cut, printable
 from llamagym.errors import LlamaGymError
 from llamagym_openenv import protocol
 
@@ -229,8 +229,7 @@ class OpenEnvEnv(gymnasium.Env):
             text = "\n".join(f"{key}: {_field_text(value)}" for key, value
                              in sorted(observation.items(), key=lambda item: str(item[0]))
                              if key != "metadata")
-        limit = self.bounds.max_observation_chars
-        return text if len(text) <= limit else text[:limit].rstrip() + " ..."
+        return cut(text, self.bounds.max_observation_chars)
 
     def _legal_actions(self, metadata: Mapping[str, Any], where: str) -> list[str] | None:
         if self.wire.actions:

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from llamagym.agent import Agent
+from llamagym.display import MAX_OBSERVATION_CHARS, cut
 from llamagym.specs import AgentSpec
 from llamagym_textarena import plugin
 from llamagym_textarena.games import GAMES
@@ -41,7 +42,7 @@ class TextArenaOptions(BaseModel):
         "also has its own turn limit.",
     )
     max_observation_chars: int = Field(
-        2000, ge=50, le=100_000, description="Game text longer than this is cut."
+        2000, ge=50, le=MAX_OBSERVATION_CHARS, description="Game text longer than this is cut."
     )
     list_moves: bool | None = Field(
         None,
@@ -121,9 +122,7 @@ class TextArenaAgent(Agent):
 
     def format_observation(self, observation: Any, info: dict) -> str:
         text = str(observation).strip()
-        limit = self.options.max_observation_chars
-        if len(text) > limit:
-            text = text[:limit].rstrip() + " ..."
+        text = cut(text, self.options.max_observation_chars)
         moves = self.legal_actions(observation, info)
         if self.lists_moves(len(moves)):
             text += "\n\nLegal moves: " + ", ".join(moves)

@@ -25,6 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from llamagym.agent import Agent
+from llamagym.display import MAX_OBSERVATION_CHARS, cut
 from llamagym.errors import LlamaGymError
 from llamagym_textworld.baselines import FALLBACK_COMMAND, WalkthroughPolicy
 from llamagym_textworld.games import (
@@ -105,7 +106,7 @@ class TextWorldOptions(BaseModel):
         0.0, ge=0, le=1_000, description="Reward taken off every step."
     )
     max_observation_chars: int = Field(
-        1200, ge=50, le=100_000,
+        1200, ge=50, le=MAX_OBSERVATION_CHARS,
         description="Game text longer than this is cut (keeps prompts bounded).",
     )
     list_commands: bool | None = Field(
@@ -328,9 +329,7 @@ class TextWorldAgent(Agent):
         if objective and objective in text:
             text = text.split(objective, 1)[1]
         text = text.strip()
-        limit = self.options.max_observation_chars
-        if len(text) > limit:
-            text = text[:limit].rstrip() + " ..."
+        text = cut(text, self.options.max_observation_chars)
         lines = [text]
         if self.lists_commands:
             lines.append("Valid commands: " + ", ".join(self.legal_actions(observation, info)))

@@ -14,9 +14,9 @@ import typer
 from llamagym_textworld.games import (
     MAX_GAMES,
     MAX_OBJECTS,
-    MAX_QUEST_LENGTH,
     MAX_SEED,
     MAX_WORLD_SIZE,
+    quest_bounds,
 )
 
 games_app = typer.Typer(
@@ -31,10 +31,10 @@ def parse_quest_length(text: str) -> tuple[int, int]:
     if not match:
         raise typer.BadParameter(f"expected N or MIN-MAX, e.g. 2 or 2-3; got {text!r}")
     low = int(match.group(1))
-    high = int(match.group(2) or low)
-    if low < 1 or high < low or high > MAX_QUEST_LENGTH:
-        raise typer.BadParameter(f"need 1 <= MIN <= MAX <= {MAX_QUEST_LENGTH}; got {text!r}")
-    return low, high
+    try:
+        return quest_bounds((low, int(match.group(2) or low)))
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
 
 
 @games_app.command("make")

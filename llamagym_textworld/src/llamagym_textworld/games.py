@@ -151,13 +151,15 @@ def _import_textworld() -> Any:
     return textworld
 
 
-def _quest_bounds(quest_length: QuestLength) -> tuple[int, int]:
+def quest_bounds(quest_length: QuestLength) -> tuple[int, int]:
+    """``(min, max)`` commands of a quest given as N or (MIN, MAX); a ValueError naming
+    the bounds when it is outside 1 to MAX_QUEST_LENGTH or MIN > MAX."""
     if isinstance(quest_length, int):
         lo = hi = quest_length
     else:
         lo, hi = (int(v) for v in quest_length)
     if lo < 1 or hi < lo or hi > MAX_QUEST_LENGTH:
-        raise ValueError(f"quest_length must be 1 to {MAX_QUEST_LENGTH} and min <= max, "
+        raise ValueError(f"quest_length must be 1 <= MIN <= MAX <= {MAX_QUEST_LENGTH}, "
                          f"got {quest_length!r}")
     return lo, hi
 
@@ -251,7 +253,7 @@ def make_game(
                          f"{MAX_OBJECTS}, got {world_size} and {nb_objects}")
     if not 0 <= seed <= MAX_SEED:
         raise ValueError(f"seed must be 0 to {MAX_SEED}, got {seed}")
-    quest = _quest_bounds(quest_length)
+    quest = quest_bounds(quest_length)
     version = _textworld_version()
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     final = root / _game_dir_name(world_size, nb_objects, quest, seed, version)

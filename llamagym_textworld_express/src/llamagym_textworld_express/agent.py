@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llamagym.agent import Agent
+from llamagym.display import MAX_OBSERVATION_CHARS, cut
 from llamagym_textworld_express import plugin
 from llamagym_textworld_express.games import GAMES, Game, game_params_text, parse_game_params
 
@@ -45,7 +46,7 @@ class TextWorldExpressOptions(BaseModel):
         "the env fails with an error.",
     )
     max_observation_chars: int = Field(
-        2000, ge=50, le=100_000, description="Game text longer than this is cut."
+        2000, ge=50, le=MAX_OBSERVATION_CHARS, description="Game text longer than this is cut."
     )
     list_actions: bool | None = Field(
         None,
@@ -130,9 +131,7 @@ class TextWorldExpressAgent(Agent):
 
     def format_observation(self, observation: Any, info: dict) -> str:
         text = str(observation).strip()
-        limit = self.options.max_observation_chars
-        if len(text) > limit:
-            text = text[:limit].rstrip() + " ..."
+        text = cut(text, self.options.max_observation_chars)
         actions = self.legal_actions(observation, info)
         if self.lists_actions(len(actions)):
             text += "\n\nValid actions: " + ", ".join(actions)
