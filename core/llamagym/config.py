@@ -63,7 +63,9 @@ MAX_LORA_RANK = 1024
 
 #: The most torch CPU threads a config may ask for (each thread's pool takes memory).
 MAX_THREADS = 1024
-#: The longest wait a LLAMAGYM_*_TIMEOUT variable may ask for: a week.
+#: The longest wait a LLAMAGYM_*_TIMEOUT variable may ask for (a week): far past any real
+#: wait, and well inside what a ``timedelta``, a thread's wait and the process group's
+#: own timeout can hold.
 MAX_WAIT_SECONDS = 7 * 24 * 3600
 
 #: Bytes of one logit as generate keeps it (a 32-bit float at the most).

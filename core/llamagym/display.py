@@ -70,7 +70,8 @@ def clipped(value: object, width: int = 80) -> str:
     text = repr(value)
     if len(text) <= width:
         return text
-    return f"{text[: width - 3]}... ({len(text):,} characters)"
+    length = len(value) if isinstance(value, str) else len(text)
+    return f"{text[: width - 3]}... ({length:,} characters)"
 
 
 def code_block(text: str, info: str = "") -> list[str]:

@@ -62,8 +62,6 @@ RANK_SEED_STRIDE = 1000
 UPDATE_SEED_STRIDE = 1_000_003
 #: Seconds a collective waits for the other processes before the run ends.
 TIMEOUT_VARIABLE = "LLAMAGYM_PROCESS_TIMEOUT"
-#: The longest wait it may ask for (a week): far past any real wait, and well inside
-#: what a ``timedelta`` (and the process group's own timeout) can hold.
 DEFAULT_TIMEOUT_SECONDS = 300.0
 #: Set by ``llamagym run --num-processes N`` to its own pid in the processes it starts.
 LAUNCHER_VARIABLE = "LLAMAGYM_LAUNCHER_PID"
