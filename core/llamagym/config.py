@@ -63,6 +63,11 @@ MAX_LORA_RANK = 1024
 
 #: The most torch CPU threads a config may ask for (each thread's pool takes memory).
 MAX_THREADS = 1024
+#: Bounds of the env plugins' own options: the most characters of an env's text an
+#: agent's ``max_observation_chars`` may keep (each turn's prompt is built from it), and
+#: the most steps its ``max_episode_steps`` may allow an episode.
+MAX_OBSERVATION_CHARS = 100_000
+MAX_EPISODE_STEPS = 10_000
 #: The longest wait a LLAMAGYM_*_TIMEOUT variable may ask for (a week): far past any real
 #: wait, and well inside what a ``timedelta``, a thread's wait and the process group's
 #: own timeout can hold.

@@ -53,11 +53,6 @@ def shown(text: object) -> str:
     return escape(printable(text, keep=""))
 
 
-#: The most characters of an env's text an agent's ``max_observation_chars`` option may
-#: keep (the text agents' upper bound: each turn's prompt is built from it).
-MAX_OBSERVATION_CHARS = 100_000
-
-
 def cut(text: str, limit: int) -> str:
     """``text`` cut to ``limit`` characters, marked `` ...`` where it was cut: an env's
     observation kept to the length an agent's option allows."""

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from llamagym.agent import Agent
+from llamagym.config import MAX_EPISODE_STEPS
 from llamagym_babyai.plugin import BABYAI
 from llamagym_babyai.text import describe
 
@@ -40,7 +41,8 @@ class BabyAIOptions(BaseModel):
         pattern=_LEVEL.pattern,
     )
     max_episode_steps: int | None = Field(
-        None, ge=1, le=10_000, description="Steps before an episode is cut; null = the level's."
+        None, ge=1, le=MAX_EPISODE_STEPS,
+        description="Steps before an episode is cut; null = the level's.",
     )
 
 

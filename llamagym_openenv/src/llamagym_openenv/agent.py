@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from llamagym.agent import Agent
-from llamagym.display import MAX_OBSERVATION_CHARS
+from llamagym.config import MAX_OBSERVATION_CHARS
 from llamagym_openenv import protocol
 from llamagym_openenv.client import (
     CONTEXT,

@@ -18,7 +18,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from llamagym.agent import Agent
-from llamagym.display import MAX_OBSERVATION_CHARS, cut
+from llamagym.config import MAX_EPISODE_STEPS, MAX_OBSERVATION_CHARS
+from llamagym.display import cut
 from llamagym.specs import AgentSpec
 from llamagym_textarena import plugin
 from llamagym_textarena.games import GAMES
@@ -37,7 +38,7 @@ class TextArenaOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     max_episode_steps: int = Field(
-        200, ge=1, le=10_000,
+        200, ge=1, le=MAX_EPISODE_STEPS,
         description="Moves (refused ones included) before an episode is cut; every game "
         "also has its own turn limit.",
     )

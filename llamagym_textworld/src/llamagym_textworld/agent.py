@@ -25,7 +25,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from llamagym.agent import Agent
-from llamagym.display import MAX_OBSERVATION_CHARS, cut
+from llamagym.config import MAX_EPISODE_STEPS, MAX_OBSERVATION_CHARS
+from llamagym.display import cut
 from llamagym.errors import LlamaGymError
 from llamagym_textworld.baselines import FALLBACK_COMMAND, WalkthroughPolicy
 from llamagym_textworld.games import (
@@ -97,7 +98,7 @@ class TextWorldOptions(BaseModel):
         3, ge=1, le=MAX_QUEST_LENGTH, description="Longest quest, in commands."
     )
     max_episode_steps: int = Field(
-        30, ge=1, le=10_000, description="Steps before an episode is cut."
+        30, ge=1, le=MAX_EPISODE_STEPS, description="Steps before an episode is cut."
     )
     win_bonus: float = Field(
         0.0, ge=-1_000, le=1_000, description="Reward added on the step that wins."

@@ -18,7 +18,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llamagym.agent import Agent
-from llamagym.display import MAX_OBSERVATION_CHARS, cut
+from llamagym.config import MAX_EPISODE_STEPS, MAX_OBSERVATION_CHARS
+from llamagym.display import cut
 from llamagym_textworld_express import plugin
 from llamagym_textworld_express.games import GAMES, Game, game_params_text, parse_game_params
 
@@ -184,7 +185,8 @@ def _options(game: Game) -> type[BaseModel]:
             "out takes TextWorldExpress's default.",
         )
         max_episode_steps: int = Field(
-            game.max_episode_steps, ge=1, le=10_000, description="Steps before an episode is cut."
+            game.max_episode_steps, ge=1, le=MAX_EPISODE_STEPS,
+            description="Steps before an episode is cut.",
         )
 
         @field_validator("game_params")
