@@ -47,7 +47,7 @@ def _isolated_cache(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _fresh_plugins(monkeypatch):
     """Every test starts from a freshly loaded plugin runtime."""
-    from llamagym import plugin_manager
+    from llamagym.plugin_runtime import manager as plugin_manager
 
     monkeypatch.delenv("LLAMAGYM_DISABLE_PLUGINS", raising=False)
     monkeypatch.delenv("LLAMAGYM_LOAD_PLUGINS", raising=False)

@@ -35,8 +35,8 @@ from benchmarks.common import add_allow_dirty, refuse_dirty_tree, write_script_r
 
 
 def agent_for(name: str, model: str, threads: int) -> Any:
-    from llamagym.config_layers import resolve_agent_config
-    from llamagym.plugin_manager import get_plugins
+    from llamagym.plugin_runtime.manager import get_plugins
+    from llamagym.resolver.layers import resolve_agent_config
 
     agent_class = get_plugins().get("agent", name).load()
     config = resolve_agent_config(agent_class, [("benchmark", {

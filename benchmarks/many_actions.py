@@ -218,7 +218,7 @@ def train(spec: Mapping[str, Any]) -> dict[str, Any]:
     import torch
 
     from llamagym.config import deep_merge
-    from llamagym.config_layers import resolve_agent_config
+    from llamagym.resolver.layers import resolve_agent_config
     from llamagym.rollout.evaluation import evaluate_agent, evaluation_seeds
     from llamagym.training.loop.trainer import Trainer
 

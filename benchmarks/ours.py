@@ -32,7 +32,7 @@ def make_agent(
     agent_class: type | None = None,
 ) -> Any:
     """The registered Blackjack agent with its own defaults, ``mode`` and ``num_envs``."""
-    from llamagym.plugin_manager import get_plugins
+    from llamagym.plugin_runtime.manager import get_plugins
     from llamagym.training.loop.run_state import seed_everything
 
     if agent_class is None:

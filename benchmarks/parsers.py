@@ -101,7 +101,7 @@ CORPUS: dict[str, Callable[[int], str]] = {
 
 def measure(reply: str, legal: tuple[str, ...], repeats: int) -> list[float]:
     from llamagym.agent import Agent
-    from llamagym.plugin_manager import get_plugins
+    from llamagym.plugin_runtime.manager import get_plugins
 
     plugins, agent = get_plugins(), Agent()
     seconds = []
@@ -122,7 +122,7 @@ def json_work(reply: str) -> dict[str, int]:
 
 
 def run(quick: bool) -> dict[str, Any]:
-    from llamagym.plugin_manager import get_plugins
+    from llamagym.plugin_runtime.manager import get_plugins
     from llamagym_builtins import parsers
 
     sizes, repeats = (QUICK_SIZES, QUICK_REPEATS) if quick else (SIZES, REPEATS)

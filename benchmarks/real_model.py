@@ -274,7 +274,7 @@ def cost(spec: dict[str, Any]) -> dict[str, Any]:
     ``overrides``: the seconds its collection and its update take, and the peak RSS. The
     target-KL stop is off so every variant runs all its epochs (the same work)."""
     from llamagym.config import deep_merge
-    from llamagym.plugin_manager import get_plugins
+    from llamagym.plugin_runtime.manager import get_plugins
 
     agent_class = get_plugins().get("agent", spec["agent"]).load()
     config = deep_merge({"model": {"name": spec["model"]}, "output": {"dir": None},
@@ -486,7 +486,7 @@ def reply_format(spec: dict[str, Any]) -> dict[str, Any]:
     legal action, greedy and sampled, over the first ``turns`` decisions."""
     import torch
 
-    from llamagym.plugin_manager import get_plugins
+    from llamagym.plugin_runtime.manager import get_plugins
 
     agent_class = get_plugins().get("agent", spec["agent"]).load()
     config = {"model": {"name": spec["model"]}, "rollout": {"mode": "generate", "num_envs": 8},

@@ -318,7 +318,7 @@ def with_demonstrations(
     recorded episodes of the row's baseline (and the recording), or unchanged (and None)
     for a row without demonstrations."""
     from llamagym.config import deep_merge
-    from llamagym.config_layers import resolve_agent_config
+    from llamagym.resolver.layers import resolve_agent_config
     from llamagym.rollout.demonstrations import record_demonstrations
 
     if setup.demonstrations is None:

@@ -97,7 +97,7 @@ def build_model(directory: Path, dims: dict[str, int], seed: int = 0) -> Path:
 def long_history_agent_class() -> type:
     import gymnasium
 
-    from llamagym.plugin_manager import get_plugins
+    from llamagym.plugin_runtime.manager import get_plugins
 
     blackjack = get_plugins().get("agent", "blackjack").load()
 

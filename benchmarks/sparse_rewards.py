@@ -53,7 +53,7 @@ from benchmarks.rows import (  # noqa: E402
 )
 from llamagym import hookimpl  # noqa: E402
 from llamagym.agent import Agent  # noqa: E402
-from llamagym.specs import AgentSpec  # noqa: E402
+from llamagym.plugin_runtime.registry import AgentSpec  # noqa: E402
 
 NAME = "sparse-lake"
 RESULT_NAME = "sparse-rewards"
@@ -258,7 +258,7 @@ def train(spec: Mapping[str, Any]) -> dict[str, Any]:
     import torch
 
     from llamagym.config import deep_merge
-    from llamagym.config_layers import resolve_agent_config
+    from llamagym.resolver.layers import resolve_agent_config
     from llamagym.testing import temporary_plugin
     from llamagym.training.loop.trainer import Trainer
 

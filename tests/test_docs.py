@@ -6,9 +6,9 @@ import inspect
 import re
 from pathlib import Path
 
-from llamagym import hookspecs
 from llamagym.devtools.agent_checks import CHECK_NAMES
-from llamagym.hookspecs import all_hook_names
+from llamagym.plugin_runtime import hookspecs
+from llamagym.plugin_runtime.hookspecs import all_hook_names
 
 ROOT = Path(__file__).resolve().parents[1]
 HOOKS_DOC = ROOT / "docs" / "plugin-hooks.md"
@@ -187,7 +187,7 @@ def test_the_architecture_doc_names_only_files_that_exist() -> None:
 def test_the_architecture_doc_places_every_floor_and_room_of_the_layers_contracts() -> None:
     """Each layers contract's floors are named in "Layers": those of ``llamagym`` by their
     name, the rooms inside a floor by their dotted path (``training.loop``)."""
-    from llamagym.config_files import tomllib  # tomli before Python 3.11
+    from llamagym.config.files import tomllib  # tomli before Python 3.11
 
     contracts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     layered = [contract for contract in contracts["tool"]["importlinter"]["contracts"]

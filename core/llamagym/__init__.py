@@ -3,6 +3,10 @@
 ``from llamagym import Agent`` is all the classic API needs. Heavy modules (torch,
 transformers) load only when something that needs them is touched, so the CLI starts
 fast.
+
+Top level: the package's front door (``from llamagym import Agent``), with the
+table of moved names and the import hooks that must be in place before any other module
+loads.
 """
 
 from __future__ import annotations
@@ -13,14 +17,14 @@ import importlib.machinery
 import importlib.util
 import logging
 import sys
+import warnings
 from typing import Any
 
-from llamagym.hookspecs import hookimpl
-
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 
 _LAZY = {
+    "hookimpl": "llamagym.plugin_runtime.hookspecs",
     "Agent": "llamagym.agent",
     "Algorithm": "llamagym.algorithms.algorithm",
     "AlgorithmConfig": "llamagym.algorithms.algorithm_config",
@@ -31,75 +35,95 @@ _LAZY = {
     "load_model_and_tokenizer": "llamagym.models.loading",
     "load_agent": "llamagym.agent",
     "build_run": "llamagym.run",
-    "RunContext": "llamagym.specs",
-    "get_plugins": "llamagym.plugin_manager",
+    "RunContext": "llamagym.plugin_runtime.registry",
+    "get_plugins": "llamagym.plugin_runtime.manager",
     "LlamaGymError": "llamagym.errors",
 }
 
-__all__ = ["hookimpl", "__version__", *_LAZY]
+__all__ = ["__version__", *_LAZY]
 
-#: Modules that moved since LlamaGym 0.2's flat layout. Importing one by its old name
-#: fails with one line naming the new one; the names of ``llamagym`` itself (``Agent``,
-#: ``Algorithm``, ``Episode``, ...) did not move.
-MOVED_MODULES = {
-    "llamagym.models": "llamagym.models.loading",
-    "llamagym.model_registry": "llamagym.models.registry",
-    "llamagym.model_sources": "llamagym.models.sources",
-    "llamagym.tiny_model": "llamagym.models.tiny",
-    "llamagym.policy": "llamagym.models.policy",
-    "llamagym.engine": "llamagym.rollout.engine",
-    "llamagym.evaluation": "llamagym.rollout.evaluation",
-    "llamagym.demonstrations": "llamagym.rollout.demonstrations",
-    "llamagym.trajectory": "llamagym.rollout.trajectory",
-    "llamagym.training": "llamagym.training.loop.trainer",
-    "llamagym.algorithm": "llamagym.algorithms.algorithm",
-    "llamagym.checkpoint": "llamagym.training.checkpoint.store",
-    "llamagym.credit": "llamagym.algorithms.credit",
-    "llamagym.progress": "llamagym.training.loop.progress",
-    "llamagym.report": "llamagym.training.records.report",
-    "llamagym.scaffold": "llamagym.devtools.scaffold",
-    "llamagym.conformance": "llamagym.devtools.conformance",
-    # 0.3: moved to the layer that uses them (docs/architecture.md, "Layers").
-    "llamagym.training.schedule": "llamagym.schedule",
-    "llamagym.rollout.transcripts": "llamagym.training.records.transcripts",
-    "llamagym.models.export": "llamagym.training.records.export",
-    # 0.4: the built-in plugins are a package of their own (plugins/llamagym_builtins), so
-    # `llamagym.plugins.ppo` fails at its first step, naming where `ppo` is now.
-    "llamagym.plugins": "llamagym_builtins",
-    # 0.4: what every algorithm builds on is a floor of its own, below training.
-    **{f"llamagym.training.{name}": f"llamagym.algorithms.{name}" for name in (
-        "algorithm", "algorithm_config", "batching", "credit", "kl_control", "losses",
-        "turn_scoring",
-    )},
-    # 0.4: several processes serve the algorithms, the training loop and the TRL backend,
-    # so they sit below all three.
-    "llamagym.training.distributed": "llamagym.distributed",
-    # 0.4: training's rooms (the loop, checkpoints, run records), and the TRL backend a
-    # floor of its own above training.
-    **{f"llamagym.training.{name}": f"llamagym.training.loop.{name}" for name in (
-        "trainer", "budget", "progress", "final_evaluation", "run_start", "run_state",
-        "run_directory", "update_metrics",
-    )},
-    **{f"llamagym.training.{name}": f"llamagym.training.records.{name}" for name in (
-        "report", "transcripts", "run_files", "run_lock", "export",
-    )},
-    "llamagym.training.checkpoint": "llamagym.training.checkpoint.store",
-    **{f"llamagym.training.checkpoint_{name}": f"llamagym.training.checkpoint.{name}"
-       for name in ("errors", "state", "tensors", "trust")},
-    "llamagym.training.trl_backend": "llamagym.trl_backend.trainer",
-    "llamagym.training.trl_rollout": "llamagym.trl_backend.rollout",
-    "llamagym.training.trl_settings": "llamagym.trl_backend.settings",
-    "llamagym.training.sharded": "llamagym.trl_backend.sharded",
+#: Modules that moved, by the release that moved them: old name -> new name. What moved
+#: in a release still imports under its old name through that release, with a
+#: DeprecationWarning naming the new place, and goes in the next minor release: from then
+#: on the old name fails with one line naming the new one (:func:`moved_module`). The
+#: names of ``llamagym`` itself (``Agent``, ``Algorithm``, ``Episode``, ...) did not move.
+#: CHANGELOG.md lists every entry and the release it goes in.
+MOVED_MODULES: dict[str, dict[str, str]] = {
+    # 0.3: out of 0.2's flat layout into subpackages, and to the layer that uses them.
+    "0.3": {
+        "llamagym.models": "llamagym.models.loading",
+        "llamagym.model_registry": "llamagym.models.registry",
+        "llamagym.model_sources": "llamagym.models.sources",
+        "llamagym.tiny_model": "llamagym.models.tiny",
+        "llamagym.policy": "llamagym.models.policy",
+        "llamagym.engine": "llamagym.rollout.engine",
+        "llamagym.evaluation": "llamagym.rollout.evaluation",
+        "llamagym.demonstrations": "llamagym.rollout.demonstrations",
+        "llamagym.trajectory": "llamagym.rollout.trajectory",
+        "llamagym.training": "llamagym.training.loop.trainer",
+        "llamagym.algorithm": "llamagym.algorithms.algorithm",
+        "llamagym.checkpoint": "llamagym.training.checkpoint.store",
+        "llamagym.credit": "llamagym.algorithms.credit",
+        "llamagym.progress": "llamagym.training.loop.progress",
+        "llamagym.report": "llamagym.training.records.report",
+        "llamagym.scaffold": "llamagym.devtools.scaffold",
+        "llamagym.conformance": "llamagym.devtools.conformance",
+        # Moved to the layer that uses them (docs/architecture.md, "Layers").
+        "llamagym.training.schedule": "llamagym.schedule",
+        "llamagym.rollout.transcripts": "llamagym.training.records.transcripts",
+        "llamagym.models.export": "llamagym.training.records.export",
+    },
+    "0.4": {
+        # The built-in plugins are a package of their own (plugins/llamagym_builtins), so
+        # `llamagym.plugins.ppo` fails at its first step, naming where `ppo` is now.
+        "llamagym.plugins": "llamagym_builtins",
+        # What every algorithm builds on is a floor of its own, below training.
+        **{f"llamagym.training.{name}": f"llamagym.algorithms.{name}" for name in (
+            "algorithm", "algorithm_config", "batching", "credit", "kl_control", "losses",
+            "turn_scoring",
+        )},
+        # Several processes serve the algorithms, the training loop and the TRL backend,
+        # so they sit below all three.
+        "llamagym.training.distributed": "llamagym.distributed",
+        # Training's rooms (the loop, checkpoints, run records), and the TRL backend a
+        # floor of its own above training.
+        **{f"llamagym.training.{name}": f"llamagym.training.loop.{name}" for name in (
+            "trainer", "budget", "progress", "final_evaluation", "run_start", "run_state",
+            "run_directory", "update_metrics",
+        )},
+        **{f"llamagym.training.{name}": f"llamagym.training.records.{name}" for name in (
+            "report", "transcripts", "run_files", "run_lock", "export",
+        )},
+        "llamagym.training.checkpoint": "llamagym.training.checkpoint.store",
+        **{f"llamagym.training.checkpoint_{name}": f"llamagym.training.checkpoint.{name}"
+           for name in ("errors", "state", "tensors", "trust")},
+        "llamagym.training.trl_backend": "llamagym.trl_backend.trainer",
+        "llamagym.training.trl_rollout": "llamagym.trl_backend.rollout",
+        "llamagym.training.trl_settings": "llamagym.trl_backend.settings",
+        "llamagym.training.sharded": "llamagym.trl_backend.sharded",
+    },
+    # 0.5: the plugin runtime, the config and the config's resolver are packages.
+    "0.5": {
+        "llamagym.hookspecs": "llamagym.plugin_runtime.hookspecs",
+        "llamagym.specs": "llamagym.plugin_runtime.registry",
+        "llamagym.plugin_manager": "llamagym.plugin_runtime.manager",
+        "llamagym.plugin_isolation": "llamagym.plugin_runtime.isolation",
+        "llamagym.plugin_answers": "llamagym.plugin_runtime.hook_values",
+        "llamagym.agent_hooks": "llamagym.plugin_runtime.agent_plugin",
+        "llamagym.config_files": "llamagym.config.files",
+        "llamagym.config_layers": "llamagym.resolver.layers",
+        "llamagym.trl_arguments": "llamagym.resolver.trl_arguments",
+    },
 }
-
 
 #: Names that a module offered in LlamaGym 0.3.0 but that another module defines now:
 #: old module -> the module to import them from -> the names. A module holds only the
 #: names it defines (its ``__all__`` lists just those), so importing one of these from
-#: the old module fails with one line naming the new one (:func:`moved_name`).
+#: the old module fails with one line naming the new one (:func:`moved_name`); they moved
+#: in 0.4, before the rule above, so they are gone already.
 MOVED_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
     "llamagym.config": {
-        "llamagym.config_layers": (
+        "llamagym.resolver.layers": (
             "AlgorithmClass", "Layer", "ResolvedConfig", "agent_config_class",
             "config_descriptions", "format_validation_error", "leaf_keys",
             "model_descriptions", "render_config_yaml", "resolve_config",
@@ -107,13 +131,13 @@ MOVED_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
     },
     "llamagym.agent": {"llamagym.task": ("Baseline",)},
     "llamagym.run": {
-        "llamagym.config_layers": ("defaults_for_model", "run_layers"),
+        "llamagym.resolver.layers": ("defaults_for_model", "run_layers"),
         "llamagym.agent": ("load_agent",),
         "llamagym.training.loop.run_state": ("make_engine",),
     },
     "llamagym.session": {"llamagym.algorithms.algorithm": ("Algorithm",)},
-    "llamagym.plugin_manager": {
-        "llamagym.plugin_isolation": ("DEFAULT_TIMEOUT_SECONDS", "TIMEOUT_VARIABLE"),
+    "llamagym.plugin_runtime.manager": {
+        "llamagym.plugin_runtime.isolation": ("DEFAULT_TIMEOUT_SECONDS", "TIMEOUT_VARIABLE"),
     },
     "llamagym.testing": {
         "llamagym.devtools.fake_model": (
@@ -157,6 +181,23 @@ MOVED_NAMES: dict[str, dict[str, tuple[str, ...]]] = {
 }
 
 
+def _minor(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
+def goes_in(release: str) -> str:
+    """The release in which what moved in ``release`` goes: the next minor one."""
+    major, minor = _minor(release)
+    return f"{major}.{minor + 1}"
+
+
+def moved_module(old: str) -> tuple[str, str] | None:
+    """``(new name, release it moved in)`` of a module that moved, or None."""
+    return next(((moved[old], release) for release, moved in MOVED_MODULES.items()
+                 if old in moved), None)
+
+
 def moved_name(module: str, name: str) -> Any:
     """``__getattr__`` of a module that lost names (:data:`MOVED_NAMES`), and of the
     packages that took an old module's name (``models``, ``training``): ``from
@@ -164,28 +205,50 @@ def moved_name(module: str, name: str) -> Any:
     that defines it now; any other missing name is an AttributeError."""
     new = next((new for new, names in MOVED_NAMES.get(module, {}).items() if name in names),
                None)
-    if new is None and module in MOVED_MODULES and _in_moved_module(module, name):
-        new = MOVED_MODULES[module]
+    moved = moved_module(module)
+    if new is None and moved is not None and _in_moved_module(module, moved[0], name):
+        new = moved[0]
     if new is not None:
         raise ImportError(f"{name} is not in {module}; import it from {new}", name=module)
     raise AttributeError(f"module {module!r} has no attribute {name!r}")
 
 
-def _in_moved_module(package: str, name: str) -> bool:
+def _in_moved_module(package: str, moved_to: str, name: str) -> bool:
     """Whether ``name`` is in the module that moved out of ``package``'s name."""
     return (
         not name.startswith("_")
         and importlib.util.find_spec(f"{package}.{name}") is None  # not a submodule
-        and hasattr(importlib.import_module(MOVED_MODULES[package]), name)
+        and hasattr(importlib.import_module(moved_to), name)
     )
 
 
+class _OldName(importlib.abc.Loader):
+    """Imports a module that moved in this release under its old name too: the same
+    module object, after a DeprecationWarning naming the new place."""
+
+    def __init__(self, new: str, release: str) -> None:
+        self.new, self.release = new, release
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
+        # stacklevel 2 is the import statement: warnings skips the import system's frames.
+        warnings.warn(f"{spec.name} moved to {self.new} in LlamaGym {self.release} and the "
+                      f"old name goes in {goes_in(self.release)}: import it from {self.new}",
+                      DeprecationWarning, stacklevel=2)
+        return importlib.import_module(self.new)
+
+    def exec_module(self, module: Any) -> None:
+        """The module ran under its new name."""
+
+
 class _MovedModuleFinder(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
-        new = MOVED_MODULES.get(fullname)
-        if new is not None and not new.startswith(fullname + "."):
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        moved = moved_module(fullname)
+        if moved is None or moved[0].startswith(fullname + "."):
+            return None  # not moved, or a package took the name (its __getattr__ answers)
+        new, release = moved
+        if _minor(__version__) >= _minor(goes_in(release)):
             raise ImportError(f"{fullname} is now {new}: import it from there", name=fullname)
-        return None
+        return importlib.util.spec_from_loader(fullname, _OldName(new, release))
 
 
 sys.meta_path.append(_MovedModuleFinder())

@@ -14,6 +14,9 @@ An ``Agent`` is a :class:`~llamagym.task.Task` (the env, prompts, actions, parsi
 options) that acts: its session holds the policy and the run. Env plugins register
 subclasses that also declare ``env_id``, ``defaults`` and ``baselines``; ``llamagym run``
 then drives many envs at once through the same engine.
+
+Top level: a floor of its own, the classic API's class; the tools for authors and
+the CLI build on it, and nothing below may reach up to it.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llamagym import moved_name as _moved_name
-from llamagym.plugin_manager import Plugins, get_plugins
+from llamagym.plugin_runtime.manager import Plugins, get_plugins
 from llamagym.task import Task
 
 if TYPE_CHECKING:

@@ -10,6 +10,9 @@ what would make it a link, an image, HTML or a new table cell, and :func:`table_
 puts it in a code span that neither ends early nor leaves its cell.
 Rich markup is never applied to such text: print it as a ``rich.text.Text``, or put it
 through :func:`shown` inside a line that has markup of its own.
+
+Top level: a utility below every floor (it uses the standard library only), since
+each floor shows text that came from outside.
 """
 
 from __future__ import annotations

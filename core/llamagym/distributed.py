@@ -28,6 +28,9 @@ A run whose processes cannot all go on ends, within a bound, rather than hanging
 
 With one process every function here is a no-op: nothing from accelerate is imported,
 no collective runs, and a run computes exactly what it computes without this module.
+
+Top level: a floor of its own below the algorithms, the training loop and the TRL
+backend, which all use it; none of them is its home.
 """
 
 from __future__ import annotations

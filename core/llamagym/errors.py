@@ -1,4 +1,7 @@
-"""Errors a user can act on. The CLI prints their message as one line, no traceback."""
+"""Errors a user can act on. The CLI prints their message as one line, no traceback.
+
+Top level: the lowest floor; every module raises these.
+"""
 
 from __future__ import annotations
 

@@ -5,6 +5,9 @@ permission, a full disk, ``~user`` of no user) said in one line.
 
 This module is imported by the CLI before anything heavy, so it must only use
 the standard library.
+
+Top level: a utility below every floor (the standard library only); the CLI, the
+models' cache and the run directories all use it.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ value head), the rollout engine, the algorithm and the schedule they read. Every
 here is built by :func:`build_run` from a resolved config, each part getting what it needs
 as constructor arguments; nothing is assigned into a part after it is built.
 
-    resolved = resolve_agent_config(AgentClass, [("--set", {...})])   # config_layers.py
+    resolved = resolve_agent_config(AgentClass, [("--set", {...})])   # resolver/layers.py
     agent = AgentClass(config=resolved)
     run = build_run(agent, load_policy(resolved.config), control)      # what Trainer does
     trained = read_trained("runs/blackjack-.../")                      # what load_agent reads
@@ -14,6 +14,9 @@ as constructor arguments; nothing is assigned into a part after it is built.
 The classic ``act`` / ``assign_reward`` / ``terminate_episode`` API (an agent's session),
 the CLI and ``load_agent`` all build through these functions: one code path. What runs
 below (the trainer, the evaluation, the export) is handed the parts it needs.
+
+Top level: the composition root is a floor of its own, above every part it builds
+and below the session and the CLI that ask for a run.
 """
 
 from __future__ import annotations
@@ -32,13 +35,13 @@ from llamagym import moved_name as _moved_name
 from llamagym.algorithms.algorithm import AlgorithmContext
 from llamagym.algorithms.algorithm_config import with_demonstrations
 from llamagym.config import RunConfig, check_generation_memory, deep_merge
-from llamagym.config_layers import ResolvedConfig, resolve_agent_config
 from llamagym.errors import ConfigError, LlamaGymError
 from llamagym.models.loading import add_lora_adapter, load_model_and_tokenizer
 from llamagym.models.lora_choice import LORA_AUTO_THRESHOLD, trains_through_lora
 from llamagym.models.policy import Policy
 from llamagym.models.trunk_precision import lower_trunk_precision
-from llamagym.plugin_manager import get_plugins
+from llamagym.plugin_runtime.manager import get_plugins
+from llamagym.resolver.layers import ResolvedConfig, resolve_agent_config
 from llamagym.schedule import Control, Schedule
 from llamagym.training.checkpoint import store as checkpoints
 from llamagym.training.checkpoint.trust import check_model_source, untrusted_config
@@ -48,7 +51,7 @@ from llamagym.training.records.export import RUN_EXPORT, VALUE_HEAD, read_export
 if TYPE_CHECKING:
     from llamagym.algorithms.algorithm import Algorithm
     from llamagym.algorithms.algorithm_config import AlgorithmConfig
-    from llamagym.plugin_manager import Plugins
+    from llamagym.plugin_runtime.manager import Plugins
     from llamagym.task import Task
 
 logger = logging.getLogger(__name__)

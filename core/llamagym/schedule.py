@@ -7,6 +7,9 @@ One owner moves the schedule (the trainer, before each collection and update, wi
 ``schedule.set_progress``); the rollout engine and the algorithm only read it. A
 hand-written loop that never moves it trains at progress 0: the starting temperature
 and the full learning rate.
+
+Top level: a floor of its own between the plugin runtime and the config: the
+rollout, the algorithms, the trainer and the resolver's TRL arguments read it.
 """
 
 from __future__ import annotations

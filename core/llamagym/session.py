@@ -8,6 +8,9 @@ schedule), the episode being played and the episodes waiting for an update.
 
     agent = BlackjackAgent(model, tokenizer, device)
     action = agent.act(observation)      # agent.session.act: one engine step
+
+Top level: the classic loop is a floor of its own, between the agent that owns
+a session and the run it builds.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ The rollout engine, the evaluation, the trainer and the export work with a ``Tas
 :class:`llamagym.Agent` is a ``Task`` that also acts (the classic ``act`` /
 ``assign_reward`` / ``terminate_episode``), through the policy and run of its session;
 env plugins subclass ``Agent``.
+
+Top level: a floor of its own; the rollout, the algorithms, training and the agent
+all work with a Task, and it uses only the resolver and below.
 """
 
 from __future__ import annotations
@@ -17,10 +20,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from llamagym.config import RunConfig
-from llamagym.config_layers import Layer, ResolvedConfig, resolve_agent_config
 from llamagym.errors import ConfigError, LlamaGymError
-from llamagym.plugin_answers import RefusedAnswer, action_index_of
-from llamagym.plugin_manager import Plugins, get_plugins
+from llamagym.plugin_runtime.hook_values import RefusedAnswer, action_index_of
+from llamagym.plugin_runtime.manager import Plugins, get_plugins
+from llamagym.resolver.layers import Layer, ResolvedConfig, resolve_agent_config
 
 logger = logging.getLogger(__name__)
 

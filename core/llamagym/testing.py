@@ -23,6 +23,9 @@ pytest imports this module in every session of an environment where LlamaGym is
 installed, whoever's tests they are. So it defines no autouse fixture (it changes
 nothing unless a test asks for one of its fixtures), and importing it is cheap: torch,
 transformers and gymnasium load only when a helper that needs them is used.
+
+Top level: pytest finds it by its entry point as ``llamagym.testing``, a name plugin
+authors import; a floor of its own above the agent.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from llamagym.devtools.fake_model import Script, ScriptedLLM, load_tiny_tokenize
 from llamagym.errors import LlamaGymError
 from llamagym.models.registry import get_model_entry
 from llamagym.models.sources import SourceUnreachableError, fetch_model
-from llamagym.plugin_manager import Plugins, get_plugins
+from llamagym.plugin_runtime.manager import Plugins, get_plugins
 
 if TYPE_CHECKING:
     import gymnasium
@@ -172,7 +175,7 @@ def tiny_agent(agent_class: type[Agent] | None = None, **overrides: Any) -> Agen
         # A third-party algorithm need not have every key the built-ins share (epochs):
         # keep only the fast settings its Config declares.
         fast["algorithm"] = {k: v for k, v in fast["algorithm"].items() if k in accepted}
-    from llamagym.config_layers import resolve_agent_config
+    from llamagym.resolver.layers import resolve_agent_config
 
     resolved = resolve_agent_config(agent_class, [("test settings", fast), ("test", overrides)])
     return agent_class(config=resolved)

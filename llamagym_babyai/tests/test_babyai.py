@@ -15,7 +15,7 @@ from llamagym_babyai.env import make_level
 from llamagym_babyai.text import describe_view, where
 
 from llamagym.errors import ConfigError
-from llamagym.plugin_manager import get_plugins
+from llamagym.plugin_runtime.manager import get_plugins
 from llamagym.rollout.evaluation import evaluate_baseline
 from llamagym.testing import assert_agent_conforms, tiny_agent
 from llamagym.training.loop.trainer import Trainer

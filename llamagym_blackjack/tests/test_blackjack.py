@@ -9,7 +9,7 @@ import torch
 from llamagym_blackjack.agent import BlackjackAgent, basic_strategy, hit_below_17
 
 from llamagym import Agent, load_model_and_tokenizer
-from llamagym.plugin_manager import get_plugins
+from llamagym.plugin_runtime.manager import get_plugins
 from llamagym.rollout.evaluation import evaluate_baseline
 from llamagym.testing import tiny_agent
 

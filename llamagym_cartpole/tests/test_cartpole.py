@@ -16,7 +16,7 @@ from llamagym_cartpole.agent import (
 )
 
 from llamagym.errors import ConfigError
-from llamagym.plugin_manager import get_plugins
+from llamagym.plugin_runtime.manager import get_plugins
 from llamagym.rollout.evaluation import evaluate_baseline
 from llamagym.testing import tiny_agent
 from llamagym.training.loop.trainer import Trainer

@@ -28,9 +28,9 @@ from llamagym_textarena.env import TextArenaEnv
 from llamagym_textarena.games import GAMES, fewest_presses, hanoi_distance
 
 from llamagym.cli.run_commands import resolve_run_config
-from llamagym.config_layers import expert_baseline
 from llamagym.errors import ConfigError
-from llamagym.plugin_manager import get_plugins
+from llamagym.plugin_runtime.manager import get_plugins
+from llamagym.resolver.layers import expert_baseline
 from llamagym.rollout.evaluation import evaluate_baseline
 from llamagym.testing import assert_agent_conforms, tiny_agent
 from llamagym.training.loop.trainer import Trainer

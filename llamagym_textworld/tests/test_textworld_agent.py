@@ -25,7 +25,7 @@ from llamagym_textworld.cli import games_app
 
 from llamagym.errors import ConfigError, LlamaGymError
 from llamagym.errors import MissingDependencyError as LlamaGymMissingDependency
-from llamagym.plugin_manager import get_plugins
+from llamagym.plugin_runtime.manager import get_plugins
 from llamagym.rollout.evaluation import evaluate_agent, evaluate_baseline
 from llamagym.testing import tiny_agent
 from llamagym.training.loop.trainer import Trainer
@@ -406,7 +406,7 @@ def test_short_training_run_changes_every_trainable_parameter(tmp_path) -> None:
 
 
 def test_a_pretrained_model_learns_from_the_games_progress_by_default() -> None:
-    from llamagym.config_layers import resolve_agent_config
+    from llamagym.resolver.layers import resolve_agent_config
 
     model = {"model": {"name": "smollm2-135m"}}
     pretrained = resolve_agent_config(TextWorldAgent, [("flags", model)])

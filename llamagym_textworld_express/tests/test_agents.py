@@ -7,7 +7,7 @@ import pytest
 from llamagym_textworld_express.agent import CoinAgent, MapReaderAgent
 from llamagym_textworld_express.plugin import AGENTS
 
-from llamagym.plugin_manager import get_plugins
+from llamagym.plugin_runtime.manager import get_plugins
 from llamagym.rollout.evaluation import evaluate_baseline
 from llamagym.testing import assert_agent_conforms, tiny_agent
 

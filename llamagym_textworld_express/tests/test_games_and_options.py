@@ -16,7 +16,7 @@ from llamagym_textworld_express.jvm import SHARED_JAVA, JavaRuntime, MissingJava
 from llamagym_textworld_express.plugin import AGENTS
 
 from llamagym.errors import ConfigError
-from llamagym.plugin_manager import get_plugins
+from llamagym.plugin_runtime.manager import get_plugins
 from llamagym.testing import tiny_agent
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from llamagym.hookspecs import hookimpl
-from llamagym.specs import AlgorithmSpec
+from llamagym.plugin_runtime.hookspecs import hookimpl
+from llamagym.plugin_runtime.registry import AlgorithmSpec
 
 ALGORITHMS: tuple[AlgorithmSpec, ...] = (
     AlgorithmSpec(

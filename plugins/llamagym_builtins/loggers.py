@@ -9,9 +9,9 @@
 plugin: the trainer writes it, and the report is made from it.
 
 Each takes the run directory from the hook's ``run`` argument
-(:class:`~llamagym.specs.RunContext`) and does nothing when it is ``None``: for an agent
-driven outside a run (``Agent.act``) and on ranks other than 0. Any of them can be
-turned off like any plugin: ``LLAMAGYM_DISABLE_PLUGINS=tensorboard-logger``.
+(:class:`~llamagym.plugin_runtime.registry.RunContext`) and does nothing when it is
+``None``: for an agent driven outside a run (``Agent.act``) and on ranks other than 0.
+Any of them can be turned off like any plugin: ``LLAMAGYM_DISABLE_PLUGINS=tensorboard-logger``.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from llamagym.display import code_block
-from llamagym.hookspecs import hookimpl
-from llamagym.specs import RunContext
+from llamagym.plugin_runtime.hookspecs import hookimpl
+from llamagym.plugin_runtime.registry import RunContext
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llamagym.hookspecs import hookimpl
+from llamagym.plugin_runtime.hookspecs import hookimpl
 
 MAX_CHARS = 8192  # characters of a reply each parser reads
 MAX_OBJECTS = 8  # JSON values read from one reply

@@ -18,9 +18,9 @@ from pydantic import ValidationError
 
 from llamagym.algorithms.algorithm import AlgorithmContext
 from llamagym.algorithms.algorithm_config import nest_warm_start_keys
-from llamagym.config_layers import format_validation_error
 from llamagym.distributed import SingleProcess
 from llamagym.errors import ConfigError
+from llamagym.resolver.layers import format_validation_error
 from llamagym.rollout.trajectory import Episode, Turn
 from llamagym.schedule import Control, Schedule
 from llamagym.testing import BanditAgent, action_probabilities, tiny_agent

@@ -175,7 +175,7 @@ class FakeWandbRun:
 
 def test_wandb_logs_only_when_its_project_is_set(tmp_path, monkeypatch) -> None:
     from llamagym.config import RunConfig
-    from llamagym.specs import RunContext
+    from llamagym.plugin_runtime.registry import RunContext
     from llamagym_builtins.loggers import WandbLogger
 
     calls: list = []
@@ -218,7 +218,7 @@ def test_wandb_is_never_imported_without_wandb_project(tmp_path) -> None:
     script = textwrap.dedent(
         f"""
         import sys
-        from llamagym.plugin_manager import get_plugins
+        from llamagym.plugin_runtime.manager import get_plugins
         from llamagym.testing import tiny_agent
         from llamagym.training.loop.trainer import Trainer
 

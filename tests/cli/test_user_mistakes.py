@@ -21,7 +21,7 @@ from llamagym import hookimpl
 from llamagym.agent import Agent
 from llamagym.cli.run_commands import resolve_run_config
 from llamagym.config import MAX_SEED
-from llamagym.config_files import (
+from llamagym.config.files import (
     MAX_CONFIG_BYTES,
     MAX_CONFIG_DEPTH,
     MAX_CONFIG_VALUES,

@@ -95,7 +95,7 @@ def _paths(tree: dict, prefix: tuple = ()):
 
 
 def test_the_python_call_and_a_false_setting_are_allowed(tmp_path) -> None:
-    from llamagym.config_files import read_config_file, refuse_code_settings
+    from llamagym.config.files import read_config_file, refuse_code_settings
 
     refuse_code_settings({"model": {"trust_remote_code": False}}, "a run's config.yaml")
     agent = tiny_agent(BanditAgent, model={"trust_remote_code": True})

@@ -11,8 +11,8 @@ from llamagym_blackjack.agent import BlackjackAgent
 
 from llamagym.cli.run_commands import resolve_run_config
 from llamagym.config import RunConfig
-from llamagym.config_layers import render_config_yaml
 from llamagym.errors import ConfigError
+from llamagym.resolver.layers import render_config_yaml
 
 
 def problem_lines(stderr: str) -> list[str]:
@@ -151,7 +151,7 @@ def test_rendered_yaml_round_trips_every_value() -> None:
 def test_agent_with_its_own_options_validates_them() -> None:
     from pydantic import BaseModel, Field
 
-    from llamagym.config_layers import resolve_config
+    from llamagym.resolver.layers import resolve_config
     from llamagym.testing import BanditAgent
 
     class Options(BaseModel):
@@ -244,7 +244,7 @@ def test_pretrained_defaults_that_choose_an_algorithm_hold_only_for_it() -> None
     its tiny-tuned settings for another algorithm give way, and a user who picks yet
     another algorithm gets the generic pretrained defaults without the chosen one's keys."""
     from llamagym.config import PRETRAINED_MODEL_DEFAULTS
-    from llamagym.config_layers import resolve_agent_config
+    from llamagym.resolver.layers import resolve_agent_config
 
     class Chooser(BlackjackAgent):
         pretrained_defaults = {

@@ -43,7 +43,7 @@ from llamagym.models.sources import (
     fetch_model,
     offline_status,
 )
-from llamagym.specs import PyPIFile
+from llamagym.plugin_runtime.registry import PyPIFile
 
 SMOLLM2 = "smollm2-135m"
 

@@ -45,7 +45,7 @@ from llamagym.models.tiny import (
     default_tiny_model_dir,
 )
 from llamagym.paths import cache_dir
-from llamagym.specs import ModelEntry
+from llamagym.plugin_runtime.registry import ModelEntry
 
 REQUIRED_HUB_IDS = {
     "TinyLlama/TinyLlama-1.1B-Chat-v1.0",

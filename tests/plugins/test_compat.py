@@ -1,18 +1,21 @@
 """One rule for names that moved: a name lives in exactly one module, every import names
-that module, and code written against an older layout fails with one line that names the
-new place, never with a bare ModuleNotFoundError or a silent re-export."""
+that module, and code written against an older layout keeps working for the release that
+moved it, with a DeprecationWarning naming the new place, then fails with one line that
+names the new place, never with a bare ModuleNotFoundError or a silent re-export."""
 
 from __future__ import annotations
 
 import ast
 import importlib
 import re
+import sys
 from functools import cache
 from pathlib import Path
 
 import pytest
 
-from llamagym import MOVED_MODULES, MOVED_NAMES
+import llamagym
+from llamagym import MOVED_MODULES, MOVED_NAMES, goes_in, moved_module
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"llamagym_builtins": ROOT / "plugins" / "llamagym_builtins",
@@ -22,11 +25,18 @@ PACKAGES = {"llamagym_builtins": ROOT / "plugins" / "llamagym_builtins",
 SOURCES = ["core", "plugins", "tests", "benchmarks", "docs", *sorted(
     path.name for path in ROOT.glob("llamagym_*") if path.is_dir())]
 FROM_IMPORT = re.compile(r"^\s*from\s+(llamagym\.[\w.]+)\s+import\s+(\([^)]*\)|.*)$", re.M)
+CHANGELOG = ROOT / "CHANGELOG.md"
+THIS_RELEASE = ".".join(llamagym.__version__.split(".")[:2])
+GONE = sorted(old for release, moved in MOVED_MODULES.items() if release != THIS_RELEASE
+              for old in moved)
+DEPRECATED = sorted(MOVED_MODULES.get(THIS_RELEASE, {}))
 
 
-@pytest.mark.parametrize("old", sorted(MOVED_MODULES))
-def test_an_old_module_path_names_its_new_one(old: str) -> None:
-    new = MOVED_MODULES[old]
+@pytest.mark.parametrize("old", GONE)
+def test_a_module_moved_before_this_release_fails_in_one_line_naming_its_new_one(
+    old: str
+) -> None:
+    new, _ = moved_module(old)
     importlib.import_module(new)  # the new one exists
     if new.startswith(old + "."):  # a package took the old module's name
         package = importlib.import_module(old)
@@ -40,6 +50,50 @@ def test_an_old_module_path_names_its_new_one(old: str) -> None:
     else:
         with pytest.raises(ImportError, match=f"{old} is now {new}"):
             importlib.import_module(old)
+
+
+@pytest.mark.parametrize("old", DEPRECATED)
+def test_a_module_moved_in_this_release_still_imports_with_a_warning_naming_its_new_one(
+    old: str
+) -> None:
+    new, release = moved_module(old)
+    sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning) as caught:
+        exec(compile(f"import {old}", __file__, "exec"), {})  # the statement a plugin has
+    module = sys.modules[old]
+    assert module is importlib.import_module(new)  # the same module: one set of names
+    assert [str(w.message) for w in caught] == [
+        f"{old} moved to {new} in LlamaGym {release} and the old name goes in "
+        f"{goes_in(release)}: import it from {new}"]
+    assert caught[0].filename == __file__  # the warning points at the import
+
+
+def test_a_moved_module_goes_in_the_next_minor_release(monkeypatch: pytest.MonkeyPatch) -> None:
+    old = DEPRECATED[0]
+    new, release = moved_module(old)
+    sys.modules.pop(old, None)
+    monkeypatch.setattr(llamagym, "__version__", f"{goes_in(release)}.0")
+    with pytest.raises(ImportError) as raised:
+        importlib.import_module(old)
+    assert str(raised.value) == f"{old} is now {new}: import it from there"
+
+
+def test_the_changelog_lists_every_move_and_the_release_it_goes_in() -> None:
+    text = CHANGELOG.read_text(encoding="utf-8")
+    missing = []
+    for release, moved in MOVED_MODULES.items():
+        section = _section(text, release)
+        missing += [f"{release}: {old}" for old, new in moved.items()
+                    if f"`{old}` -> `{new}`" not in section]
+        if release == THIS_RELEASE:
+            assert f"go in {goes_in(release)}" in section
+    assert missing == []
+
+
+def _section(text: str, release: str) -> str:
+    start = text.index(f"\n## {release}")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end >= 0 else None]
 
 
 MOVED = sorted((old, name, new) for old, homes in MOVED_NAMES.items()

@@ -30,7 +30,7 @@ TINY_TEXTWORLD = {"agent": {"games": 2, "world_size": 2, "nb_objects": 3,
 
 
 def builtin_agent(name: str) -> type[Agent]:
-    from llamagym.plugin_manager import get_plugins
+    from llamagym.plugin_runtime.manager import get_plugins
 
     return get_plugins().get("agent", name).load()
 

@@ -24,11 +24,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from llamagym import hookimpl, plugin_manager
+from llamagym import hookimpl
 from llamagym.agent import Agent
 from llamagym.devtools.fake_model import ScriptedLLM, load_tiny_tokenizer
-from llamagym.plugin_answers import RefusedAnswer, action_index_of, read_only, reward_term
-from llamagym.plugin_manager import get_plugins
+from llamagym.plugin_runtime import manager as plugin_manager
+from llamagym.plugin_runtime.hook_values import (
+    RefusedAnswer,
+    action_index_of,
+    read_only,
+    reward_term,
+)
+from llamagym.plugin_runtime.manager import get_plugins
 from llamagym.testing import temporary_plugin, tiny_agent
 from llamagym_builtins import parsers
 
@@ -699,7 +705,7 @@ class HugeShaping:
 
 
 def test_shaping_terms_that_overflow_together_give_no_shaping() -> None:
-    from llamagym.plugin_manager import get_plugins
+    from llamagym.plugin_runtime.manager import get_plugins
 
     plugins = get_plugins()
     assert plugins.register(HugeShaping(), name="huge-a", distribution="(test)")

@@ -26,7 +26,7 @@ from llamagym.cli.app import app
 from llamagym.devtools.agent_checks import CHECK_NAMES
 from llamagym.devtools.conformance import check_agent
 from llamagym.devtools.scaffold import write_plugin
-from llamagym.plugin_manager import get_plugins
+from llamagym.plugin_runtime.manager import get_plugins
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -301,7 +301,7 @@ def test_every_plugin_in_the_json_listing_has_a_version() -> None:
 
 
 def test_built_ins_have_llamagyms_version_when_the_metadata_gives_none(monkeypatch) -> None:
-    from llamagym import plugin_manager
+    from llamagym.plugin_runtime import manager as plugin_manager
 
     real = plugin_manager.importlib.metadata.entry_points
 

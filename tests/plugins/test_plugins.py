@@ -12,9 +12,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from llamagym import hookimpl, plugin_manager
-from llamagym.hookspecs import all_hook_names
-from llamagym.plugin_manager import get_plugins
+from llamagym import hookimpl
+from llamagym.plugin_runtime import manager as plugin_manager
+from llamagym.plugin_runtime.hookspecs import all_hook_names
+from llamagym.plugin_runtime.manager import get_plugins
 from llamagym.testing import BanditAgent, temporary_plugin, tiny_agent
 from llamagym.training.loop.trainer import Trainer
 
@@ -107,7 +108,7 @@ def test_register_commands() -> None:
 
 def test_register_models() -> None:
     from llamagym.models import registry as model_registry
-    from llamagym.specs import ModelEntry
+    from llamagym.plugin_runtime.registry import ModelEntry
 
     def register_models(register):
         register(

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PLUGINS_0_3 = ROOT / "tests" / "data" / "plugins-0.3"
 #: Each package, and how many tests its own suite holds.
 PACKAGES = {"llamagym-lake03": 7, "llamagym-steps03": 5}
-PINNED, WIDENED = "llamagym>=0.3,<0.4", "llamagym>=0.3,<0.5"
+PINNED, WIDENED = "llamagym>=0.3,<0.4", "llamagym>=0.3,<0.6"
 GUIDE = ROOT / "docs" / "writing-a-plugin.md"
 LLAMAGYM = [sys.executable, "-m", "llamagym.cli"]
 #: What a 0.3 algorithm changes for 0.4, in the guide's order: each line of 0.3.0's
@@ -195,7 +195,7 @@ def test_a_0_3_algorithm_plugin_is_told_each_change_and_passes_with_the_guides(
     constructor 0.4 builds algorithms with; with that constructor, its update's call of
     `self.evaluate` fails naming `self.scoring.evaluate`; with that too, the plugin passes
     its own tests."""
-    root = widened_copy("llamagym-steps03", tmp_path, requirement="llamagym>=0.4,<0.5")
+    root = widened_copy("llamagym-steps03", tmp_path, requirement="llamagym>=0.4,<0.6")
     module = root / "src" / "llamagym_steps03" / "algorithm.py"
     loading = ("error: algorithm 'steps03' from plugin 'steps03' (distribution "
                "llamagym-steps03) failed to load 'llamagym_steps03.algorithm:Steps03': ")

@@ -11,12 +11,13 @@ import types
 import pytest
 from typer.testing import CliRunner
 
-from llamagym import hookimpl, plugin_manager
+from llamagym import hookimpl
 from llamagym.agent import Agent
 from llamagym.errors import PluginError
 from llamagym.models.registry import LLAMA_LIKE_TARGETS, get_model_entry
-from llamagym.plugin_manager import get_plugins
-from llamagym.specs import AgentSpec, AlgorithmSpec, ModelEntry, RunContext
+from llamagym.plugin_runtime import manager as plugin_manager
+from llamagym.plugin_runtime.manager import get_plugins
+from llamagym.plugin_runtime.registry import AgentSpec, AlgorithmSpec, ModelEntry, RunContext
 from llamagym.testing import BanditAgent, temporary_plugin
 
 

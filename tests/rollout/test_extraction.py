@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llamagym.agent import Agent
-from llamagym.plugin_manager import get_plugins
+from llamagym.plugin_runtime.manager import get_plugins
 
 CARDS = ["stick", "hit"]
 COMMANDS = ["go north", "go", "open red door", "take key"]
@@ -86,7 +86,7 @@ def test_json_before_agent_before_regex() -> None:
 
 
 def test_disabling_the_json_parser(monkeypatch) -> None:
-    from llamagym import plugin_manager
+    from llamagym.plugin_runtime import manager as plugin_manager
 
     monkeypatch.setenv("LLAMAGYM_DISABLE_PLUGINS", "json-action")
     plugin_manager.reset_plugins()

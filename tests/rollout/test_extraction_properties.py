@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llamagym.agent import Agent
-from llamagym.plugin_manager import get_plugins
+from llamagym.plugin_runtime.manager import get_plugins
 from llamagym_builtins.parsers import MAX_CHARS
 
 DISCRETE = ["stick", "hit"]

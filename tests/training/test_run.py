@@ -12,7 +12,7 @@ import torch
 
 from llamagym import hookimpl, load_agent
 from llamagym.errors import LlamaGymError
-from llamagym.plugin_manager import reset_plugins
+from llamagym.plugin_runtime.manager import reset_plugins
 from llamagym.testing import BanditAgent, temporary_plugin, tiny_agent
 from llamagym.training.checkpoint import store as checkpoints
 from llamagym.training.loop.trainer import Trainer
@@ -102,7 +102,7 @@ def test_a_registered_agents_own_answers_are_credited_to_its_plugin(fake_llm) ->
 
     from llamagym_blackjack.agent import BlackjackAgent
 
-    from llamagym.plugin_manager import get_plugins
+    from llamagym.plugin_runtime.manager import get_plugins
 
     plugins = get_plugins()
     plugins.reset_participants()

@@ -12,8 +12,8 @@ from llamagym_blackjack.agent import BlackjackAgent
 from safetensors.torch import load_file
 
 from llamagym.cli.run_commands import resolve_run_config
-from llamagym.config_layers import resolve_agent_config
 from llamagym.errors import ConfigError, LlamaGymError
+from llamagym.resolver.layers import resolve_agent_config
 from llamagym.rollout.demonstrations import MAX_BASELINE_EPISODES, recording_seeds
 from llamagym.rollout.evaluation import evaluation_seeds, play_baseline
 from llamagym.testing import BanditAgent, TwoArmedBandit, tiny_agent

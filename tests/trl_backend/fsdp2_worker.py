@@ -23,9 +23,9 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 from llamagym_blackjack.agent import BlackjackAgent
 
-from llamagym.config_layers import resolve_agent_config
 from llamagym.models.loading import load_model_and_tokenizer
 from llamagym.models.policy import Policy
+from llamagym.resolver.layers import resolve_agent_config
 from llamagym.rollout.evaluation import evaluate_agent
 from llamagym.training.records.export import export_agent
 from llamagym.trl_backend.rollout import EpisodeRollouts

@@ -17,15 +17,15 @@ import torch
 from llamagym_blackjack.agent import BlackjackAgent
 from safetensors.torch import load_file
 
-from llamagym import trl_arguments
-from llamagym.config_layers import resolve_agent_config
 from llamagym.errors import ConfigError, LlamaGymError
 from llamagym.models.loading import load_model_and_tokenizer
 from llamagym.models.policy import Replies
-from llamagym.plugin_manager import Plugins
+from llamagym.plugin_runtime.manager import Plugins
+from llamagym.resolver import trl_arguments
+from llamagym.resolver.layers import resolve_agent_config
+from llamagym.resolver.trl_arguments import grpo_args, mixed_precision_bf16
 from llamagym.testing import free_port
 from llamagym.training.records.run_files import read_metrics
-from llamagym.trl_arguments import grpo_args, mixed_precision_bf16
 from llamagym.trl_backend import settings as trl_settings
 from llamagym.trl_backend.rollout import EpisodeRollouts, SequenceEngine, episode_sequence
 from llamagym.trl_backend.settings import check_supported

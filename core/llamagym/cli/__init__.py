@@ -24,7 +24,7 @@ from llamagym.cli.app import app
 from llamagym.display import PrintableFormatter, printable
 from llamagym.errors import LlamaGymError
 from llamagym.paths import path_problem
-from llamagym.plugin_manager import get_plugins
+from llamagym.plugin_runtime.manager import get_plugins
 
 __all__ = ["main"]
 
@@ -33,7 +33,8 @@ def main() -> None:
     plain = logging.StreamHandler()  # stderr, until a command shows progress (run, eval)
     plain.setFormatter(PrintableFormatter("%(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.WARNING, handlers=[plain])
-    logging.getLogger("llamagym.plugin_manager").setLevel(logging.ERROR)  # shown once, below
+    # shown once, below
+    logging.getLogger("llamagym.plugin_runtime.manager").setLevel(logging.ERROR)
     try:
         get_plugins().register_commands(app)
         app()

@@ -8,7 +8,7 @@ from importlib.metadata import version
 import typer
 from rich.console import Console
 
-from llamagym.plugin_manager import get_plugins
+from llamagym.plugin_runtime.manager import get_plugins
 
 #: Columns of a rich console whose output is not a terminal (piped or redirected):
 #: wide enough that no table cell is wrapped or cut.

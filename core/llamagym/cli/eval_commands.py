@@ -15,7 +15,7 @@ from rich.text import Text
 from llamagym.cli.app import app, report_plugin_problems
 from llamagym.cli.run_commands import configure_logging, resolve_run_config
 from llamagym.config import check_episode_memory, deep_merge
-from llamagym.config_files import parse_assignment
+from llamagym.config.files import parse_assignment
 from llamagym.display import shown
 from llamagym.errors import LlamaGymError
 

@@ -12,8 +12,8 @@ import typer
 from rich.table import Table
 
 from llamagym.cli.app import app, output_console, report_plugin_problems
-from llamagym.plugin_manager import get_plugins
-from llamagym.specs import AgentSpec, AlgorithmSpec
+from llamagym.plugin_runtime.manager import get_plugins
+from llamagym.plugin_runtime.registry import AgentSpec, AlgorithmSpec
 
 
 @app.command("list")

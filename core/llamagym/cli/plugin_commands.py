@@ -8,12 +8,12 @@ import typer
 
 from llamagym.cli.app import app, report_plugin_problems
 from llamagym.config import check_seed, deep_merge
-from llamagym.config_files import parse_assignment
-from llamagym.config_layers import resolve_agent_config
+from llamagym.config.files import parse_assignment
 from llamagym.devtools.agent_checks import CHECK_NAMES
 from llamagym.devtools.conformance import check_agent
 from llamagym.errors import ConfigError, LlamaGymError
-from llamagym.plugin_manager import Plugins, get_plugins
+from llamagym.plugin_runtime.manager import Plugins, get_plugins
+from llamagym.resolver.layers import resolve_agent_config
 
 
 @app.command("new-plugin")

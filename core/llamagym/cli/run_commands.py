@@ -16,10 +16,10 @@ from rich.logging import RichHandler
 
 from llamagym.cli.app import app, report_plugin_problems
 from llamagym.cli.launcher import SIGNAL_EXIT_CODES, launch_processes
-from llamagym.config_files import parse_assignment, read_config_file, refuse_code_settings
+from llamagym.config.files import parse_assignment, read_config_file, refuse_code_settings
 from llamagym.display import PrintableFormatter, printable, shown
 from llamagym.errors import LlamaGymError
-from llamagym.plugin_manager import get_plugins
+from llamagym.plugin_runtime.manager import get_plugins
 
 #: The config key each of ``run``'s flags sets; ``SWITCHES`` are its on/off flags.
 FLAG_KEYS = {
@@ -81,14 +81,14 @@ def resolve_run_config(
     flags: dict[str, Any],
     base: dict[str, Any] | None = None,
 ) -> tuple[Any, Any]:
-    """Agent class and :class:`~llamagym.config_layers.ResolvedConfig` of a command line.
+    """Agent class and :class:`~llamagym.resolver.layers.ResolvedConfig` of a command line.
 
     ``base`` (a resumed checkpoint's config) replaces the agent's defaults: a resumed
     run continues with the settings it was trained with unless told otherwise.
     Everything is validated here, before a model or an environment loads: a bad value
     anywhere is a ``ConfigError`` naming each problem on its own line.
     """
-    from llamagym.config_layers import resolve_agent_config
+    from llamagym.resolver.layers import resolve_agent_config
 
     plugins = get_plugins()
     report_plugin_problems()
@@ -282,7 +282,7 @@ def _lost_process(error: LlamaGymError) -> int:
 def _check_trl_backend(resolved: Any, num_processes: int | None) -> None:
     """``--backend trl``: TRL is installed, and supports what the config asks of it."""
     from llamagym import distributed
-    from llamagym.trl_arguments import require_trl
+    from llamagym.resolver.trl_arguments import require_trl
     from llamagym.trl_backend.settings import check_supported
 
     require_trl()
@@ -345,7 +345,7 @@ def _replaced_budget(
 ) -> str | None:
     """What the budget flag given alone replaced (the other budget of a lower layer),
     as the end of the budget line; None if no layer below set it."""
-    from llamagym.config_layers import resolve_agent_config
+    from llamagym.resolver.layers import resolve_agent_config
 
     below = resolve_agent_config(
         agent_class,

@@ -49,7 +49,7 @@ def options_contract(agent_class: type) -> tuple[type[BaseModel], BaseModel] | N
     called ``name``, unknown keys pass, or the defaults do not survive ``config.yaml``."""
     from pydantic import BaseModel, ValidationError
 
-    from llamagym.config_layers import format_validation_error
+    from llamagym.resolver.layers import format_validation_error
 
     declared = getattr(agent_class, "Config", None)
     if declared is None:

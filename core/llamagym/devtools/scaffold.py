@@ -58,7 +58,7 @@ from packaging.utils import InvalidName, canonicalize_name
 from llamagym import __version__
 from llamagym.errors import LlamaGymError
 from llamagym.paths import expand_user, path_problem
-from llamagym.plugin_manager import ENTRY_POINT_GROUP, get_plugins
+from llamagym.plugin_runtime.manager import ENTRY_POINT_GROUP, get_plugins
 
 KINDS = ("env", "algorithm")
 DEFAULT_ENV_ID = "FrozenLake-v1"

@@ -40,7 +40,7 @@ from llamagym.paths import (
     publish_directory,
     remove_stale_temp_dirs,
 )
-from llamagym.specs import ModelEntry
+from llamagym.plugin_runtime.registry import ModelEntry
 
 # The name these messages had before this module was split from sources.py: a filter or
 # a log level set for it still applies.

@@ -40,7 +40,7 @@ from llamagym.models.registry import (
     get_model_entry,
 )
 from llamagym.paths import CACHE_ENV_VAR, expand_user, kind_of_file
-from llamagym.specs import ModelEntry
+from llamagym.plugin_runtime.registry import ModelEntry
 
 if TYPE_CHECKING:
     from peft import LoraConfig, PeftModel

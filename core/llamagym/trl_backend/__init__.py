@@ -3,4 +3,4 @@ run (``trainer``), its rollout function (``rollout``), what carries over from a 
 settings and the seed dataset (``settings``), and a sharded model made whole for the
 rollout and gathered at the end (``sharded``). A floor of its own above training, whose
 loop, checkpoints and records it reuses; the settings it reads are checked below, by the
-config resolver (``llamagym.trl_arguments``)."""
+config resolver (``llamagym.resolver.trl_arguments``)."""

@@ -1,7 +1,7 @@
 """What the TRL backend takes from a run's settings: what carries over to TRL's
 ``GRPOTrainer`` (:func:`check_supported`, refused before anything loads or is written)
 and the dataset of environment seeds TRL hands the rollout function. The mapping onto
-``GRPOConfig`` and the check of every ``trl.*`` value are :mod:`llamagym.trl_arguments`
+``GRPOConfig`` and the check of every ``trl.*`` value are :mod:`llamagym.resolver.trl_arguments`
 (the config resolver runs that check too)."""
 
 from __future__ import annotations
@@ -13,10 +13,15 @@ import numpy as np
 
 from llamagym.config import RunConfig
 from llamagym.errors import ConfigError, LlamaGymError
-from llamagym.trl_arguments import UNBOUNDED_EPISODES, batch_rule, episode_budget, trl_problems
+from llamagym.resolver.trl_arguments import (
+    UNBOUNDED_EPISODES,
+    batch_rule,
+    episode_budget,
+    trl_problems,
+)
 
 if TYPE_CHECKING:
-    from llamagym.config_layers import ResolvedConfig
+    from llamagym.resolver.layers import ResolvedConfig
 
 SEED_PROMPT = "seed="
 
@@ -25,7 +30,7 @@ SEED_PROMPT = "seed="
 def check_supported(resolved: ResolvedConfig, processes: int = 1) -> None:
     """Refuse, before anything loads or is written, every setting the TRL backend cannot
     honour in a run of ``processes`` processes, every ``trl.*`` value included
-    (:func:`~llamagym.trl_arguments.trl_problems`, which the config resolver runs too:
+    (:func:`~llamagym.resolver.trl_arguments.trl_problems`, which the config resolver runs too:
     here it runs again for the number of processes, and for a resumed run's settings);
     each problem is one line naming the alternative."""
     config = resolved.config

@@ -55,6 +55,7 @@ from llamagym.models import loading
 from llamagym.models.lora_choice import trains_through_lora
 from llamagym.models.policy import Policy
 from llamagym.paths import check_own_entry
+from llamagym.resolver.trl_arguments import episode_budget, grpo_args, require_trl, steps_per_update
 from llamagym.schedule import Schedule
 from llamagym.training.checkpoint.store import CHECKPOINTS
 from llamagym.training.loop.run_directory import RUN_FILES, check_writable
@@ -77,7 +78,6 @@ from llamagym.training.records.report import (
 )
 from llamagym.training.records.run_files import read_metrics
 from llamagym.training.records.transcripts import PER_UPDATE, TRANSCRIPTS, TranscriptLog, transcript
-from llamagym.trl_arguments import episode_budget, grpo_args, require_trl, steps_per_update
 from llamagym.trl_backend.rollout import EpisodeRollouts
 from llamagym.trl_backend.settings import check_supported, seed_dataset
 from llamagym.trl_backend.sharded import full_state_dict, whole_model

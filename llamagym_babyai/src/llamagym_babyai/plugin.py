@@ -4,7 +4,7 @@ default level, registered without importing the agent module or minigrid (fast C
 from collections.abc import Callable
 
 from llamagym import hookimpl
-from llamagym.specs import AgentSpec
+from llamagym.plugin_runtime.registry import AgentSpec
 
 BABYAI = AgentSpec(
     name="babyai",

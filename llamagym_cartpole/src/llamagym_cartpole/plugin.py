@@ -4,7 +4,7 @@ environment, registered without importing the agent module (fast CLI)."""
 from collections.abc import Callable
 
 from llamagym import hookimpl
-from llamagym.specs import AgentSpec
+from llamagym.plugin_runtime.registry import AgentSpec
 
 CARTPOLE = AgentSpec(
     name="cartpole",

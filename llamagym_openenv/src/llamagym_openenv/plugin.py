@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from llamagym import hookimpl
-from llamagym.specs import AgentSpec
+from llamagym.plugin_runtime.registry import AgentSpec
 
 OPENENV = AgentSpec(
     name="openenv",

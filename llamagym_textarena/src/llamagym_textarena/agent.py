@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from llamagym.agent import Agent
 from llamagym.config import MAX_EPISODE_STEPS, MAX_OBSERVATION_CHARS
 from llamagym.display import cut
-from llamagym.specs import AgentSpec
+from llamagym.plugin_runtime.registry import AgentSpec
 from llamagym_textarena import plugin
 from llamagym_textarena.games import GAMES
 

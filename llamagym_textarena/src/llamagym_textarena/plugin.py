@@ -5,7 +5,7 @@ TextArena or the agent module, so ``llamagym list`` stays fast."""
 from collections.abc import Callable
 
 from llamagym import hookimpl
-from llamagym.specs import AgentSpec
+from llamagym.plugin_runtime.registry import AgentSpec
 
 
 def _spec(name: str, attribute: str, description: str, env_id: str) -> AgentSpec:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from llamagym import hookimpl
-from llamagym.specs import AgentSpec
+from llamagym.plugin_runtime.registry import AgentSpec
 
 # The one statement of the agent's name, description and environment.
 TEXTWORLD = AgentSpec(

@@ -6,7 +6,7 @@ no JVM."""
 from collections.abc import Callable
 
 from llamagym import hookimpl
-from llamagym.specs import AgentSpec
+from llamagym.plugin_runtime.registry import AgentSpec
 
 
 def _spec(game: str, attribute: str, description: str) -> AgentSpec:

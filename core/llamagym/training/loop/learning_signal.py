@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llamagym import distributed
-from llamagym.config_layers import expert_baseline
 from llamagym.display import printable
+from llamagym.resolver.layers import expert_baseline
 from llamagym.task import Task
 
 logger = logging.getLogger(__name__)

@@ -45,11 +45,11 @@ from llamagym import moved_name as _moved_name
 from llamagym.errors import EnvFailureError, WriteError
 from llamagym.models.policy import Policy, name_tokens
 from llamagym.paths import write_atomically
+from llamagym.plugin_runtime.registry import RunContext
 from llamagym.rollout import carried
 from llamagym.rollout.engine import RolloutEngine
 from llamagym.rollout.evaluation import EvalResult
 from llamagym.schedule import Control, run_budgets
-from llamagym.specs import RunContext
 from llamagym.task import Task
 from llamagym.training.checkpoint import errors as checkpoint_errors
 from llamagym.training.checkpoint import store as checkpoints

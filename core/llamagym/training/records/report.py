@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from llamagym.config import RunConfig
-from llamagym.config_layers import leaf_keys
 from llamagym.display import (
     code_block,
     markdown_line,
@@ -39,7 +38,8 @@ from llamagym.display import (
 )
 from llamagym.errors import RunFileError, WriteError
 from llamagym.paths import append_line, write_atomically
-from llamagym.plugin_manager import get_plugins
+from llamagym.plugin_runtime.manager import get_plugins
+from llamagym.resolver.layers import leaf_keys
 from llamagym.training.records.run_files import (
     read_metrics,
     read_plugins_record,

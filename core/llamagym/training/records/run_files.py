@@ -33,7 +33,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, ValidationError
 
-from llamagym.config_files import read_config_file
+from llamagym.config.files import read_config_file
 from llamagym.display import clipped
 from llamagym.errors import ConfigError, RunFileError
 

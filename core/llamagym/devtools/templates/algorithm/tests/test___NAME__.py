@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from llamagym.plugin_manager import get_plugins
+from llamagym.plugin_runtime.manager import get_plugins
 from llamagym.testing import BanditAgent, action_probabilities, tiny_agent
 from pydantic import ValidationError
 

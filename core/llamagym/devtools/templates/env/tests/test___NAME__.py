@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from llamagym.plugin_manager import get_plugins
+from llamagym.plugin_runtime.manager import get_plugins
 from llamagym.rollout.evaluation import evaluate_baseline
 from llamagym.testing import assert_agent_conforms
 

@@ -4,7 +4,7 @@
 from collections.abc import Callable
 
 from llamagym import hookimpl
-from llamagym.specs import AlgorithmSpec
+from llamagym.plugin_runtime.registry import AlgorithmSpec
 
 ALGORITHM = AlgorithmSpec(
     name="__NAME__",

@@ -5,7 +5,7 @@ so `llamagym list` does not import the agent module (or torch)."""
 from collections.abc import Callable
 
 from llamagym import hookimpl
-from llamagym.specs import AgentSpec
+from llamagym.plugin_runtime.registry import AgentSpec
 
 AGENT = AgentSpec(
     name="__NAME__",

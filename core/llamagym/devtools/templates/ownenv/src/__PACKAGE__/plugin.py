@@ -6,7 +6,7 @@ neither the agent module (or torch) nor the env module."""
 from collections.abc import Callable
 
 from llamagym import hookimpl
-from llamagym.specs import AgentSpec
+from llamagym.plugin_runtime.registry import AgentSpec
 
 AGENT = AgentSpec(
     name="__NAME__",

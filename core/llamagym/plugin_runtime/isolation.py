@@ -7,17 +7,17 @@ plugin's own, so that no plugin's failure or answer can end or corrupt a run.
 
 * survive the plugin's exceptions: a plugin that raises inside a hook is reported once
   per hook (by name and distribution) and its answer counts as ``None``;
-* check each per-step answer (:mod:`llamagym.plugin_answers`): one that cannot be used is
-  reported once per plugin and hook and counts as ``None``, so the next plugin is asked;
-  a hook wrapper that replaces a first-result hook's answer with one that cannot be used
-  is reported, and the call's outcome passes through unchanged;
+* check each per-step answer (:mod:`llamagym.plugin_runtime.hook_values`): one that
+  cannot be used is reported once per plugin and hook and counts as ``None``, so the next
+  plugin is asked; a hook wrapper that replaces a first-result hook's answer with one that
+  cannot be used is reported, and the call's outcome passes through unchanged;
 * run each registration hook in a worker thread with a time limit
   (``LLAMAGYM_PLUGIN_TIMEOUT`` seconds, default 5; ``0``: none): a plugin that does not
   answer in time is reported and skipped from then on;
 * record which plugin's answer was taken (:meth:`Isolation.participants`), so the run
   directory says which plugins took part.
 
-Reports go to the one ``report`` callback :class:`~llamagym.plugin_manager.Plugins`
+Reports go to the one ``report`` callback :class:`~llamagym.plugin_runtime.manager.Plugins`
 hands in: its list of problems.
 """
 
@@ -35,11 +35,11 @@ from typing import Any
 
 import pluggy
 
-from llamagym import hookspecs
 from llamagym.config import MAX_WAIT_SECONDS
 from llamagym.display import clipped
-from llamagym.plugin_answers import RefusedAnswer, checked_answer, expected_answer
-from llamagym.specs import disable_hint
+from llamagym.plugin_runtime import hookspecs
+from llamagym.plugin_runtime.hook_values import RefusedAnswer, checked_answer, expected_answer
+from llamagym.plugin_runtime.registry import disable_hint
 
 #: Hooks called once to fill the registry; each plugin's call has a time limit.
 REGISTRATION_HOOKS: tuple[str, ...] = (

@@ -8,14 +8,14 @@ implementation may take any subset of a hook's arguments (an observer written be
 Three kinds of hook:
 
 * registration hooks run once at start-up; each receives a ``register`` callback that
-  takes a spec (:mod:`llamagym.specs`) or the spec's fields;
+  takes a spec (:mod:`llamagym.plugin_runtime.registry`) or the spec's fields;
 * per-step hooks (system prompt, observation text, action extraction, reward shaping)
   are called for every step: the first three return the first non-``None`` answer (the
   agent's own methods answer at normal priority, so a plugin marked ``tryfirst``
   overrides them and one marked ``trylast`` is a fallback), reward shaping sums every
   answer;
 * observer hooks (episode end, update end) call every plugin and receive a
-  :class:`~llamagym.specs.RunContext`.
+  :class:`~llamagym.plugin_runtime.registry.RunContext`.
 
 A plugin that raises inside a hook is reported once, by name and distribution, and its
 answer counts as ``None``; the run goes on. Hook wrappers (``wrapper=True`` or
@@ -32,7 +32,7 @@ import pluggy
 if TYPE_CHECKING:
     import typer
 
-    from llamagym.specs import AgentView, EpisodeView, RunContext
+    from llamagym.plugin_runtime.registry import AgentView, EpisodeView, RunContext
 
 PROJECT_NAME = "llamagym"
 
@@ -40,7 +40,7 @@ hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 #: Hooks called for every step; the plugins that answer them are recorded
-#: (:meth:`llamagym.plugin_manager.Plugins.participants`).
+#: (:meth:`llamagym.plugin_runtime.manager.Plugins.participants`).
 PER_STEP_HOOKS: tuple[str, ...] = (
     "llamagym_system_prompt",
     "llamagym_format_observation",

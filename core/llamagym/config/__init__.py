@@ -4,10 +4,10 @@ Precedence, lowest first: these defaults < the agent's ``defaults`` < a YAML/TOM
 file < ``--set key=value`` < typed CLI flags. The ``agent`` and ``algorithm`` sections
 accept extra keys that belong to their plugins: the algorithm's ``Config`` class (and
 the agent's, when it declares one) validates them in
-:func:`llamagym.config_layers.resolve_config`, before any model or environment loads.
+:func:`llamagym.resolver.layers.resolve_config`, before any model or environment loads.
 
 Every float is finite, and a seed is one numpy takes (0 to 2**32 - 1). Config files and
-``--set`` lines are read, within bounds, by :mod:`llamagym.config_files`.
+``--set`` lines are read, within bounds, by :mod:`llamagym.config.files`.
 """
 
 from __future__ import annotations

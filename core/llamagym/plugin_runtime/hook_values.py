@@ -7,7 +7,7 @@
   an index or a name of the legal actions (:func:`action_index_of`), a prompt or an
   observation text a string, a reward term a finite number (:func:`reward_term`).
   An answer that is none of these raises :class:`RefusedAnswer`, saying why;
-  :mod:`llamagym.plugin_isolation` reports it once per plugin and counts it as ``None``,
+  :mod:`llamagym.plugin_runtime.isolation` reports it once per plugin and counts it as ``None``,
   so the next plugin is asked.
 
 Only the standard library is imported: these rules are pure functions of the answer.

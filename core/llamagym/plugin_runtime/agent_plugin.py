@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from llamagym.hookspecs import hookimpl
+from llamagym.plugin_runtime.hookspecs import hookimpl
 
 
 @hookimpl

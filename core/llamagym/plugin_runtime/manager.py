@@ -1,9 +1,9 @@
 """Finds plugins through entry points, keeps the registry of what they register (agents,
-algorithms, models: :mod:`llamagym.specs`), and calls pluggy's untyped hooks through
-typed functions.
+algorithms, models: :mod:`llamagym.plugin_runtime.registry`), and calls pluggy's untyped
+hooks through typed functions.
 
 Each plugin is registered with pluggy through a stand-in whose hook functions call the
-plugin's own (:mod:`llamagym.plugin_isolation`): when one raises, the plugin is reported
+plugin's own (:mod:`llamagym.plugin_runtime.isolation`): when one raises, the plugin is reported
 once (by name and distribution) and its answer counts as ``None``, so one broken plugin
 never ends a run. Hooks are then called the way pluggy calls them, so ``tryfirst`` /
 ``trylast`` and hook wrappers apply.
@@ -16,7 +16,7 @@ What a plugin is handed and what it answers are both checked:
 * a per-step answer of the wrong kind (an action that is not an index or a name of the
   legal actions, a prompt that is not a string, a reward term that is not a finite
   number: :func:`action_index_of`, :func:`reward_term`) is reported once per plugin
-  and counts as ``None``, so the next plugin is asked (:mod:`llamagym.plugin_answers`);
+  and counts as ``None``, so the next plugin is asked (:mod:`llamagym.plugin_runtime.hook_values`);
 * registration hooks run in a worker thread with a time limit
   (``LLAMAGYM_PLUGIN_TIMEOUT`` seconds, default 5; ``0``: none): a plugin that does not
   answer in time is reported and skipped from then on;
@@ -54,16 +54,22 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 import pluggy
 
-from llamagym import __version__, agent_hooks, hookspecs
+from llamagym import __version__
 from llamagym import moved_name as _moved_name
-from llamagym.plugin_answers import RefusedAnswer, action_index_of, read_only, reward_term
-from llamagym.plugin_isolation import (
+from llamagym.plugin_runtime import agent_plugin, hookspecs
+from llamagym.plugin_runtime.hook_values import (
+    RefusedAnswer,
+    action_index_of,
+    read_only,
+    reward_term,
+)
+from llamagym.plugin_runtime.isolation import (
     AGENT_METHODS,
     Isolation,
     answering_plugin,
     legal_actions_of_call,
 )
-from llamagym.specs import (
+from llamagym.plugin_runtime.registry import (
     BUILTIN_DISTRIBUTION,
     AgentSpec,
     AlgorithmSpec,
@@ -157,7 +163,7 @@ class Plugins:
         self._forget_registrations()
         self._envs_registered = False
         self.register(
-            agent_hooks, name=AGENT_METHODS, distribution=BUILTIN_DISTRIBUTION, version=__version__
+            agent_plugin, name=AGENT_METHODS, distribution=BUILTIN_DISTRIBUTION, version=__version__
         )
         if load_entry_points:
             with plugin_output_to_stderr():
@@ -238,7 +244,7 @@ class Plugins:
             self._problem(
                 f"plugin {name!r} (distribution {distribution or 'unknown'}) implements "
                 f"unknown hook(s) {', '.join(unknown)}: check the spelling against "
-                f"llamagym.hookspecs; {disable_hint(name)}"
+                f"llamagym.plugin_runtime.hookspecs; {disable_hint(name)}"
             )
             return False
         if name in self._distributions:
@@ -454,7 +460,7 @@ class Plugins:
             self.manager.hook.llamagym_register_commands(cli=cli)
 
     # Per-step hooks get read-only views (read_only), and each plugin's answer is
-    # checked as it comes (plugin_isolation); what follows guards against hook wrappers.
+    # checked as it comes (isolation.py); what follows guards against hook wrappers.
     def system_prompt(self, agent: Any) -> str:
         text = self.manager.hook.llamagym_system_prompt(agent=agent)
         return text if isinstance(text, str) else ""

@@ -40,11 +40,11 @@ from llamagym.config import (
 from llamagym.display import clipped
 from llamagym.errors import ConfigError, UnknownNameError
 from llamagym.models.lora_choice import trains_through_lora
-from llamagym.plugin_manager import get_plugins
-from llamagym.trl_arguments import trl_problems
+from llamagym.plugin_runtime.manager import get_plugins
+from llamagym.resolver.trl_arguments import trl_problems
 
 if TYPE_CHECKING:
-    from llamagym.plugin_manager import Plugins
+    from llamagym.plugin_runtime.manager import Plugins
 
 
 def defaults_for_model(
