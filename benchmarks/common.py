@@ -62,8 +62,10 @@ SPEED_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni
                "amx_bf16", "amx_int8")
 
 
-def cpu_flags() -> dict[str, bool]:
-    """Which of :data:`SPEED_FLAGS` this CPU has (``/proc/cpuinfo``; empty elsewhere)."""
+def cpu_flags() -> dict[str, bool | None]:
+    """Which of :data:`SPEED_FLAGS` this CPU has, from ``/proc/cpuinfo``: every flag is
+    a key, True or False, or None where the flags cannot be read (not Linux), so an
+    unknown flag is never taken for a missing one."""
     try:
         for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
             if line.lower().startswith("flags"):
@@ -71,7 +73,7 @@ def cpu_flags() -> dict[str, bool]:
                 return {flag: flag in have for flag in SPEED_FLAGS}
     except OSError:
         pass
-    return {}
+    return dict.fromkeys(SPEED_FLAGS)
 
 
 def _memory_gb() -> float | None:
@@ -468,8 +470,37 @@ def result_header(
     return header
 
 
+#: What a result file must say about where its numbers come from: the commit measured,
+#: whether the tree had changes on top, and the CPU (its model and :data:`SPEED_FLAGS`).
+PROVENANCE_KEYS = ("commit", "dirty", "machine")
+MACHINE_KEYS = ("cpu_model", "cpu_flags")
+
+
+def header_problems(header: Mapping[str, Any]) -> list[str]:
+    """What ``header`` lacks of :data:`PROVENANCE_KEYS`, :data:`MACHINE_KEYS` and
+    :data:`SPEED_FLAGS` (a value may be None where it cannot be known: a tree without git,
+    flags on a system without ``/proc/cpuinfo``; the key is still there)."""
+    problems = [f"no `{key}`" for key in PROVENANCE_KEYS if key not in header]
+    machine = header.get("machine")
+    if not isinstance(machine, Mapping):
+        return problems if "machine" not in header else [*problems, "`machine` is no object"]
+    problems += [f"no `machine.{key}`" for key in MACHINE_KEYS if key not in machine]
+    flags = machine.get("cpu_flags")
+    if isinstance(flags, Mapping):
+        problems += [f"no `machine.cpu_flags.{flag}`" for flag in SPEED_FLAGS if flag not in flags]
+    elif "cpu_flags" in machine:
+        problems.append("`machine.cpu_flags` is no object")
+    return problems
+
+
 def write_record(path: Path, header: Mapping[str, Any], data: Mapping[str, Any]) -> Path:
-    """The one writer of result files: ``header`` (:func:`result_header`), then ``data``."""
+    """The one writer of result files: ``header`` (:func:`result_header`), then ``data``.
+    Refuses a header that does not name the commit, the tree's state and the CPU
+    (:func:`header_problems`), and data that would overwrite any of them."""
+    problems = header_problems(header)
+    problems += [f"the data overwrites `{key}`" for key in PROVENANCE_KEYS if key in data]
+    if problems:
+        raise ValueError(f"result file {path}: {'; '.join(problems)}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**header, **data}, indent=2) + "\n", encoding="utf-8")

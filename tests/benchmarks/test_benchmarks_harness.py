@@ -207,6 +207,78 @@ def test_every_writer_starts_with_the_same_header(monkeypatch, tmp_path: Path) -
     assert json.loads(script.read_text(encoding="utf-8"))["command"].endswith(" --quick")
 
 
+#: The CPU flags a result's speed depends on, which every header must say yes or no to.
+NAMED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8")
+
+
+def test_a_header_names_the_commit_the_tree_state_and_the_cpu(monkeypatch) -> None:
+    monkeypatch.setattr(common, "source_commit", lambda: dict(DIRTY))
+    header = common.result_header("part", "python -m benchmarks part", False)
+    assert header["commit"] == DIRTY["commit"] and header["dirty"] is True
+    machine = header["machine"]
+    assert machine["cpu_model"] == common.cpu_model() and machine["cpu_model"]
+    flags = machine["cpu_flags"]
+    assert set(NAMED_FLAGS) <= set(common.SPEED_FLAGS) == set(flags)
+    assert all(flags[flag] in (True, False, None) for flag in NAMED_FLAGS)
+    assert common.header_problems(header) == []
+
+
+def test_the_cpu_flags_are_all_named_where_they_cannot_be_read(monkeypatch) -> None:
+    def unreadable(self, *args, **kwargs):
+        raise OSError("no /proc here")
+
+    monkeypatch.setattr(common.Path, "read_text", unreadable)
+    assert common.cpu_flags() == dict.fromkeys(common.SPEED_FLAGS)
+
+
+def _without(header: dict[str, Any], dotted: str) -> dict[str, Any]:
+    """``header`` (a deep copy) without the key at ``dotted`` (``machine.cpu_flags.amx_int8``)."""
+    copy = json.loads(json.dumps(header))
+    *outer, last = dotted.split(".")
+    where = copy
+    for key in outer:
+        where = where[key]
+    del where[last]
+    return copy
+
+
+@pytest.mark.parametrize(
+    "dropped",
+    ["commit", "dirty", "machine", "machine.cpu_model", "machine.cpu_flags",
+     *(f"machine.cpu_flags.{flag}" for flag in NAMED_FLAGS)],
+)
+def test_the_writer_refuses_a_header_without_a_provenance_field(
+    monkeypatch, tmp_path: Path, dropped: str
+) -> None:
+    monkeypatch.setattr(common, "source_commit", lambda: dict(CLEAN))
+    header = _without(common.result_header("part", "python -m benchmarks part", False), dropped)
+    path = tmp_path / "part.json"
+    with pytest.raises(ValueError, match=rf"no `{dropped}`"):
+        common.write_record(path, header, {"rows": []})
+    assert not path.exists()
+
+
+@pytest.mark.parametrize("key", ["commit", "dirty", "machine"])
+def test_the_writer_refuses_data_that_overwrites_the_provenance(
+    monkeypatch, tmp_path: Path, key: str
+) -> None:
+    monkeypatch.setattr(common, "source_commit", lambda: dict(CLEAN))
+    header = common.result_header("part", "python -m benchmarks part", False)
+    with pytest.raises(ValueError, match=f"overwrites `{key}`"):
+        common.write_record(tmp_path / "part.json", header, {key: None})
+
+
+def test_a_written_file_keeps_every_provenance_field(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(common, "source_commit", lambda: dict(CLEAN))
+    header = common.result_header("part", "python -m benchmarks part", False)
+    record = json.loads(common.write_record(tmp_path / "p.json", header, {"rows": []})
+                        .read_text(encoding="utf-8"))
+    assert (record["commit"], record["dirty"]) == (CLEAN["commit"], False)
+    assert record["machine"]["cpu_model"] == header["machine"]["cpu_model"]
+    assert record["machine"]["cpu_flags"] == header["machine"]["cpu_flags"]
+    assert set(NAMED_FLAGS) <= set(record["machine"]["cpu_flags"])
+
+
 def test_a_result_names_the_commit_its_run_started_on(monkeypatch) -> None:
     """A commit made while a long benchmark runs is not the code it loaded: the tree is
     read once, when the run starts, and the result file names that."""
