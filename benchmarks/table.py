@@ -4,9 +4,12 @@
     python -m benchmarks table --quick         # the smoke-run results -> results/table-quick.md
     python -m benchmarks table --results-doc   # ... and into docs/results.md
 
-Every row names the command that produced it, the machine (cores, CPU model) and the
-date, all read from the JSON file the row comes from. A part without a result file is
-left out.
+Every row names the command that produced it, the machine (cores, CPU model and the
+CPU flags its speed depends on) and the commit it measured, linked to the JSON file the
+row comes from, with "+ changes" when the tree had uncommitted changes on top. A file
+from before the header recorded the commit says so in its row: "commit not recorded",
+with the date it was made and the commit that added it (``recorded_in``), which is not
+the code measured. A part without a result file is left out.
 """
 
 from __future__ import annotations
@@ -34,11 +37,12 @@ def _paths(directory: Path, name: str, quick: bool) -> list[Path]:
 
 def _load(directory: Path, name: str, quick: bool) -> list[dict[str, Any]]:
     """The results of a section; those of a ``*`` name by model (``tiny`` first), then
-    by the date each was made. A result with a ``.png`` of its name beside it has it as
-    its ``plot``."""
+    by the date each was made. Each has its file's name as ``result_file``, and one with a
+    ``.png`` of its name beside it has that as its ``plot``."""
     results = []
     for path in _paths(directory, name, quick):
         result = json.loads(path.read_text(encoding="utf-8"))
+        result["result_file"] = path.name  # what its rows link to
         if path.with_suffix(".png").is_file():  # its plot, beside it by name
             result["plot"] = path.with_suffix(".png").name
         results.append(result)
@@ -63,10 +67,60 @@ def _spread(summary: Mapping[str, Any] | None, digits: int = 1) -> str:
     return text
 
 
-def _provenance(result: Mapping[str, Any]) -> Row:
-    command = result.get("command")
-    return [f"`{command}`" if command else "–", machine_label(result.get("machine") or {}),
-            str(result.get("date", "–"))[:10]]
+#: Where docs/results.md, the tables' home, finds the result files (and their plots).
+RESULTS_LINK = "../benchmarks/results/"
+#: The CPU flags a Machine cell names, where the CPU has them: fp32 FMA width, bfloat16
+#: dot products and matrix tiles (a result file records more: ``SPEED_FLAGS``).
+SHOWN_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8")
+
+
+def _machine(machine: Mapping[str, Any]) -> str:
+    """``2 cores, AMD EPYC (avx2, avx512f, avx512_bf16)``: cores, CPU model and which of
+    :data:`SHOWN_FLAGS` it has, or that its file did not record them."""
+    flags = machine.get("cpu_flags") or {}
+    if all(flags.get(flag) is None for flag in SHOWN_FLAGS):
+        return f"{machine_label(machine)} (CPU flags not recorded)"
+    have = [flag for flag in SHOWN_FLAGS if flags.get(flag)]
+    return f"{machine_label(machine)} ({', '.join(have) or 'no avx2, avx512 or amx'})"
+
+
+def _tree_state(source: Mapping[str, Any]) -> str:
+    """What sat on top of the commit measured: " + changes" (uncommitted changes), ""
+    (none), or " (tree state unknown)" (git could not tell)."""
+    return {True: " + changes", False: ""}.get(source.get("dirty"), " (tree state unknown)")
+
+
+def _commit_name(source: Mapping[str, Any]) -> str:
+    """``commit 40ee9cb + changes``; ``commit not recorded`` for a file from before the
+    header recorded it."""
+    if not source.get("commit"):
+        return "commit not recorded"
+    return f"commit {str(source['commit'])[:7]}{_tree_state(source)}"
+
+
+def _commit_cell(source: Mapping[str, Any], result: Mapping[str, Any]) -> str:
+    """The Commit cell of a row whose provenance is ``source`` (the result, or a row that
+    carries its own): the commit it measured as a link to ``result``'s file; for a file
+    from before the header recorded it, that it was not, with the row's date and the
+    commit that added the file (``recorded_in``, not the code measured)."""
+    target = f"{RESULTS_LINK}{result.get('result_file', '')}"
+    commit = source.get("commit")
+    if commit:
+        return f"[{str(commit)[:7]}]({target}){_tree_state(source)}"
+    date = str(source.get("date") or result.get("date") or "")[:10]
+    measured = f"measured {date}, " if date else ""
+    added = result.get("recorded_in")
+    where = f"added in [{str(added)[:7]}]({target})" if added else f"[file]({target})"
+    return f"commit not recorded ({measured}{where})"
+
+
+def _provenance(result: Mapping[str, Any], row: Mapping[str, Any] | None = None) -> Row:
+    """Command, Machine and Commit cells: of ``row`` where it carries its own (a rerun of
+    some rows keeps the others' own), else of ``result``."""
+    source = row if row is not None and "command" in row else result
+    command = source.get("command")
+    return [f"`{command}`" if command else "–", _machine(source.get("machine") or {}),
+            _commit_cell(source, result)]
 
 
 def _table(header: Sequence[str], rows: Sequence[Row]) -> str:
@@ -75,7 +129,7 @@ def _table(header: Sequence[str], rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
-PROVENANCE = ("Command", "Machine", "Date")
+PROVENANCE = ("Command", "Machine", "Commit")
 
 
 def throughput_section(result: Mapping[str, Any]) -> str:
@@ -218,7 +272,7 @@ def algorithms_section(result: Mapping[str, Any]) -> str:
         rows.append([
             name, row["mode"], f"**{row['mean']:+.3f}** ± {row['ci95']:.3f}", per_seed,
             f"{row['invalid_rate']:.2%}", _number(row["episodes"], 0), target,
-            _verdict(row.get("meets_target")), *_provenance(row if "command" in row else result),
+            _verdict(row.get("meets_target")), *_provenance(result, row),
         ])
     minutes = round(result["minutes_per_run"], 2)
     heading = (f"### Algorithms on Blackjack ({minutes:g} min of training per "
@@ -293,11 +347,6 @@ def _policy(numbers: Mapping[str, Any]) -> str:
     return text
 
 
-def _commit(result: Mapping[str, Any]) -> str:
-    commit = str(result.get("commit") or "?")[:12]
-    return {True: f"{commit} + changes", None: f"{commit}?"}.get(result.get("dirty"), commit)
-
-
 def _training_cell(training: Mapping[str, Any]) -> str:
     """Episodes, updates and minutes of a training run; the run's whole time beside its
     training time where they differ by a minute or more (a warm start, the model's
@@ -314,9 +363,11 @@ def _training_cell(training: Mapping[str, Any]) -> str:
 def env_plugins_section(result: Mapping[str, Any]) -> str:
     """``benchmarks/env_plugins.py``: per agent, its baselines, zero-shot and trained."""
     rows = []
+    where = [_machine(result.get("machine") or {}), _commit_cell(result, result)]
     for row in result["agents"]:
-        if "zero_shot" not in row:  # its evaluation failed: the row says how
-            rows.append([f"`{row['agent']}`", f"`{row['env_id']}`", row["failed"], *[""] * 7])
+        if "zero_shot" not in row:  # its evaluation failed: the row says how, and where
+            rows.append([f"`{row['agent']}`", f"`{row['env_id']}`", row["failed"], *[""] * 5,
+                         *where])
             continue
         baselines = row["baselines"]
         training = row.get("training")
@@ -328,8 +379,7 @@ def env_plugins_section(result: Mapping[str, Any]) -> str:
             _policy(row["zero_shot"]["agent"]),
             _policy(row["trained"]["agent"]) if "trained" in row else "–",
             "–" if training is None else training.get("failed") or _training_cell(training),
-            f"`{(training or row['zero_shot'])['command']}`",
-            machine_label(result.get("machine") or {}), _commit(result),
+            f"`{(training or row['zero_shot'])['command']}`", *where,
         ])
     first, count = result["eval_seed"], result["eval_episodes"]
     budget = result.get("budget") or {}
@@ -337,7 +387,7 @@ def env_plugins_section(result: Mapping[str, Any]) -> str:
                else ", an episode budget per agent" if budget.get("episodes") else "")
     heading = (f"### TextArena and BabyAI: what a small model learns ({result['model']}"
                f"{', zero-shot only' if result['zero_shot_only'] else trained}, "
-               f"commit {str(result.get('commit') or '?')[:7]})")
+               f"{_commit_name(result)})")
     note = (f"Greedy evaluation, {count} episodes per policy on the same seeds "
             f"({first}-{first + count - 1}): share won, mean return, and the share of episodes "
             "a game ended for invalid moves and of replies naming no legal move, where any. "
@@ -356,7 +406,7 @@ def _curve_line(row: Mapping[str, Any], plot: str | None) -> str:
     points = ", ".join(
         f"update {p['update']} ({'?' if p['minutes'] is None else format(p['minutes'], '.1f')}"
         f" min) {'–' if p['won'] is None else format(p['won'], '.0%')}" for p in row["curve"])
-    shown = f" ([plot](../benchmarks/results/{plot}))" if plot else ""
+    shown = f" ([plot]({RESULTS_LINK}{plot}))" if plot else ""
     return f"`{row['agent']}`, greedy share won at each checkpoint{shown}: {points}."
 
 
@@ -422,14 +472,26 @@ def render(directory: Path, quick: bool = False) -> str:
     return "\n\n".join([title, *parts]) + "\n"
 
 
+def _quick(directory: Path, quick: bool | None) -> bool:
+    """``quick``, or where None the kind of result that exists, full preferred."""
+    if quick is None:
+        return not any(_paths(directory, name, False) for name in SECTIONS)
+    return quick
+
+
+def beside_results(table: str) -> str:
+    """``table`` (its links made for docs/results.md) with its links to the result files
+    made for a page in the results folder itself (``table.md``)."""
+    return table.replace(f"]({RESULTS_LINK}", "](")
+
+
 def write_table(directory: Path, quick: bool | None = None) -> Path:
     """Write ``table.md`` (full results, if any) or ``table-quick.md``; return its path."""
     directory = Path(directory)
-    if quick is None:  # the kind of result that exists, full preferred
-        quick = not any(_paths(directory, name, False) for name in SECTIONS)
+    quick = _quick(directory, quick)
     path = directory / f"table{'-quick' if quick else ''}.md"
     directory.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(directory, quick), encoding="utf-8")
+    path.write_text(beside_results(render(directory, quick)), encoding="utf-8")
     return path
 
 
@@ -475,8 +537,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main_from_args(args: argparse.Namespace) -> int:
     path = write_table(args.output_dir, args.quick)
-    table = path.read_text(encoding="utf-8")
-    print(table, end="")
+    print(path.read_text(encoding="utf-8"), end="")
     if getattr(args, "results_doc", False):
+        table = render(Path(args.output_dir), _quick(Path(args.output_dir), args.quick))
         print(f"updated {update_results_doc(table)}")
     return 0

@@ -1,6 +1,6 @@
 """The benchmark harness stays runnable: `python -m benchmarks throughput --quick` (our
 side only; the original LlamaGym needs its own venv) writes a result file with the
-documented fields, its plot, and a table row that names command, machine and date."""
+documented fields, its plot, and a table row that names command, machine and commit."""
 
 from __future__ import annotations
 
@@ -76,7 +76,11 @@ def test_throughput_quick_writes_documented_json(tmp_path, benchmarks):
     assert len(throughput_rows) == len(rows)
     for line in throughput_rows:
         assert "`python -m benchmarks throughput --quick" in line
-        assert result["machine"]["cpu_model"] in line and result["date"][:10] in line
+        assert result["machine"]["cpu_model"] in line
+        # The row is keyed by the commit measured, linked to its file; never by date alone.
+        read = {**result, "result_file": "throughput-quick.json"}  # as the table reads it
+        assert line.endswith(f" | {table._commit_cell(read, read)} |"), line
+        assert not result["commit"] or f"[{result['commit'][:7]}](" in line
 
 
 @pytest.mark.parametrize(
