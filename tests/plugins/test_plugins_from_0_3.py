@@ -1,7 +1,9 @@
 """Plugins written for LlamaGym 0.3 against this release, as docs/writing-a-plugin.md
 says ("Plugins written for older layouts", "From 0.3 to 0.4"). tests/data/plugins-0.3
 holds an env plugin and an algorithm plugin exactly as 0.3.0's `llamagym new-plugin`
-wrote them (`lake03`, the FrozenLake example; `steps03`, REINFORCE). Both declare the
+wrote them (`lake03`, the FrozenLake example; `steps03`, REINFORCE), and a third
+party's env plugin written against 0.3 (`corridor03`: an env of its own and every
+declaration 0.3 let an agent make). Both declare the
 0.3 series, which pip refuses beside this release until the range is widened; then the
 env plugin passes its own tests as it is, and the algorithm plugin, whose module moved,
 stops a run in one line naming the new one, and passes once its imports are the
@@ -31,7 +33,7 @@ from llamagym.devtools.scaffold import TEMPLATES
 ROOT = Path(__file__).resolve().parents[2]
 PLUGINS_0_3 = ROOT / "tests" / "data" / "plugins-0.3"
 #: Each package, and how many tests its own suite holds.
-PACKAGES = {"llamagym-lake03": 7, "llamagym-steps03": 5}
+PACKAGES = {"llamagym-lake03": 7, "llamagym-steps03": 5, "llamagym-corridor03": 0}
 PINNED, WIDENED = "llamagym>=0.3,<0.4", "llamagym>=0.3,<0.6"
 GUIDE = ROOT / "docs" / "writing-a-plugin.md"
 LLAMAGYM = [sys.executable, "-m", "llamagym.cli"]
@@ -214,3 +216,33 @@ def test_a_0_3_algorithm_plugin_is_told_each_change_and_passes_with_the_guides(
     upgraded(module, 2)
     summary = own_tests(root, installed(root, tmp_path / "site-3")).splitlines()[-1]
     assert summary.startswith(f"{PACKAGES['llamagym-steps03']} passed"), summary
+
+
+def test_a_0_3_plugin_with_an_env_of_its_own_passes_check_unchanged(tmp_path: Path) -> None:
+    """``llamagym-corridor03`` is written against 0.3 as a third party would: an Agent
+    with ``legal_actions``, baselines, ``outcome_names``, ``pretrained_defaults`` and an
+    ``env_kwargs`` property, its env registered by ``llamagym_register_envs``, its spec
+    imported from ``llamagym.specs`` (0.5 moved it). Widened, it passes every check; its
+    author's runs with deprecations shown name the new place, and with deprecations as
+    errors (as 0.6 will treat the old name) the plugin fails in one line naming it."""
+    root = widened_copy("llamagym-corridor03", tmp_path)
+    env = installed(root, tmp_path / "site")
+    check = subprocess.run([*LLAMAGYM, "check", "corridor03"], capture_output=True, text=True,
+                           timeout=300, env=env)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "9 checks: 9 passed, 0 failed, 0 skipped" in check.stdout
+    assert "PASS  baselines          one episode each: random" in check.stdout
+    moved = ("llamagym.specs moved to llamagym.plugin_runtime.registry in LlamaGym 0.5 and "
+             "the old name goes in 0.6: import it from llamagym.plugin_runtime.registry")
+    shown = subprocess.run(
+        [sys.executable, "-W", "default::DeprecationWarning", *LLAMAGYM[1:], "check",
+         "corridor03"], capture_output=True, text=True, timeout=300, env=env)
+    assert shown.returncode == 0 and f"DeprecationWarning: {moved}" in shown.stderr
+    strict = subprocess.run(
+        [sys.executable, "-W", "error::DeprecationWarning", *LLAMAGYM[1:], "check",
+         "corridor03"], capture_output=True, text=True, timeout=300, env=env)
+    assert strict.returncode == 2
+    assert strict.stderr.splitlines()[0] == (
+        "warning: plugin 'corridor03' (distribution llamagym-corridor03 0.1.0) failed to "
+        f"import: DeprecationWarning: {moved}; disable it with "
+        "LLAMAGYM_DISABLE_PLUGINS=corridor03")
