@@ -38,7 +38,7 @@ def agent_for(name: str, model: str, threads: int) -> Any:
     from llamagym.plugin_runtime.manager import get_plugins
     from llamagym.resolver.layers import resolve_agent_config
 
-    agent_class = get_plugins().get("agent", name).load()
+    agent_class = get_plugins().registry.get("agent", name).load()
     config = resolve_agent_config(agent_class, [("benchmark", {
         "model": {"name": model},
         "rollout": {"mode": "score"},

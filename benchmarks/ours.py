@@ -36,7 +36,7 @@ def make_agent(
     from llamagym.training.loop.run_state import seed_everything
 
     if agent_class is None:
-        agent_class = get_plugins().get("agent", "blackjack").load()
+        agent_class = get_plugins().registry.get("agent", "blackjack").load()
     config = {"rollout": {"mode": mode, "num_envs": num_envs}, "training": {"seed": seed}}
     seed_everything(seed)
     return agent_class(config=deep_merge(config, overrides or {}))

@@ -276,7 +276,7 @@ def cost(spec: dict[str, Any]) -> dict[str, Any]:
     from llamagym.config import deep_merge
     from llamagym.plugin_runtime.manager import get_plugins
 
-    agent_class = get_plugins().get("agent", spec["agent"]).load()
+    agent_class = get_plugins().registry.get("agent", spec["agent"]).load()
     config = deep_merge({"model": {"name": spec["model"]}, "output": {"dir": None},
                          "rollout": {"mode": spec["mode"]},
                          "algorithm": {"target_kl": None}}, spec.get("overrides", {}))
@@ -488,7 +488,7 @@ def reply_format(spec: dict[str, Any]) -> dict[str, Any]:
 
     from llamagym.plugin_runtime.manager import get_plugins
 
-    agent_class = get_plugins().get("agent", spec["agent"]).load()
+    agent_class = get_plugins().registry.get("agent", spec["agent"]).load()
     config = {"model": {"name": spec["model"]}, "rollout": {"mode": "generate", "num_envs": 8},
               "output": {"dir": None}, **spec.get("overrides", {})}
     agent = agent_class(config=config)

@@ -99,7 +99,7 @@ def long_history_agent_class() -> type:
 
     from llamagym.plugin_runtime.manager import get_plugins
 
-    blackjack = get_plugins().get("agent", "blackjack").load()
+    blackjack = get_plugins().registry.get("agent", "blackjack").load()
 
     class ManyHands(gymnasium.Wrapper):
         """One episode = ``hands`` Blackjack hands in a row (the env's own RNG deals

@@ -214,7 +214,7 @@ def read_trained(
             meta.get("llamagym_version", "?"),
             checkpoints.FORMAT_VERSION,
         )
-    agent_class = plugins.get("agent", str(trained)).load()
+    agent_class = plugins.registry.get("agent", str(trained)).load()
     layer: dict[str, Any] = {"output": {"dir": None}}
     if exported is not None and exported["weights"] != "adapter":
         # The whole model is in the directory: load it as it is, without a new adapter.

@@ -167,7 +167,8 @@ def tiny_agent(agent_class: type[Agent] | None = None, **overrides: Any) -> Agen
     fast = deep_merge(dict(FAST_SETTINGS), {})
     chosen = deep_merge(dict(agent_class.defaults), overrides).get("algorithm", {})
     try:
-        algorithm = get_plugins().get("algorithm", chosen.get("name", AlgorithmSection().name))
+        name = chosen.get("name", AlgorithmSection().name)
+        algorithm = get_plugins().registry.get("algorithm", name)
         accepted = algorithm.load().Config.model_fields
     except LlamaGymError:
         accepted = None  # an unknown algorithm: building the agent's algorithm says so

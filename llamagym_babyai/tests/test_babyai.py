@@ -34,7 +34,7 @@ def _one_thread():
 
 
 def test_registered_through_its_entry_point() -> None:
-    registration = get_plugins().get("agent", "babyai")
+    registration = get_plugins().registry.get("agent", "babyai")
     assert registration.distribution == "llamagym-babyai"
     assert registration.load() is BabyAIAgent
 

@@ -15,7 +15,7 @@ from llamagym.testing import tiny_agent
 
 
 def test_registered_through_the_plugin() -> None:
-    registration = get_plugins().get("agent", "blackjack")
+    registration = get_plugins().registry.get("agent", "blackjack")
     assert registration.distribution == "llamagym-blackjack"
     assert registration.load() is BlackjackAgent
 

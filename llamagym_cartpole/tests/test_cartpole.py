@@ -37,7 +37,7 @@ def agent() -> CartPoleAgent:
 
 
 def test_registered_through_its_entry_point() -> None:
-    registration = get_plugins().get("agent", "cartpole")
+    registration = get_plugins().registry.get("agent", "cartpole")
     assert registration.distribution == "llamagym-cartpole"
     assert registration.load() is CartPoleAgent
 

@@ -50,7 +50,7 @@ def _one_thread():
 def test_every_game_is_registered_with_its_distribution() -> None:
     plugins = get_plugins()
     for spec in plugin.AGENTS:
-        registration = plugins.get("agent", spec.name)
+        registration = plugins.registry.get("agent", spec.name)
         assert registration.distribution == "llamagym-textarena"
         agent_class = registration.load()
         assert issubclass(agent_class, TextArenaAgent) and agent_class.name == spec.name
@@ -336,7 +336,7 @@ def test_baselines_and_outcomes() -> None:
 
 @pytest.mark.parametrize("spec", plugin.AGENTS, ids=lambda spec: spec.name)
 def test_every_game_has_an_expert_to_warm_start_from(spec) -> None:
-    agent_class = get_plugins().get("agent", spec.name).load()
+    agent_class = get_plugins().registry.get("agent", spec.name).load()
     expert = expert_baseline(agent_class)  # what --warm-start expert plays
     assert expert in agent_class.baselines and expert != "random"
 
@@ -365,7 +365,7 @@ def test_a_recorded_move_is_written_as_the_model_writes_it_after_the_prefix(tmp_
 
 @pytest.mark.parametrize("spec", plugin.AGENTS, ids=lambda spec: spec.name)
 def test_every_agent_conforms(spec) -> None:
-    agent_class = get_plugins().get("agent", spec.name).load()
+    agent_class = get_plugins().registry.get("agent", spec.name).load()
     results = assert_agent_conforms(agent_class, name=spec.name, episodes=1)
     assert all(result.status == "pass" for result in results)
 

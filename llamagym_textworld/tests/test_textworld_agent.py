@@ -71,7 +71,7 @@ def env(agent: TextWorldAgent):
 
 # -- plugin and registration -------------------------------------------------------------
 def test_registered_with_its_distribution_and_command() -> None:
-    registration = get_plugins().get("agent", "textworld")
+    registration = get_plugins().registry.get("agent", "textworld")
     assert registration.distribution == "llamagym-textworld"
     assert registration.load() is TextWorldAgent
     cli = typer.Typer()
@@ -99,7 +99,7 @@ def test_missing_textworld_is_a_one_line_hint(monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setattr(metadata, "version", version)
     monkeypatch.setitem(sys.modules, "textworld", None)  # `import textworld` now fails
-    assert "textworld" in get_plugins().agents()  # still listed
+    assert "textworld" in get_plugins().registry.agents()  # still listed
     agent = tiny_agent(TextWorldAgent, agent={**TINY_GAMES, "first_seed": 500})
     with pytest.raises(LlamaGymMissingDependency) as raised:
         agent.make_env()

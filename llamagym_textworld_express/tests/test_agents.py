@@ -16,7 +16,7 @@ pytestmark = pytest.mark.usefixtures("shared_jvm")
 
 @pytest.mark.parametrize("name", [spec.name for spec in AGENTS])
 def test_conforms(name: str) -> None:
-    agent_class = get_plugins().get("agent", name).load()
+    agent_class = get_plugins().registry.get("agent", name).load()
     results = assert_agent_conforms(agent_class, name=name, episodes=1,
                                     config={"agent": {"max_episode_steps": 8}})
     assert all(result.status == "pass" for result in results), results

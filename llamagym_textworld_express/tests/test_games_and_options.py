@@ -26,7 +26,7 @@ def test_one_agent_per_game_registered_through_the_entry_point() -> None:
         "peckingorder")]
     assert sorted(spec.env_id.split(":")[1] for spec in AGENTS) == sorted(GAMES)
     for spec in AGENTS:
-        registration = get_plugins().get("agent", spec.name)
+        registration = get_plugins().registry.get("agent", spec.name)
         assert registration.distribution == "llamagym-textworld-express"
         assert registration.load().game == spec.name.removeprefix("twx-")
 

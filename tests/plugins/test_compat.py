@@ -78,6 +78,26 @@ def test_a_moved_module_goes_in_the_next_minor_release(monkeypatch: pytest.Monke
     assert str(raised.value) == f"{old} is now {new}: import it from there"
 
 
+def test_a_method_plugins_forwarded_to_its_registry_warns_and_answers_as_the_registry(
+) -> None:
+    from llamagym.plugin_runtime.manager import MOVED_METHODS, Plugins
+
+    plugins = Plugins()
+    answers = {"agents": (), "algorithms": (), "models": (), "model": ("tiny",),
+               "get": ("agent", "blackjack")}
+    assert set(MOVED_METHODS) == set(answers)
+    for name, args in answers.items():
+        with pytest.warns(DeprecationWarning) as caught:
+            old = getattr(plugins, name)(*args)
+        assert str(caught[0].message) == (f"Plugins.{name} is Plugins.registry.{name} since "
+                                          "LlamaGym 0.5, and the old name goes in 0.6")
+        assert caught[0].filename == __file__
+        assert old == getattr(plugins.registry, name)(*args)
+        assert f".{name}()`" in CHANGELOG.read_text(encoding="utf-8")
+    with pytest.raises(AttributeError, match="'Plugins' object has no attribute 'agent'"):
+        plugins.agent  # noqa: B018
+
+
 def test_the_changelog_lists_every_move_and_the_release_it_goes_in() -> None:
     text = CHANGELOG.read_text(encoding="utf-8")
     missing = []

@@ -32,7 +32,7 @@ TINY_TEXTWORLD = {"agent": {"games": 2, "world_size": 2, "nb_objects": 3,
 def builtin_agent(name: str) -> type[Agent]:
     from llamagym.plugin_runtime.manager import get_plugins
 
-    return get_plugins().get("agent", name).load()
+    return get_plugins().registry.get("agent", name).load()
 
 
 @pytest.mark.parametrize(
@@ -280,7 +280,7 @@ def test_tiny_model_fixture(tiny_model) -> None:
 
 def test_register_plugin_fixture_unregisters_after_the_test(register_plugin) -> None:
     plugins = register_plugin(CorridorPlugin(), "corridor-plugin")
-    assert "corridor" in plugins.agents()
+    assert "corridor" in plugins.registry.agents()
     assert TwoArmedBandit().reset(seed=0) == (0, {})  # the lazily defined helper classes
 
 

@@ -571,14 +571,14 @@ def test_a_registration_hook_that_hangs_is_skipped_after_the_time_limit() -> Non
     try:
         with temporary_plugin(plugin, "hangs"):
             started = time.perf_counter()
-            agents = plugins.agents()
-            plugins.algorithms()
-            entries = plugins.models()
+            agents = plugins.registry.agents()
+            plugins.registry.algorithms()
+            entries = plugins.registry.models()
             elapsed = time.perf_counter() - started
             release.set()
             time.sleep(0.05)
             assert "blackjack" in agents and "tiny" in {entry.name for entry in entries}
-            assert "early-agent" not in agents and "late-agent" not in plugins.agents()
+            assert "early-agent" not in agents and "late-agent" not in plugins.registry.agents()
     finally:
         plugins.registration_timeout = limit
         release.set()

@@ -65,7 +65,7 @@ def icy(tmp_path_factory) -> Iterator[types.ModuleType]:
 @pytest.fixture
 def icy_registered(icy, register_plugin) -> type:
     register_plugin(icy, "icy")
-    return get_plugins().get("agent", "icy").load()
+    return get_plugins().registry.get("agent", "icy").load()
 
 
 def test_the_example_declares_an_option_that_reaches_the_env(icy_registered) -> None:
@@ -218,7 +218,7 @@ def budget_lines(output: str) -> list[str]:
 
 
 def agent_defaults(name: str) -> dict:
-    return dict(get_plugins().get("agent", name).load().defaults["training"])
+    return dict(get_plugins().registry.get("agent", name).load().defaults["training"])
 
 
 @pytest.mark.parametrize(

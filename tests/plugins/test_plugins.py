@@ -68,11 +68,11 @@ def test_register_agents_and_algorithms() -> None:
         llamagym_register_algorithms=register_algorithms,
     )
     with temporary_plugin(plugin, name="levers") as plugins:
-        agent = plugins.get("agent", "bandit")
+        agent = plugins.registry.get("agent", "bandit")
         assert agent.plugin == "levers" and agent.description == "two levers"
         assert agent.load() is BanditAgent
-        assert plugins.get("algorithm", "copy-of-ppo").load().__name__ == "PPO"
-    assert "bandit" not in get_plugins().agents()
+        assert plugins.registry.get("algorithm", "copy-of-ppo").load().__name__ == "PPO"
+    assert "bandit" not in get_plugins().registry.agents()
 
 
 def test_register_envs() -> None:
@@ -237,7 +237,7 @@ def test_builtins_are_registered_through_entry_points() -> None:
     infos = {info.name: info for info in get_plugins().plugin_infos()}
     for name in ("json-action", "regex-action", "algorithms", "models"):
         assert infos[name].distribution == "llamagym"
-    assert "ppo" in get_plugins().algorithms()
+    assert "ppo" in get_plugins().registry.algorithms()
 
 
 def test_plugin_that_fails_to_import_is_reported_and_the_rest_works(fake_entry_points) -> None:
@@ -249,7 +249,7 @@ def test_plugin_that_fails_to_import_is_reported_and_the_rest_works(fake_entry_p
     [problem] = [p for p in plugins.problems if "'broken'" in p]
     assert "llamagym-broken" in problem and "missing_dependency" in problem
     assert "LLAMAGYM_DISABLE_PLUGINS=broken" in problem
-    assert "ppo" in plugins.algorithms()
+    assert "ppo" in plugins.registry.algorithms()
 
 
 def test_misspelt_hook_is_refused_by_name(fake_entry_points) -> None:
@@ -268,7 +268,7 @@ def test_plugin_raising_inside_a_hook(fake_entry_points) -> None:
     raiser = module_plugin(llamagym_register_agents=register_agents)
     fake_entry_points.append(FakeEntryPoint("raiser", lambda: raiser, dist="llamagym-raiser"))
     plugins = get_plugins()
-    assert "bandit" not in plugins.agents()
+    assert "bandit" not in plugins.registry.agents()
     [problem] = [p for p in plugins.problems if "'raiser'" in p]
     assert "boom" in problem and "llamagym_register_agents" in problem
 
@@ -280,7 +280,7 @@ def test_duplicate_names_name_both_plugins(fake_entry_points) -> None:
     clash = module_plugin(llamagym_register_agents=register_agents)
     fake_entry_points.append(FakeEntryPoint("clash", lambda: clash, dist="llamagym-clash"))
     plugins = get_plugins()
-    assert plugins.get("agent", "blackjack").plugin == "blackjack"  # the first is kept
+    assert plugins.registry.get("agent", "blackjack").plugin == "blackjack"  # the first is kept
     [problem] = [p for p in plugins.problems if "registered twice" in p]
     assert "'blackjack'" in problem and "'clash'" in problem and "llamagym-clash" in problem
 
@@ -294,17 +294,17 @@ def test_kill_switches(monkeypatch, fake_entry_points) -> None:
     plugin_manager.reset_plugins()
     plugins = get_plugins()
     assert plugins.problems == []
-    assert "blackjack" not in plugins.agents()  # third-party plugins are off
-    assert "ppo" in plugins.algorithms()  # built-ins stay
+    assert "blackjack" not in plugins.registry.agents()  # third-party plugins are off
+    assert "ppo" in plugins.registry.algorithms()  # built-ins stay
 
     monkeypatch.setenv("LLAMAGYM_LOAD_PLUGINS", "blackjack")
     plugin_manager.reset_plugins()
-    assert "blackjack" in get_plugins().agents() and get_plugins().problems == []
+    assert "blackjack" in get_plugins().registry.agents() and get_plugins().problems == []
 
     monkeypatch.delenv("LLAMAGYM_LOAD_PLUGINS")
     monkeypatch.setenv("LLAMAGYM_DISABLE_PLUGINS", "broken,blackjack")
     plugin_manager.reset_plugins()
-    assert get_plugins().problems == [] and "blackjack" not in get_plugins().agents()
+    assert get_plugins().problems == [] and "blackjack" not in get_plugins().registry.agents()
 
 
 def test_every_hook_has_a_test_here() -> None:

@@ -36,7 +36,7 @@ def test_a_third_party_ppo_does_not_shadow_the_builtin() -> None:
 
     plugin = module_plugin(llamagym_register_algorithms=register_algorithms)
     with temporary_plugin(plugin, name="shadow") as plugins:
-        spec = plugins.get("algorithm", "ppo")
+        spec = plugins.registry.get("algorithm", "ppo")
         assert (spec.plugin, spec.distribution) == ("algorithms", "llamagym")
         assert spec.load().__name__ == "PPO"
         [problem] = [p for p in plugins.problems if "'shadow'" in p]
@@ -51,13 +51,13 @@ def test_override_replaces_the_builtin_with_a_warning_naming_both() -> None:
 
     plugin = module_plugin(llamagym_register_algorithms=register_algorithms)
     with temporary_plugin(plugin, name="mine") as plugins:
-        spec = plugins.get("algorithm", "ppo")
+        spec = plugins.registry.get("algorithm", "ppo")
         assert (spec.plugin, spec.description) == ("mine", "GRPO as ppo")
         assert spec.load().__name__ == "GRPO"
         [warning] = [p for p in plugins.problems if "'mine'" in p]
     assert "'ppo'" in warning and "replaced" in warning and "override=True" in warning
     assert "'algorithms'" in warning and "llamagym" in warning and "(in-process)" in warning
-    assert get_plugins().get("algorithm", "ppo").load().__name__ == "PPO"  # gone with it
+    assert get_plugins().registry.get("algorithm", "ppo").load().__name__ == "PPO"  # gone with it
 
 
 def test_a_builtin_model_name_is_refused_unless_overridden() -> None:
@@ -317,8 +317,8 @@ def test_a_wrongly_typed_registration_is_a_problem_not_a_crash() -> None:
         llamagym_register_models=register_models,
     )
     with temporary_plugin(plugin, name="sloppy") as plugins:
-        assert set(plugins.agents()) >= {"fine", "blackjack"}
-        assert "agent-as-algorithm" not in plugins.algorithms()
+        assert set(plugins.registry.agents()) >= {"fine", "blackjack"}
+        assert "agent-as-algorithm" not in plugins.registry.algorithms()
         assert get_model_entry("tiny") is not None
         from llamagym.cli.app import app
 

@@ -22,8 +22,8 @@ def list_command() -> None:
     plugins = get_plugins()
     console = output_console()
     registries: tuple[tuple[str, Mapping[str, AgentSpec | AlgorithmSpec]], ...] = (
-        ("agents", plugins.agents()),
-        ("algorithms", plugins.algorithms()),
+        ("agents", plugins.registry.agents()),
+        ("algorithms", plugins.registry.algorithms()),
     )
     report_plugin_problems()  # after the registration hooks ran: their problems too
     for kind, registry in registries:

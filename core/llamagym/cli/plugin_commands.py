@@ -83,9 +83,9 @@ def check_command(
             f"--skip {', '.join(unknown)}: no such check; checks: {', '.join(CHECK_NAMES)}"
         )
     plugins = get_plugins()
-    plugins.agents()  # the registration hooks run first, so their problems are shown too
+    plugins.registry.agents()  # the registration hooks run first, so their problems are shown too
     report_plugin_problems()
-    registration = plugins.get("agent", agent)
+    registration = plugins.registry.get("agent", agent)
     agent_class = registration.load()
     overrides: dict = {}
     for assignment in assignments:

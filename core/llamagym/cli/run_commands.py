@@ -92,7 +92,7 @@ def resolve_run_config(
 
     plugins = get_plugins()
     report_plugin_problems()
-    agent_class = plugins.get("agent", agent_name).load()
+    agent_class = plugins.registry.get("agent", agent_name).load()
     later = command_line_layers(config_file, assignments, flags)
     later.insert(0, ("argument", {"agent": {"name": agent_name}}))
     resolved = resolve_agent_config(agent_class, later, base=base, plugins=plugins)

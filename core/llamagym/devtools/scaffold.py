@@ -127,7 +127,7 @@ def check_name_is_free(name: str, kind: str) -> None:
         if point.name == name
     ]
     plugins = get_plugins()
-    registered = plugins.agents() if kind == "env" else plugins.algorithms()
+    registered = plugins.registry.agents() if kind == "env" else plugins.registry.algorithms()
     if name in registered:
         spec = registered[name]
         owner = spec.distribution or "an installed plugin"

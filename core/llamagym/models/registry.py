@@ -212,12 +212,12 @@ def llamagym_register_models(register: Callable[..., None]) -> None:
 
 def get_model_entry(name_or_hub_id: str) -> ModelEntry | None:
     """The entry whose short name or Hub id matches (case-insensitive), if any."""
-    return get_plugins().model(name_or_hub_id)
+    return get_plugins().registry.model(name_or_hub_id)
 
 
 def list_model_entries() -> list[ModelEntry]:
     """All known entries, in registration order (the built-ins first)."""
-    return get_plugins().models()
+    return get_plugins().registry.models()
 
 
 def register_model_entry(entry: ModelEntry, *, overwrite: bool = False) -> None:

@@ -48,9 +48,10 @@ import os
 import reprlib
 import sys
 import threading
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -136,6 +137,12 @@ def _registration(
     if filled:
         raise TypeError(f"{', '.join(sorted(filled))} is filled in by LlamaGym, not passed")
     return spec_class(*args, **kwargs), override
+
+
+#: Plugins' methods that forwarded to its registry, moved there in 0.5: the old name ->
+#: its place. They work, with a DeprecationWarning, through 0.5, and go in 0.6.
+MOVED_METHODS = {name: f"registry.{name}" for name in
+                 ("agents", "algorithms", "models", "model", "get")}
 
 
 class Plugins:
@@ -296,9 +303,8 @@ class Plugins:
         in a script was registered by none). Asked on every answer an agent's method
         gives, so the agents' entry points are looked up once per registry."""
         if self._agent_plugins is None:
-            self._agent_plugins = {
-                spec.entry_point: spec.plugin for spec in self.agents().values() if spec.plugin
-            }
+            agents = self.registry.agents().values()
+            self._agent_plugins = {spec.entry_point: spec.plugin for spec in agents if spec.plugin}
         cls = type(agent)
         return self._agent_plugins.get(f"{cls.__module__}:{cls.__qualname__}")
 
@@ -313,7 +319,7 @@ class Plugins:
     # -- the registry ----------------------------------------------------------------
     def _forget_registrations(self) -> None:
         """Drop what the plugins registered; it is collected again on the next read."""
-        self.registry = Registry(self._problem)
+        self._registry = Registry(self._problem)
         self._specs_collected = False
         self._models_collected = False
         self._agent_plugins = None
@@ -350,15 +356,22 @@ class Plugins:
         pending.sort(key=lambda item: self._order.get(item[0], float("inf")))
         for plugin, spec, override in pending:
             distribution = self._distributions.get(plugin, ("", ""))[0]
-            self.registry.add(spec, plugin=plugin, distribution=distribution, override=override)
+            self._registry.add(spec, plugin=plugin, distribution=distribution, override=override)
 
-    def _specs(self) -> Registry:
+    @property
+    def registry(self) -> Registry:
+        """What the plugins registered, agents, algorithms and models, in one
+        :class:`~llamagym.plugin_runtime.registry.Registry` (``registry.agents()``,
+        ``registry.get("agent", name)``, ``registry.model(name)``, ...): collected from
+        the registration hooks on first use, and again after a plugin is registered or
+        unregistered."""
         with self._lock:
             if not self._specs_collected:
                 self._specs_collected = True
                 self._collect("llamagym_register_agents", AgentSpec)
                 self._collect("llamagym_register_algorithms", AlgorithmSpec)
-            return self.registry
+        self.register_models()
+        return self._registry
 
     def register_models(self) -> None:
         """Let plugins add model registry entries (once, until a plugin is registered or
@@ -370,27 +383,11 @@ class Plugins:
             self._collect("llamagym_register_models", ModelEntry)
             for entry, overwrite in self._own_models:
                 try:
-                    self.registry.add(
+                    self._registry.add(
                         entry, plugin="", distribution="", override=overwrite, strict=True
                     )
                 except ValueError as error:
                     self._problem(f"{error}; the entry of register_model_entry() is skipped")
-
-    def agents(self) -> dict[str, AgentSpec]:
-        return self._specs().agents()
-
-    def algorithms(self) -> dict[str, AlgorithmSpec]:
-        return self._specs().algorithms()
-
-    def models(self) -> list[ModelEntry]:
-        """Every model entry, the built-ins first."""
-        self.register_models()
-        return self.registry.models()
-
-    def model(self, name_or_hub_id: str) -> ModelEntry | None:
-        """The entry whose short name or Hub id matches (case-insensitive), if any."""
-        self.register_models()
-        return self.registry.model(name_or_hub_id)
 
     def add_model(self, entry: ModelEntry, *, overwrite: bool = False) -> None:
         """Add a model entry from Python code; a clash raises ``ValueError`` unless
@@ -399,32 +396,24 @@ class Plugins:
             raise TypeError(f"expected a ModelEntry, got {type(entry).__name__}")
         self.register_models()
         with self._lock:
-            self.registry.add(
+            self._registry.add(
                 entry, plugin="", distribution="", override=overwrite, strict=True
             )
             # Kept to add again when the registry is collected anew; what this entry
             # replaced is not.
-            kept = self.registry.models()
+            kept = self._registry.models()
             self._own_models = [
                 (own, flag) for own, flag in self._own_models if own in kept and own != entry
             ] + [(entry, overwrite)]
 
-    @overload
-    def get(self, kind: Literal["agent"], name: str) -> AgentSpec: ...
-    @overload
-    def get(self, kind: Literal["algorithm"], name: str) -> AlgorithmSpec: ...
-    @overload
-    def get(self, kind: Literal["model"], name: str) -> ModelEntry: ...
-    @overload
-    def get(self, kind: str, name: str) -> Spec: ...
-
-    def get(self, kind: str, name: str) -> Spec:
-        """The spec of ``kind`` (``agent``, ``algorithm`` or ``model``) called ``name``;
-        :class:`~llamagym.errors.UnknownNameError` lists the known ones otherwise."""
-        if kind == "model":
-            self.register_models()
-            return self.registry.get(kind, name)
-        return self._specs().get(kind, name)
+    def __getattr__(self, name: str) -> Any:
+        """A method that went to :attr:`registry` (:data:`MOVED_METHODS`) still works
+        through 0.5, with a DeprecationWarning naming its place."""
+        if name in MOVED_METHODS:
+            warnings.warn(f"Plugins.{name} is Plugins.{MOVED_METHODS[name]} since LlamaGym "
+                          "0.5, and the old name goes in 0.6", DeprecationWarning, stacklevel=2)
+            return getattr(self.registry, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def plugin_infos(self) -> list[PluginInfo]:
         infos = []
@@ -563,6 +552,7 @@ def reset_plugins() -> None:
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "MOVED_METHODS",
     "PluginInfo",
     "Plugins",
     "get_plugins",

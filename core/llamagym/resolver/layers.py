@@ -63,7 +63,7 @@ def defaults_for_model(
         name = model or chosen_value(later_layers, "model", "name") or ModelSettings().name
         if str(name).strip().lower() == "tiny":
             return {}
-        entry = get_plugins().model(str(name))
+        entry = get_plugins().registry.model(str(name))
         if entry is not None and entry.lora_layers:
             from_registry = {"model": {"lora_layers": entry.lora_layers}}
     else:
@@ -130,7 +130,7 @@ def resolve_agent_config(
     return resolve_config(
         run_layers(agent_class, later, base=base, model=model),
         agent_class=agent_class,
-        algorithm_class_for=lambda name: plugins.get("algorithm", name).load(),
+        algorithm_class_for=lambda name: plugins.registry.get("algorithm", name).load(),
     )
 
 

@@ -278,7 +278,7 @@ def _default_settings(config: Mapping[str, Any]) -> dict[str, Any] | None:
     defaults = leaf_keys(RunConfig().model_dump(mode="json"))
     try:
         name = config.get("algorithm", {}).get("name", "ppo")
-        algorithm_config = get_plugins().get("algorithm", name).load().Config()
+        algorithm_config = get_plugins().registry.get("algorithm", name).load().Config()
     except Exception:
         return None
     defaults.update(leaf_keys(algorithm_config.model_dump(mode="json"), "algorithm."))

@@ -17,7 +17,7 @@ from __PACKAGE__.algorithm import __CLASS__
 
 
 def test_registered_through_the_entry_point() -> None:
-    registration = get_plugins().get("algorithm", "__NAME__")
+    registration = get_plugins().registry.get("algorithm", "__NAME__")
     assert registration.distribution == "__DISTRIBUTION__"
     assert registration.load() is __CLASS__
 

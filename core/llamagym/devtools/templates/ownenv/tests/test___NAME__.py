@@ -18,7 +18,7 @@ from __PACKAGE__.agent import __CLASS__, binary_search
 
 
 def test_registered_through_the_entry_point() -> None:
-    registration = get_plugins().get("agent", "__NAME__")
+    registration = get_plugins().registry.get("agent", "__NAME__")
     assert registration.distribution == "__DISTRIBUTION__"
     assert registration.load() is __CLASS__
 
