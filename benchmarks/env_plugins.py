@@ -293,8 +293,10 @@ def measure(spec: str, args: argparse.Namespace, runs: Path) -> dict[str, Any]:
     assignments, env_id = variant_assignments(agent, variant, args.model)
     assignments = [*assignments, *args.set]
     log(NAME, f"{agent} ({env_id}): zero-shot and baselines")
-    zero_shot = evaluate(agent, ["--model", args.model], args, assignments)
+    evaluated = [*assignments, *args.eval_set]  # what the evaluations play on
+    zero_shot = evaluate(agent, ["--model", args.model], args, evaluated)
     row: dict[str, Any] = {"agent": agent, "env_id": env_id, "set": assignments,
+                           "eval_set": args.eval_set,
                            "baselines": zero_shot.pop("baselines"), "zero_shot": zero_shot}
     if args.zero_shot_only:
         return row
@@ -317,12 +319,12 @@ def measure(spec: str, args: argparse.Namespace, runs: Path) -> dict[str, Any]:
     records = [json.loads(line) for line in metrics.read_text().splitlines()] \
         if metrics.is_file() else []
     training.update({"wall_seconds": wall, **summarise_training(records)})
-    trained = evaluate(agent, ["--checkpoint", str(output)], args, assignments)
+    trained = evaluate(agent, ["--checkpoint", str(output)], args, evaluated)
     trained.pop("baselines")
     trained["command"] = trained["command"].replace(str(output), "RUN_DIR")
     row = {**row, "training": training, "trained": trained}
     if args.curve_every:
-        row["curve"] = checkpoint_curve(agent, output, records, args, assignments)
+        row["curve"] = checkpoint_curve(agent, output, records, args, evaluated)
     return row
 
 
@@ -478,6 +480,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a setting for every agent's commands (evaluations and runs), "
                         "e.g. rollout.explore=all; repeatable")
+    parser.add_argument("--eval-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting for the evaluations only, after --set: held-out "
+                        "games, e.g. agent.fold=test; repeatable")
     parser.add_argument("--eval-episodes", type=positive(int), default=None,
                         help=f"evaluation episodes per policy (default "
                         f"{DEFAULT_EVAL_EPISODES}; 4 with --quick; at most {MAX_EVAL_EPISODES})")
@@ -583,6 +588,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "warm_start": args.warm_start,
         "curve_every": args.curve_every,
         "set": args.set,
+        "eval_set": args.eval_set,
         "eval_episodes": args.eval_episodes,
         "eval_seed": args.eval_seed,
         "greedy": True,

@@ -5,7 +5,9 @@ anything runs, an agent's variant becomes the ``--set`` its commands carry, and
 from __future__ import annotations
 
 import argparse
+import json
 from fnmatch import fnmatch
+from pathlib import Path
 
 import pytest
 
@@ -127,3 +129,32 @@ def test_a_failed_command_is_one_line_with_its_last_word_unless_it_was_killed() 
                       "out-of-memory killer, or a kill)")
     refused = env_plugins.failure("llamagym run x", 2, stderr + "error: no such game\n\n")
     assert refused == "`llamagym run x` failed (exit 2): error: no such game"
+
+
+def test_eval_set_reaches_the_evaluations_and_not_the_run(monkeypatch, tmp_path) -> None:
+    """``--eval-set agent.fold=test``: zero-shot and trained agents are evaluated on the
+    held-out games while the run trains on its own."""
+    commands: list[list[str]] = []
+
+    def fake_llamagym(words, threads):
+        commands.append(list(words))
+        if words[0] == "run":
+            output = Path(words[words.index("--output") + 1])
+            output.mkdir(parents=True)
+            return "", 1.0
+        return json.dumps({"mean_return": 0.0, "episodes": 1, "returns": [0.0]}), 1.0
+
+    monkeypatch.setattr(env_plugins, "run_llamagym", fake_llamagym)
+    monkeypatch.setattr(env_plugins, "summarise", lambda data: {})
+    monkeypatch.setattr(env_plugins, "variant_assignments", lambda a, v, m: ([], a))
+    args = argparse.Namespace(
+        model="tiny", set=["rollout.num_envs=2"], eval_set=["agent.fold=test"], seed=0,
+        eval_episodes=2, eval_seed=10000, threads=1, zero_shot_only=False, warm_start=None,
+        curve_every=None, episodes=4, minutes=None, agent_episodes=[])
+    row = env_plugins.measure("twx-coin", args, tmp_path)
+    run = next(words for words in commands if words[0] == "run")
+    evals = [words for words in commands if words[0] == "eval"]
+    assert len(evals) == 2 and all("agent.fold=test" in words for words in evals)
+    assert all("rollout.num_envs=2" in words for words in [run, *evals])
+    assert "agent.fold=test" not in run
+    assert row["eval_set"] == ["agent.fold=test"] and row["set"] == ["rollout.num_envs=2"]
