@@ -192,6 +192,11 @@ def goes_in(release: str) -> str:
     return f"{major}.{minor + 1}"
 
 
+def gone(release: str) -> bool:
+    """Whether what moved in ``release`` is gone from this one."""
+    return _minor(__version__) >= _minor(goes_in(release))
+
+
 def moved_module(old: str) -> tuple[str, str] | None:
     """``(new name, release it moved in)`` of a module that moved, or None."""
     return next(((moved[old], release) for release, moved in MOVED_MODULES.items()
@@ -246,7 +251,7 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder):
         if moved is None or moved[0].startswith(fullname + "."):
             return None  # not moved, or a package took the name (its __getattr__ answers)
         new, release = moved
-        if _minor(__version__) >= _minor(goes_in(release)):
+        if gone(release):
             raise ImportError(f"{fullname} is now {new}: import it from there", name=fullname)
         return importlib.util.spec_from_loader(fullname, _OldName(new, release))
 

@@ -291,3 +291,32 @@ def _all_of(path: Path) -> list[str]:
 def _self_aliases(path: Path) -> list[str]:
     return [a.name for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
             if isinstance(node, ast.ImportFrom) for a in node.names if a.asname == a.name]
+
+
+def test_check_names_each_import_of_a_moved_module_in_the_plugins_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llamagym.devtools.moved_imports import moved_imports
+
+    package = tmp_path / "movedpkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "agent.py").write_text(
+        "import llamagym.config_layers\n"
+        "from llamagym import specs, Agent\n"
+        "from llamagym.models.policy import Policy\n"  # a package kept its name
+        "def f():\n    from llamagym.training.trainer import Trainer\n")
+    (package / "sub" / "broken.py").write_text("def (:\n")  # no import to report
+    (package / "sub" / "big.py").write_text("import llamagym.specs\n" + "#" * (1 << 20))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert moved_imports("movedpkg.agent") == [
+        "movedpkg/agent.py:1: llamagym.config_layers moved to llamagym.resolver.layers in "
+        "LlamaGym 0.5 and the old name goes in 0.6",
+        "movedpkg/agent.py:2: llamagym.specs moved to llamagym.plugin_runtime.registry in "
+        "LlamaGym 0.5 and the old name goes in 0.6",
+        "movedpkg/agent.py:5: llamagym.training.trainer moved to "
+        "llamagym.training.loop.trainer in LlamaGym 0.4 and is gone since 0.5",
+    ]
+    assert moved_imports("llamagym.testing") == []  # LlamaGym's own: not read
+    assert moved_imports("no_such_package_here.agent") == []

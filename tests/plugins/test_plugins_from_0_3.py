@@ -232,6 +232,9 @@ def test_a_0_3_plugin_with_an_env_of_its_own_passes_check_unchanged(tmp_path: Pa
     assert check.returncode == 0, check.stdout + check.stderr
     assert "9 checks: 9 passed, 0 failed, 0 skipped" in check.stdout
     assert "PASS  baselines          one episode each: random" in check.stdout
+    assert check.stderr.splitlines() == [  # and check names each import to change
+        "warning: llamagym_corridor03/plugin.py:6: llamagym.specs moved to "
+        "llamagym.plugin_runtime.registry in LlamaGym 0.5 and the old name goes in 0.6"]
     moved = ("llamagym.specs moved to llamagym.plugin_runtime.registry in LlamaGym 0.5 and "
              "the old name goes in 0.6: import it from llamagym.plugin_runtime.registry")
     shown = subprocess.run(

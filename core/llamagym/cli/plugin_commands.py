@@ -11,6 +11,8 @@ from llamagym.config import check_seed, deep_merge
 from llamagym.config.files import parse_assignment
 from llamagym.devtools.agent_checks import CHECK_NAMES
 from llamagym.devtools.conformance import check_agent
+from llamagym.devtools.moved_imports import moved_imports
+from llamagym.display import printable
 from llamagym.errors import ConfigError, LlamaGymError
 from llamagym.plugin_runtime.manager import Plugins, get_plugins
 from llamagym.resolver.layers import resolve_agent_config
@@ -95,6 +97,8 @@ def check_command(
         f"llamagym check {agent}: {agent_class.__module__}.{agent_class.__qualname__} "
         f"from {registration.distribution or 'an unknown distribution'}"
     )
+    for line in moved_imports(agent_class.__module__):
+        typer.secho(f"warning: {printable(line)}", fg="yellow", err=True)
     results = check_agent(
         agent_class, overrides, name=agent, episodes=episodes, seed=seed, skip=skip
     )
