@@ -389,7 +389,8 @@ def env_plugins_section(result: Mapping[str, Any]) -> str:
                f"{', zero-shot only' if result['zero_shot_only'] else trained}, "
                f"{_commit_name(result)})")
     note = (f"Greedy evaluation, {count} episodes per policy on the same seeds "
-            f"({first}-{first + count - 1}): share won, mean return, and the share of episodes "
+            f"({first}-{first + count - 1}{_evaluated_on(result)}): share won, mean return, "
+            "and the share of episodes "
             "a game ended for invalid moves and of replies naming no legal move, where any. "
             f"{result['threads']} torch threads, one run at a time, at niceness "
             f"{result['niceness']}. Made by "
@@ -399,6 +400,12 @@ def env_plugins_section(result: Mapping[str, Any]) -> str:
     return "\n\n".join([heading, _table(
         ("Agent", "Env", "Random", "Expert", "Zero-shot", "Trained", "Training", "Command",
          "CPU", "Commit"), rows), note, *curves])
+
+
+def _evaluated_on(result: Mapping[str, Any]) -> str:
+    """The settings the evaluations alone played with (``env_plugins.py --eval-set``)."""
+    settings = result.get("eval_set") or []
+    return f", with {', '.join(f'`{s}`' for s in settings)}" if settings else ""
 
 
 def _curve_line(row: Mapping[str, Any], plot: str | None) -> str:

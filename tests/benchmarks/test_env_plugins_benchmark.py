@@ -158,3 +158,8 @@ def test_eval_set_reaches_the_evaluations_and_not_the_run(monkeypatch, tmp_path)
     assert all("rollout.num_envs=2" in words for words in [run, *evals])
     assert "agent.fold=test" not in run
     assert row["eval_set"] == ["agent.fold=test"] and row["set"] == ["rollout.num_envs=2"]
+
+
+def test_a_table_says_what_the_evaluations_alone_played_with() -> None:
+    assert table._evaluated_on({"eval_set": ["agent.fold=test"]}) == ", with `agent.fold=test`"
+    assert table._evaluated_on({"eval_set": []}) == table._evaluated_on({}) == ""
