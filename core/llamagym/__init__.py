@@ -203,6 +203,14 @@ def moved_module(old: str) -> tuple[str, str] | None:
                  if old in moved), None)
 
 
+def moved_away(old: str) -> tuple[str, str] | None:
+    """:func:`moved_module`, but None where a package took the old module's name
+    (``llamagym.training``): importing that name imports the package, whose
+    ``__getattr__`` answers for what the old module held."""
+    moved = moved_module(old)
+    return None if moved is None or moved[0].startswith(old + ".") else moved
+
+
 def moved_name(module: str, name: str) -> Any:
     """``__getattr__`` of a module that lost names (:data:`MOVED_NAMES`), and of the
     packages that took an old module's name (``models``, ``training``): ``from
@@ -247,9 +255,9 @@ class _OldName(importlib.abc.Loader):
 
 class _MovedModuleFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        moved = moved_module(fullname)
-        if moved is None or moved[0].startswith(fullname + "."):
-            return None  # not moved, or a package took the name (its __getattr__ answers)
+        moved = moved_away(fullname)
+        if moved is None:
+            return None
         new, release = moved
         if gone(release):
             raise ImportError(f"{fullname} is now {new}: import it from there", name=fullname)

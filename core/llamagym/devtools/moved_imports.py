@@ -13,7 +13,7 @@ import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 
-from llamagym import goes_in, gone, moved_module
+from llamagym import goes_in, gone, moved_away
 
 MAX_FILES = 2_000
 MAX_FILE_BYTES = 1 << 20
@@ -68,9 +68,9 @@ def moved_imports(module: str) -> list[str]:
         except (OSError, SyntaxError, ValueError):
             continue  # a file that cannot be read is no import to report
         for name, line in _imported(tree):
-            moved = moved_module(name)
-            if moved is None or moved[0].startswith(name + "."):
-                continue  # not moved, or a package that took the name
+            moved = moved_away(name)
+            if moved is None:
+                continue
             new, release = moved
             when = (f"and is gone since {goes_in(release)}" if gone(release)
                     else f"and the old name goes in {goes_in(release)}")
