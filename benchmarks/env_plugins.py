@@ -81,6 +81,7 @@ from benchmarks.common import (  # noqa: E402
     worker_environment,
     write_script_result,
 )
+from llamagym.training.loop.learning_signal import DIAGNOSIS  # noqa: E402
 
 AGENTS = (
     "textarena-frozen-lake",
@@ -160,7 +161,8 @@ def summarise(evaluation: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def summarise_training(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """A run's ``metrics.jsonl`` records -> its updates, episodes, time and curve."""
+    """A run's ``metrics.jsonl`` records -> its updates, episodes, time, curve and the
+    dead-signal findings the run itself said (its ``diagnosis`` records)."""
     updates = [r for r in records if r.get("kind") == "update"]
     last = updates[-1] if updates else {}
     return {
@@ -171,6 +173,9 @@ def summarise_training(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "curve": [{"update": int(r["update"]), "seconds": float(r["seconds"]),
                    "return_mean": float(r["return_mean"]),
                    "invalid_rate": r.get("invalid_rate")} for r in updates],
+        "diagnoses": [{"update": int(r["update"]), "finding": str(r["finding"]),
+                       "message": str(r["message"])}
+                      for r in records if r.get("kind") == DIAGNOSIS],
     }
 
 

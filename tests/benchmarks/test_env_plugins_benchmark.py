@@ -163,3 +163,15 @@ def test_eval_set_reaches_the_evaluations_and_not_the_run(monkeypatch, tmp_path)
 def test_a_table_says_what_the_evaluations_alone_played_with() -> None:
     assert table._evaluated_on({"eval_set": ["agent.fold=test"]}) == ", with `agent.fold=test`"
     assert table._evaluated_on({"eval_set": []}) == table._evaluated_on({}) == ""
+
+
+def test_a_rows_training_keeps_what_the_run_said_of_its_signal() -> None:
+    update = {"kind": "update", "update": 3, "seconds": 9.5, "return_mean": 0.0,
+              "total_episodes": 24, "env_steps": 288}
+    said = {"kind": "diagnosis", "update": 3, "finding": "no-reward",
+            "message": "no episode earned a reward in the last 3 updates"}
+    summary = env_plugins.summarise_training([update, said, {"kind": "eval", "update": 3}])
+    assert summary["diagnoses"] == [{"update": 3, "finding": "no-reward",
+                                     "message": said["message"]}]
+    assert summary["updates"] == 1 and summary["episodes"] == 24
+    assert env_plugins.summarise_training([update])["diagnoses"] == []
