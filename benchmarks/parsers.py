@@ -113,7 +113,7 @@ def measure(reply: str, legal: tuple[str, ...], repeats: int) -> list[float]:
 
 
 def json_work(reply: str) -> dict[str, int]:
-    from llamagym_builtins import parsers
+    from llamagym.task import reply_parsers as parsers
 
     work = parsers.ScanWork()
     for _ in parsers.json_objects(reply[: parsers.MAX_CHARS], work):
@@ -123,7 +123,7 @@ def json_work(reply: str) -> dict[str, int]:
 
 def run(quick: bool) -> dict[str, Any]:
     from llamagym.plugin_runtime.manager import get_plugins
-    from llamagym_builtins import parsers
+    from llamagym.task import reply_parsers as parsers
 
     sizes, repeats = (QUICK_SIZES, QUICK_REPEATS) if quick else (SIZES, REPEATS)
     get_plugins()  # loading the plugins is not part of any reply's time

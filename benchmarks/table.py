@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import DEFAULT_RESULTS_DIR, machine_label, result_path
+from llamagym.display import markdown_line
 
 Row = list[str]
 
@@ -397,9 +398,22 @@ def env_plugins_section(result: Mapping[str, Any]) -> str:
             f"`{result['command']}`, {str(result.get('date', '–'))[:10]}.")
     curves = [_curve_line(row, result.get("plot")) for row in result["agents"]
               if row.get("curve")]
+    said = [_diagnosis_line(row) for row in result["agents"]
+            if "diagnoses" in (row.get("training") or {})]
     return "\n\n".join([heading, _table(
         ("Agent", "Env", "Random", "Expert", "Zero-shot", "Trained", "Training", "Command",
-         "CPU", "Commit"), rows), note, *curves])
+         "CPU", "Commit"), rows), note, *curves, *said])
+
+
+def _diagnosis_line(row: Mapping[str, Any]) -> str:
+    """What a row's run said of its learning signal (its ``diagnosis`` records), escaped:
+    the messages quote action names from the env."""
+    findings = row["training"]["diagnoses"]
+    if not findings:
+        return f"`{row['agent']}`, the run's dead-signal checks: none fired."
+    told = "; ".join(f"update {f['update']}, {markdown_line(f['finding'])}: "
+                     f"{markdown_line(f['message'])}" for f in findings)
+    return f"`{row['agent']}`, what the run said of its learning signal: {told}."
 
 
 def _evaluated_on(result: Mapping[str, Any]) -> str:

@@ -20,7 +20,7 @@ import sys
 import warnings
 from typing import Any
 
-__version__ = "0.5.0"
+__version__ = "0.5.1"
 
 
 _LAZY = {
@@ -113,6 +113,8 @@ MOVED_MODULES: dict[str, dict[str, str]] = {
         "llamagym.config_files": "llamagym.config.files",
         "llamagym.config_layers": "llamagym.resolver.layers",
         "llamagym.trl_arguments": "llamagym.resolver.trl_arguments",
+        # 0.5.1: the parsers are the task's, no longer plugins.
+        "llamagym_builtins.parsers": "llamagym.task.reply_parsers",
     },
 }
 

@@ -175,3 +175,15 @@ def test_a_rows_training_keeps_what_the_run_said_of_its_signal() -> None:
                                      "message": said["message"]}]
     assert summary["updates"] == 1 and summary["episodes"] == 24
     assert env_plugins.summarise_training([update])["diagnoses"] == []
+
+
+def test_the_table_says_what_each_run_said_of_its_signal_escaped() -> None:
+    said = {"agent": "textarena-mastermind", "training": {"diagnoses": [
+        {"update": 3, "finding": "one-action",
+         "message": "the policy chose '[1 2|3 4](x)' in 96% of the turns"}]}}
+    line = table._diagnosis_line(said)
+    assert line.startswith("`textarena-mastermind`, what the run said of its learning signal:")
+    assert "update 3, one-action: " in line
+    assert "'\\[1 2\\|3 4\\](x)'" in line  # escaped: no link, no new table cell
+    quiet = {"agent": "babyai", "training": {"diagnoses": []}}
+    assert table._diagnosis_line(quiet).endswith("the run's dead-signal checks: none fired.")

@@ -111,9 +111,11 @@ def test_the_changelog_lists_every_move_and_the_release_it_goes_in() -> None:
 
 
 def _section(text: str, release: str) -> str:
-    start = text.index(f"\n## {release}")
-    end = text.find("\n## ", start + 1)
-    return text[start:end if end >= 0 else None]
+    """The sections of every patch release of ``release`` (0.5: ``## 0.5.1``, ``## 0.5.0``)."""
+    parts = text.split("\n## ")[1:]
+    found = [part for part in parts if part.split(None, 1)[0].startswith(release + ".")]
+    assert found, f"no section for {release} in CHANGELOG.md"
+    return "\n".join(found)
 
 
 MOVED = sorted((old, name, new) for old, homes in MOVED_NAMES.items()

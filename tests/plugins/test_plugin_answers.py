@@ -35,8 +35,8 @@ from llamagym.plugin_runtime.hook_values import (
     reward_term,
 )
 from llamagym.plugin_runtime.manager import get_plugins
+from llamagym.task import reply_parsers as parsers
 from llamagym.testing import temporary_plugin, tiny_agent
-from llamagym_builtins import parsers
 
 CARDS = ("stick", "hit")  # sorting the names would swap them
 COMMANDS = (("look", "go north", "take key"), ("inventory", "go south"), ("open door", "look"))

@@ -100,7 +100,7 @@ def test_a_third_party_entry_point_with_a_builtin_name_is_refused(tmp_path, monk
     write_distribution(
         tmp_path,
         "evil-parsers",
-        "json-action = evil_parsers_module:parser",
+        "algorithms = evil_parsers_module:parser",
         {
             "evil_parsers_module": (
                 "from llamagym import hookimpl\n\n"
@@ -116,19 +116,19 @@ def test_a_third_party_entry_point_with_a_builtin_name_is_refused(tmp_path, monk
     plugin_manager.reset_plugins()
     plugins = get_plugins()
     infos = {info.name: info for info in plugins.plugin_infos()}
-    assert infos["json-action"].distribution == "llamagym"
+    assert infos["algorithms"].distribution == "llamagym"
     assert "evil_parsers_module" not in sys.modules  # refused before it was imported
     [problem] = [p for p in plugins.problems if "evil-parsers" in p]
-    assert "'json-action'" in problem and "built-in" in problem and "llamagym" in problem
-    assert "LLAMAGYM_DISABLE_PLUGINS=llamagym:json-action" in problem
+    assert "'algorithms'" in problem and "built-in" in problem and "llamagym" in problem
+    assert "LLAMAGYM_DISABLE_PLUGINS=llamagym:algorithms" in problem
     assert plugins.extract_action(bandit(), "right", ["left", "right"]) == 1
 
     # What the line says to do: the built-in steps aside, the third party loads.
-    monkeypatch.setenv("LLAMAGYM_DISABLE_PLUGINS", "llamagym:json-action")
+    monkeypatch.setenv("LLAMAGYM_DISABLE_PLUGINS", "llamagym:algorithms")
     plugin_manager.reset_plugins()
     plugins = get_plugins()
     infos = {info.name: info for info in plugins.plugin_infos()}
-    assert infos["json-action"].distribution == "evil-parsers"
+    assert infos["algorithms"].distribution == "evil-parsers"
     assert not [p for p in plugins.problems if "evil-parsers" in p]
     assert plugins.extract_action(bandit(), "right", ["left", "right"]) == 0
     sys.modules.pop("evil_parsers_module", None)
@@ -231,11 +231,11 @@ def test_participants_are_the_plugins_that_answered_per_step_hooks() -> None:
     participants = plugins.participants()
     assert json.loads(json.dumps(participants)) == participants
     by_name = {p["name"]: p for p in participants}
-    assert set(by_name) == {"agent", "json-action", "regex-action", "shaper"}
-    assert by_name["agent"]["hooks"] == ["llamagym_format_observation", "llamagym_system_prompt"]
-    assert by_name["json-action"]["hooks"] == ["llamagym_extract_action"]
-    assert by_name["regex-action"]["distribution"] == "llamagym"
-    assert by_name["regex-action"]["version"]
+    # The agent's own parsers (JSON, then the regex, here) answer as the agent does.
+    assert set(by_name) == {"agent", "shaper"}
+    assert by_name["agent"]["hooks"] == [
+        "llamagym_extract_action", "llamagym_format_observation", "llamagym_system_prompt"]
+    assert by_name["agent"]["distribution"] == "llamagym" and by_name["agent"]["version"]
     assert by_name["shaper"] == {
         "name": "shaper",
         "distribution": "(in-process)",

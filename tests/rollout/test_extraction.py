@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llamagym.agent import Agent
+from llamagym.errors import LlamaGymError
 from llamagym.plugin_runtime.manager import get_plugins
 
 CARDS = ["stick", "hit"]
@@ -85,14 +86,59 @@ def test_json_before_agent_before_regex() -> None:
     assert get_plugins().extract_action(CardAgent(), "stay, do not hit", CARDS) == 0
 
 
-def test_disabling_the_json_parser(monkeypatch) -> None:
+def test_an_agent_reads_replies_with_the_parsers_it_names_in_order() -> None:
+    reply = '{"command": "hit"} stay'
+    assert CardAgent().read_reply(reply, CARDS) == (1, "json")
+    assert CardAgent().read_reply("I stay", CARDS) == (0, "extract_action")
+    assert CardAgent().read_reply("hit me", CARDS) == (1, "regex")
+    assert CardAgent().read_reply("no idea", CARDS) == (None, None)
+
+    class NoJson(CardAgent):
+        reply_parsers = ("extract_action", "regex")
+
+    # Without JSON the agent's parser reads it first; the regex, the last name named.
+    assert NoJson().read_reply(reply, CARDS) == (0, "extract_action")
+    assert NoJson().read_reply('{"command": "hit"} stick', CARDS) == (0, "regex")
+
+    class Own(CardAgent):
+        reply_parsers = ("extract_action",)
+
+    assert Own().read_reply('{"action": "hit"}', CARDS) == (None, None)
+
+
+@pytest.mark.parametrize("parsers", [("json", "jsn"), "json", ("regex", 3)])
+def test_an_unknown_parser_is_refused_when_the_class_is_made(parsers) -> None:
+    with pytest.raises(LlamaGymError) as refused:
+        class Typo(CardAgent):
+            reply_parsers = parsers
+    message = str(refused.value)
+    assert message.startswith("Typo.reply_parsers is ")
+    assert message.endswith("from 'json', 'extract_action', 'regex'")
+
+
+def test_an_extract_action_that_raises_is_reported_once_and_the_regex_reads_on() -> None:
+    class Broken(CardAgent):
+        def extract_action(self, response: str):
+            raise KeyError("no such card")
+
+    agent, plugins = Broken(), get_plugins()
+    assert agent.read_reply("I hit", CARDS) == (1, "regex")
+    assert agent.read_reply("stick", CARDS) == (0, "regex")
+    said = [p for p in plugins.problems if p.startswith("Broken.extract_action raised")]
+    assert len(said) == 1 and "KeyError" in said[0] and "next parser" in said[0]
+
+
+def test_disabling_a_former_parser_plugin_says_what_to_do_instead(monkeypatch) -> None:
     from llamagym.plugin_runtime import manager as plugin_manager
 
-    monkeypatch.setenv("LLAMAGYM_DISABLE_PLUGINS", "json-action")
+    monkeypatch.setenv("LLAMAGYM_DISABLE_PLUGINS", "llamagym:json-action")
     plugin_manager.reset_plugins()
-    # With JSON off, the regex finds the last name in the raw text (no action label).
-    reply = '{"command": "hit"} stick'
-    assert get_plugins().extract_action(CardAgent(), reply, CARDS) == 0
-    monkeypatch.delenv("LLAMAGYM_DISABLE_PLUGINS")
-    plugin_manager.reset_plugins()
-    assert get_plugins().extract_action(CardAgent(), reply, CARDS) == 1
+    try:
+        [said] = [p for p in get_plugins().problems if "json-action" in p]
+        assert "no plugin since LlamaGym 0.5.1" in said
+        assert "reply_parsers = ('extract_action', 'regex')" in said
+        # The agent's parsers read as before: nothing was turned off.
+        assert CardAgent().read_reply('{"action": "hit"}', CARDS) == (1, "json")
+    finally:
+        monkeypatch.delenv("LLAMAGYM_DISABLE_PLUGINS")
+        plugin_manager.reset_plugins()

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from llamagym.agent import Agent
 from llamagym.plugin_runtime.manager import get_plugins
-from llamagym_builtins.parsers import MAX_CHARS
+from llamagym.task.reply_parsers import MAX_CHARS
 
 DISCRETE = ["stick", "hit"]
 COMMANDS = ["go north", "open wooden door", "take key from table", "inventory", "look"]

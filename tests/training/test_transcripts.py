@@ -96,7 +96,7 @@ def test_play_prints_whole_episodes(tmp_path, cli, register_plugin) -> None:
 
 def test_each_turn_names_the_parser_that_found_its_action(fake_llm) -> None:
     replies = {"json": '{"action": "right"}', "words": "I pull the right one"}
-    for reply, parser in ((replies["json"], "json-action"), (replies["words"], "regex-action")):
+    for reply, parser in ((replies["json"], "json"), (replies["words"], "regex")):
         agent = fake_llm(lambda prompt, reply=reply: reply).attach(
             BanditAgent(config={"agent": {"name": "bandit"}})
         )

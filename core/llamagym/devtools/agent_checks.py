@@ -32,6 +32,7 @@ from llamagym.devtools.fake_model import (
     tokenizer_context,
 )
 from llamagym.errors import LlamaGymError
+from llamagym.task.reply_parsers import OWN, PARSERS
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -381,37 +382,28 @@ def _legal_lists(ctx: CheckContext) -> list[list[str]]:
     return list(seen.values())[:ROUND_TRIP_LISTS]
 
 
-def _answering_plugin(ctx: CheckContext, reply: str, legal: list[str]) -> str:
-    """Which plugin gave the first answer for ``reply`` (pluggy asks in reverse order of
-    its implementation list), to point a failure at the parser that misread."""
-    caller = ctx.agent.plugins.manager.hook.llamagym_extract_action
-    arguments = {"agent": ctx.agent, "reply": reply, "legal_actions": legal}
-    for implementation in reversed(caller.get_hookimpls()):
-        if implementation.hookwrapper or getattr(implementation, "wrapper", False):
-            continue
-        try:
-            answer = implementation.function(*(arguments[a] for a in implementation.argnames))
-        except Exception:  # the runtime skips a parser that raises; so does this
-            continue
-        if answer is not None:
-            name = implementation.plugin_name
-            return "the agent's extract_action" if name == "agent" else f"plugin {name!r}"
-    return "no parser"
+def _read_by(parser: str | None) -> str:
+    """What read a reply, for a failure line: the task's parser or a plugin."""
+    if parser is None:
+        return "no parser"
+    if parser == OWN:
+        return "the agent's extract_action"
+    return f"the {parser} parser" if parser in PARSERS else f"plugin {parser!r}"
 
 
 def check_action_round_trip(ctx: CheckContext) -> str:
-    agent, plugins = ctx.agent, ctx.agent.plugins
+    agent = ctx.agent
     problems: list[str] = []
     names = 0
     for legal in _legal_lists(ctx):
         for index, name in enumerate(legal):
             names += 1
             for label, reply in (("JSON", json.dumps({"action": name})), ("bare", name)):
-                found = plugins.extract_action(agent, reply, legal)
+                found, parser = agent.read_reply(reply, legal)
                 if found != index:
                     got = "nothing" if found is None else repr(legal[found])
-                    by = _answering_plugin(ctx, reply, legal)
-                    problems.append(f"{label} reply {reply!r} was read as {got} by {by}")
+                    problems.append(f"{label} reply {reply!r} was read as {got} by "
+                                    f"{_read_by(parser)}")
     if problems:
         more = len(problems) - 3
         shown = "; ".join(problems[:3]) + (f" (and {more} more)" if more > 0 else "")

@@ -125,9 +125,11 @@ def llamagym_extract_action(
     """Map a model reply to an index into ``legal_actions``. First non-None answer wins.
 
     Return ``None`` when the reply holds no legal action, so the next parser may try.
-    Built in: JSON ``{"action": ...}`` (tryfirst), the agent's own ``extract_action``
-    (normal), a whole-word regex over the action names (trylast). When every parser
-    returns ``None`` the run's invalid-action policy applies.
+    The agent answers at normal priority with its own parser chain
+    (``Task.reply_parsers``: JSON ``{"action": ...}``, its ``extract_action``, a
+    whole-word regex over the action names), so a plugin overrides it, or with
+    ``trylast`` adds a fallback after it. When every parser returns ``None`` the run's
+    invalid-action policy applies.
     """
 
 

@@ -314,6 +314,21 @@ class Isolation:
             f"{disable_hint(plugin_name)}"
         )
 
+    def method_failed(self, agent: Any, method: str, error: Exception) -> None:
+        """Report, once per agent class and method, that a task's own method raised
+        where the run goes on without its answer (its ``extract_action``: the next of
+        its parsers reads the reply)."""
+        cls = type(agent)
+        key = f"{cls.__module__}.{cls.__qualname__}.{method}"
+        if key in self._failed_hooks:
+            return
+        self._failed_hooks.add(key)
+        self._report(
+            f"{cls.__name__}.{method} raised {type(error).__name__}: "
+            f"{clipped(str(error), 200)}; its answer is skipped and the next parser "
+            f"reads the reply (reported once)"
+        )
+
     def _not_answering_in_time(self, plugin_name: str, hook_name: str, limit: float) -> None:
         self.not_answering.add(plugin_name)
         distribution = self.distribution_of(plugin_name)

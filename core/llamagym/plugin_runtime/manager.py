@@ -27,9 +27,9 @@ Environment variables (entry-point names, comma separated; ``DIST:NAME`` names t
 point ``NAME`` of distribution ``DIST`` only):
 
 * ``LLAMAGYM_DISABLE_PLUGINS=a,b`` skips those plugins; built-in ones too
-  (``json-action``, ``regex-action``, ``algorithms``, ``models``,
-  ``tensorboard-logger``, ``wandb-logger``). ``llamagym:json-action`` skips only the
-  built-in, so a third-party plugin of that name loads in its place.
+  (``algorithms``, ``models``, ``tensorboard-logger``, ``wandb-logger``).
+  ``llamagym:algorithms`` skips only the built-in, so a third-party plugin of that name
+  loads in its place. (The parsers are each agent's: ``llamagym.Task.reply_parsers``.)
 * ``LLAMAGYM_LOAD_PLUGINS=a,b`` loads only those third-party plugins; set but empty,
   it loads none but the built-ins (those of the ``llamagym`` distribution).
 * ``LLAMAGYM_PLUGIN_TIMEOUT=SECONDS`` bounds each plugin's registration hook (default
@@ -139,6 +139,14 @@ def _registration(
     return spec_class(*args, **kwargs), override
 
 
+#: Built-in plugins that are gone, by name -> what a user who disabled one does now.
+FORMER_PLUGINS = {
+    name: f"the {what} parser is the agent's own; to read replies without it, set "
+          f"reply_parsers = {without!r} on the agent class (llamagym.Task.reply_parsers)"
+    for name, what, without in (("json-action", "JSON", ("extract_action", "regex")),
+                                ("regex-action", "regex", ("json", "extract_action")))
+}
+
 #: Plugins' methods that forwarded to its registry, moved there in 0.5: the old name ->
 #: its place. They work, with a DeprecationWarning, through 0.5, and go in 0.6.
 MOVED_METHODS = {name: f"registry.{name}" for name in
@@ -189,6 +197,11 @@ class Plugins:
     # -- loading -----------------------------------------------------------------
     def _load_entry_points(self) -> None:
         disabled = _names_from_env("LLAMAGYM_DISABLE_PLUGINS") or set()
+        for name in sorted(disabled):
+            former = FORMER_PLUGINS.get(name.rpartition(":")[2])
+            if former is not None:
+                self._problem(f"LLAMAGYM_DISABLE_PLUGINS names {name!r}, which is no "
+                              f"plugin since LlamaGym 0.5.1: {former}")
         allowed = _names_from_env("LLAMAGYM_LOAD_PLUGINS")
         found = []
         for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
@@ -464,16 +477,19 @@ class Plugins:
         """The index of the legal action a reply names, or ``None``: what the first
         parser with a usable answer said (see :func:`action_index_of`). Every parser
         sees the same tuple of names, which none can change."""
-        return self.parse_reply(agent, reply, legal_actions)[0]
+        return self.read_reply(agent, reply, legal_actions)[0]
 
-    def parse_reply(
+    def read_reply(
         self, agent: Any, reply: str, legal_actions: Sequence[str]
     ) -> tuple[int | None, str | None]:
-        """:meth:`extract_action`, and the name of the plugin whose answer it is (None
-        when no parser found a legal action)."""
+        """:meth:`extract_action`, and what found the action: a plugin's name, or the
+        name of the task's own parser (:attr:`llamagym.Task.reply_parsers`) when the
+        task's parsers answered; ``(None, None)`` when nothing found a legal action.
+        The rollout asks through :meth:`llamagym.Task.read_reply`."""
         names = tuple(legal_actions)
         last_answer = self._isolation.last_answer
         last_answer.pop("llamagym_extract_action", None)
+        agent_plugin.forget_own_parser()
         with legal_actions_of_call(names):
             answer = self.manager.hook.llamagym_extract_action(
                 agent=agent, reply=reply, legal_actions=names
@@ -485,7 +501,15 @@ class Plugins:
             return None, None
         if index is None:
             return None, None
-        return index, last_answer.get("llamagym_extract_action")
+        answered = last_answer.get("llamagym_extract_action")
+        if answered == AGENT_METHODS:
+            answered = agent_plugin.own_parser() or answered
+        return index, answered
+
+    def agent_method_failed(self, agent: Any, method: str, error: Exception) -> None:
+        """Report, once per agent class and method, that a task's own method raised
+        where the run goes on without its answer (:meth:`Isolation.method_failed`)."""
+        self._isolation.method_failed(agent, method, error)
 
     def shape_reward(
         self, agent: Any, observation: Any, action: str, reward: float, info: Mapping[str, Any]

@@ -118,7 +118,7 @@ def written_reply(
     if legal and action in legal:
         wanted = list(legal).index(action)
         for text in candidates:
-            if engine.plugins.parse_reply(engine.agent, text, list(legal))[0] == wanted:
+            if engine.agent.read_reply(text, list(legal))[0] == wanted:
                 return text
     return candidates[0]
 

@@ -338,7 +338,7 @@ class RolloutEngine:
             text = self._reply_text(prefixes[row], reply_tokens)
             env_action, parser = None, None
             if legal[row]:
-                index, parser = self.plugins.parse_reply(self.agent, text, legal[row])
+                index, parser = self.agent.read_reply(text, legal[row])
             else:
                 index, env_action = None, unnamed_action(self.agent, text)
             turns.append(
@@ -378,7 +378,7 @@ class RolloutEngine:
         reply: list[int] | None = [*tokens, self.policy.eos_id]
         if (len(tokens) > self.settings.max_new_tokens
                 or tokenizer.decode(tokens, skip_special_tokens=True) != text
-                or self.plugins.parse_reply(self.agent, prefix + text, [name])[0] != 0):
+                or self.agent.read_reply(prefix + text, [name])[0] != 0):
             reply = None
         if len(self._legal_replies) < 100_000:
             self._legal_replies[key] = reply

@@ -40,8 +40,9 @@ class Turn:
     #: What ``extract_action`` returned, given to ``env.step`` as it is, for an agent
     #: that names no actions (``legal_actions`` empty, ``action_index`` None).
     env_action: Any = None
-    #: The plugin whose parser found the action in the reply ("json-action", "agent",
-    #: "regex-action", ...); empty in score mode and for an unreadable reply.
+    #: What found the action in the reply: one of the task's ``reply_parsers`` ("json",
+    #: "extract_action", "regex") or a plugin's name; empty in score mode and for an
+    #: unreadable reply.
     parser: str = ""
     #: The number of updates the weights that played this turn had seen. An episode
     #: carried from one collection into the next holds turns of two versions; each

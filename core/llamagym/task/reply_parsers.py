@@ -1,8 +1,9 @@
-"""The built-in action parsers: JSON first, a regex over the action names last.
+"""The parsers a task reads a reply with (:attr:`llamagym.Task.reply_parsers`): JSON,
+the agent's own ``extract_action``, then a regex over the action names.
 
-The agent's own ``extract_action`` answers between them (normal priority), so a reply
-is read as ``{"action": ...}`` if it holds one, then the way the agent says, then by
-looking for an action name. Each parser returns only legal indices, or ``None``.
+So a reply is read as ``{"action": ...}`` if it holds one, then the way the agent says,
+then by looking for an action name. Each parser is ``(reply, legal_actions) -> index``
+and returns only legal indices, or ``None``; :data:`PARSERS` names them.
 
 Work is bounded, whatever the reply: each parser reads at most ``MAX_CHARS`` characters
 of it. The JSON parser looks for candidate objects itself: from at most ``MAX_STARTS``
@@ -20,11 +21,9 @@ import functools
 import json
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-from llamagym.plugin_runtime.hookspecs import hookimpl
 
 MAX_CHARS = 8192  # characters of a reply each parser reads
 MAX_OBJECTS = 8  # JSON values read from one reply
@@ -144,20 +143,16 @@ def json_objects(text: str, work: ScanWork | None = None) -> Iterator[dict]:
         position = end
 
 
-class JsonParser:
-    """First parser: ``{"action": 1}``, ``{"action": "hit"}``, ``{"command": "open door"}``."""
-
-    @hookimpl(tryfirst=True)
-    def llamagym_extract_action(
-        self, agent: Any, reply: str, legal_actions: Sequence[str]
-    ) -> int | None:
-        for obj in json_objects(reply[:MAX_CHARS]):
-            for key in ACTION_KEYS:
-                if key in obj:
-                    index = resolve(obj[key], legal_actions)
-                    if index is not None:
-                        return index
-        return None
+def json_action(reply: str, legal_actions: Sequence[str]) -> int | None:
+    """``{"action": 1}``, ``{"action": "hit"}``, ``{"command": "open door"}``: the first
+    object whose action key names a legal action."""
+    for obj in json_objects(reply[:MAX_CHARS]):
+        for key in ACTION_KEYS:
+            if key in obj:
+                index = resolve(obj[key], legal_actions)
+                if index is not None:
+                    return index
+    return None
 
 
 @functools.lru_cache(maxsize=256)
@@ -175,29 +170,31 @@ def _name_pattern(legal_actions: tuple[str, ...]) -> re.Pattern[str]:
 _LABELLED = re.compile(r"""\baction["']? ?[:=] ?["']?([-\w]+)(?![-\w]|\.\d)""")
 
 
-class RegexParser:
-    """Fallback parser: ``Action: 1`` / ``Action: hit`` / ``"action": "hit ...`` (the first
-    word after an action label), else the last action name named."""
-
-    @hookimpl(trylast=True)
-    def llamagym_extract_action(
-        self, agent: Any, reply: str, legal_actions: Sequence[str]
-    ) -> int | None:
-        text = _normal(reply[-MAX_CHARS:])
-        labelled = _LABELLED.search(text)
-        if labelled:
-            index = resolve(labelled.group(1), legal_actions)
-            if index is not None:
-                return index
-        if not any(name.strip() for name in legal_actions):
-            return None
-        last = None
-        for match in _name_pattern(tuple(legal_actions)).finditer(text):
-            last = match
-        if last is None:
-            return None
-        return resolve(last.group(0), legal_actions)
+def named_action(reply: str, legal_actions: Sequence[str]) -> int | None:
+    """``Action: 1`` / ``Action: hit`` / ``"action": "hit ...`` (the first word after an
+    action label), else the last action name the reply names."""
+    text = _normal(reply[-MAX_CHARS:])
+    labelled = _LABELLED.search(text)
+    if labelled:
+        index = resolve(labelled.group(1), legal_actions)
+        if index is not None:
+            return index
+    if not any(name.strip() for name in legal_actions):
+        return None
+    last = None
+    for match in _name_pattern(tuple(legal_actions)).finditer(text):
+        last = match
+    if last is None:
+        return None
+    return resolve(last.group(0), legal_actions)
 
 
-json_parser = JsonParser()
-regex_parser = RegexParser()
+#: The agent's own parser in :attr:`llamagym.Task.reply_parsers`: its ``extract_action``.
+OWN = "extract_action"
+#: The other parsers a task can name, by name.
+PARSERS: dict[str, Callable[[str, Sequence[str]], int | None]] = {
+    "json": json_action,
+    "regex": named_action,
+}
+#: What a task reads its replies with unless it says otherwise.
+DEFAULT_PARSERS: tuple[str, ...] = ("json", OWN, "regex")

@@ -1,5 +1,6 @@
 """The task an agent learns: its env, prompts, legal actions, parsing, options,
-outcomes and baselines (:class:`Task`); no torch, no model.
+outcomes and baselines (:class:`Task`); no torch, no model. The parsers it reads a
+reply with are :mod:`llamagym.task.reply_parsers`.
 
 The rollout engine, the evaluation, the trainer and the export work with a ``Task``.
 :class:`llamagym.Agent` is a ``Task`` that also acts (the classic ``act`` /
@@ -24,6 +25,7 @@ from llamagym.errors import ConfigError, LlamaGymError
 from llamagym.plugin_runtime.hook_values import RefusedAnswer, action_index_of
 from llamagym.plugin_runtime.manager import Plugins, get_plugins
 from llamagym.resolver.layers import Layer, ResolvedConfig, resolve_agent_config
+from llamagym.task.reply_parsers import DEFAULT_PARSERS, OWN, PARSERS
 
 logger = logging.getLogger(__name__)
 
@@ -79,10 +81,28 @@ class Task:
     #: The outcomes :meth:`outcome` names, in the order evaluations show them (e.g.
     #: ``("win", "draw", "loss")``); empty: the agent names none.
     outcome_names: ClassVar[Sequence[str]] = ()
+    #: How a reply is read in generate mode: these parsers in order, the first that
+    #: names a legal action wins (:mod:`llamagym.task.reply_parsers`). ``"json"`` reads
+    #: ``{"action": ...}`` or ``{"command": ...}``; ``"extract_action"`` is this class's
+    #: own :meth:`extract_action`; ``"regex"`` the first word after an action label
+    #: (``Action: hit``), else the last action name in the reply. A plugin's
+    #: ``llamagym_extract_action`` is asked before them, or after them when it is
+    #: marked ``trylast`` (:meth:`read_reply`).
+    reply_parsers: ClassVar[Sequence[str]] = DEFAULT_PARSERS
     #: The checkpoint directory a trained agent was loaded from, and that checkpoint's
     #: metadata (:func:`llamagym.agent.load_agent`); None for an agent built otherwise.
     checkpoint: Path | None = None
     checkpoint_meta: dict[str, Any] | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        parsers = cls.reply_parsers
+        known = tuple(dict.fromkeys((*DEFAULT_PARSERS, OWN, *PARSERS)))
+        if isinstance(parsers, str) or not all(name in known for name in parsers):
+            raise LlamaGymError(
+                f"{cls.__name__}.reply_parsers is {parsers!r}: give a tuple of parser "
+                f"names, in the order they read a reply, from {', '.join(map(repr, known))}"
+            )
 
     def __init__(
         self,
@@ -221,6 +241,36 @@ class Task:
         if _takes_info(type(self).format_observation):
             return self.format_observation(observation, info)  # type: ignore[call-arg]
         return self.format_observation(observation)
+
+    def read_reply(
+        self, reply: str, legal_actions: Sequence[str]
+    ) -> tuple[int | None, str | None]:
+        """The index of the legal action ``reply`` names, and what found it: the plugins'
+        ``llamagym_extract_action``, then :attr:`reply_parsers` in order
+        (:meth:`parse_reply`), then the plugins' marked ``trylast`` (fallbacks). ``(None,
+        None)`` when nothing names a legal action: the run's invalid-reply policy
+        applies. The parser is a name of :attr:`reply_parsers` or a plugin's name."""
+        return self.plugins.read_reply(self, reply, legal_actions)
+
+    def parse_reply(
+        self, reply: str, legal_actions: Sequence[str]
+    ) -> tuple[int | None, str | None]:
+        """This task's own parsers alone (:attr:`reply_parsers`, in order): the index the
+        first of them finds and its name, or ``(None, None)``. An ``extract_action``
+        that raises is reported once (:meth:`Plugins.agent_method_failed`) and the next parser
+        reads the reply."""
+        for name in self.reply_parsers:
+            if name == OWN:
+                try:
+                    index = self.action_index(self.extract_action(reply), legal_actions)
+                except Exception as error:  # one agent's bug never ends the run
+                    self.plugins.agent_method_failed(self, "extract_action", error)
+                    continue
+            else:
+                index = PARSERS[name](reply, legal_actions)
+            if index is not None:
+                return index, name
+        return None, None
 
     def action_index(self, value: Any, legal_actions: Sequence[str]) -> int | None:
         """Map what ``extract_action`` returned to an index into ``legal_actions``: an
