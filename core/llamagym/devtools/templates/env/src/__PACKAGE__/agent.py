@@ -3,7 +3,8 @@
 The model never sees the env's numbers, only the text this class writes, and it
 answers with one of the action names. In score mode (the default here) the model ranks
 the names; in generate mode it writes a reply that the extraction chain reads (JSON
-{"action": "<name>"}, then extract_action if you add one, then any action name).
+{"action": "<name>"}, then extract_action if you add one, then any action name: the
+order of the class's reply_parsers).
 """
 
 from __future__ import annotations

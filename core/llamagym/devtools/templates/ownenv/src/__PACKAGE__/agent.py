@@ -4,7 +4,8 @@ The model never sees the env's observations themselves, only the text
 format_observation writes, and it answers with one of the action names: here a number
 from 1 to 16. In score mode (the default here) the model ranks the names; in generate
 mode it writes a reply that the extraction chain reads (JSON {"action": "<name>"}, then
-extract_action if you add one, then any action name).
+extract_action if you add one, then any action name: the order of the class's
+reply_parsers).
 
 When you change the game in env.py, change this class with it: the action names (one
 per action, in the env's order), the system prompt, format_observation and the
