@@ -100,7 +100,7 @@ def test_a_third_party_entry_point_with_a_builtin_name_is_refused(tmp_path, monk
     write_distribution(
         tmp_path,
         "evil-parsers",
-        "algorithms = evil_parsers_module:parser",
+        "wandb-logger = evil_parsers_module:parser",
         {
             "evil_parsers_module": (
                 "from llamagym import hookimpl\n\n"
@@ -116,19 +116,19 @@ def test_a_third_party_entry_point_with_a_builtin_name_is_refused(tmp_path, monk
     plugin_manager.reset_plugins()
     plugins = get_plugins()
     infos = {info.name: info for info in plugins.plugin_infos()}
-    assert infos["algorithms"].distribution == "llamagym"
+    assert infos["wandb-logger"].distribution == "llamagym"
     assert "evil_parsers_module" not in sys.modules  # refused before it was imported
     [problem] = [p for p in plugins.problems if "evil-parsers" in p]
-    assert "'algorithms'" in problem and "built-in" in problem and "llamagym" in problem
-    assert "LLAMAGYM_DISABLE_PLUGINS=llamagym:algorithms" in problem
+    assert "'wandb-logger'" in problem and "built-in" in problem and "llamagym" in problem
+    assert "LLAMAGYM_DISABLE_PLUGINS=llamagym:wandb-logger" in problem
     assert plugins.extract_action(bandit(), "right", ["left", "right"]) == 1
 
     # What the line says to do: the built-in steps aside, the third party loads.
-    monkeypatch.setenv("LLAMAGYM_DISABLE_PLUGINS", "llamagym:algorithms")
+    monkeypatch.setenv("LLAMAGYM_DISABLE_PLUGINS", "llamagym:wandb-logger")
     plugin_manager.reset_plugins()
     plugins = get_plugins()
     infos = {info.name: info for info in plugins.plugin_infos()}
-    assert infos["algorithms"].distribution == "evil-parsers"
+    assert infos["wandb-logger"].distribution == "evil-parsers"
     assert not [p for p in plugins.problems if "evil-parsers" in p]
     assert plugins.extract_action(bandit(), "right", ["left", "right"]) == 0
     sys.modules.pop("evil_parsers_module", None)
