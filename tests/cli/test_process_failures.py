@@ -163,3 +163,41 @@ def test_a_bad_process_timeout_is_one_line(cli, monkeypatch, tmp_path, value) ->
         "604,800 (a week); set it to how long one process may wait for the others "
         "(default 300)"
     )
+
+
+def _ended_unreaped(*codes: str) -> list[subprocess.Popen]:
+    """Child processes running each code, left ended but not collected (zombies)."""
+    children = [subprocess.Popen([sys.executable, "-c", code]) for code in codes]
+    for child in children:
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
+    return children
+
+
+def test_a_killed_process_is_named_when_the_one_that_lost_it_is_seen_first(capsys) -> None:
+    from types import SimpleNamespace
+
+    from llamagym.cli.launcher import FailureWatch, _report
+
+    # Both ended before the watch looked, and the kernel reported the one that gave up
+    # on its peer (exit code 3) first: the kill, not the giving up, is the failure.
+    lost, killed = _ended_unreaped(
+        "raise SystemExit(3)", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    )
+    watch = FailureWatch(2)
+    watch._workers = {lost.pid, killed.pid}
+    watch._exited(lost.pid, 3)
+    assert watch.first_failure() == (killed.pid, -signal.SIGKILL)
+    for child in (lost, killed):
+        child.wait()
+    # torchrun collected the killed one before the watch saw it: its account names it.
+    unseen = FailureWatch(2)
+    unseen._failures = [(lost.pid, 3)]
+    failures = {
+        0: SimpleNamespace(pid=lost.pid, exitcode=3, message="process 1 of 2 is gone"),
+        1: SimpleNamespace(pid=killed.pid, exitcode=-signal.SIGKILL, message=""),
+    }
+    assert _report(unseen, failures, 2) == 128 + signal.SIGKILL
+    assert capsys.readouterr().err.strip() == (
+        "error: process 1 of 2 was killed by SIGKILL; every process of the run has stopped "
+        "(--resume continues from its last checkpoint)"
+    )

@@ -99,6 +99,16 @@ def _report(watch: FailureWatch, failures: dict[int, Any], count: int) -> int:
     else:  # it failed before the watch could see it: torchrun's account
         rank, failure = min(failures.items())
         exit_code = failure.exitcode
+    if exit_code == PROCESS_LOST_EXIT_CODE:
+        # A process that gave up on a lost one is named only when torchrun knows of no
+        # process that failed by itself (collected before the watch saw it end).
+        own = sorted(
+            (r, f) for r, f in failures.items()
+            if f.exitcode != PROCESS_LOST_EXIT_CODE and f.pid not in watch.killed
+        )
+        if own:
+            rank, failure = own[0]
+            exit_code = failure.exitcode
     code = exit_code if exit_code >= 0 else 128 - exit_code
     if exit_code in SAID_EXIT_CODES:
         return code
@@ -130,6 +140,7 @@ class FailureWatch:
         self._workers: set[int] = set()
         self._failures: list[tuple[int, int]] = []  # (pid, exit code or -signal)
         self._ended: set[int] = set()  # seen to end, or killed here
+        self.killed: set[int] = set()  # killed here
         self._done = threading.Event()
 
     def first_failure(self) -> tuple[int, int] | None:
@@ -169,8 +180,7 @@ class FailureWatch:
                 continue
             pid = info.si_pid
             if pid in self._workers and pid not in self._ended:
-                self._exited(pid, info.si_status if info.si_code == os.CLD_EXITED
-                             else -info.si_status)
+                self._exited(pid, _exit_code(info))
             self._until_collected(pid)
 
     def _exited(self, pid: int, code: int) -> None:
@@ -178,11 +188,16 @@ class FailureWatch:
         if code in TOGETHER_EXIT_CODES:
             return
         self._failures.append((pid, code))
-        for other in self._workers - self._ended:
+        for other in sorted(self._workers - self._ended):
             self._ended.add(other)
             with contextlib.suppress(ChildProcessError):  # collected: no longer ours
-                os.waitid(os.P_PID, other, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-                os.kill(other, signal.SIGKILL)
+                info = os.waitid(os.P_PID, other, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                if info is None:
+                    os.kill(other, signal.SIGKILL)
+                    self.killed.add(other)
+                elif (own := _exit_code(info)) not in TOGETHER_EXIT_CODES:
+                    # It had ended by itself, unseen: the kernel reported this one first.
+                    self._failures.append((other, own))
 
     def _until_collected(self, pid: int) -> None:
         """Wait for torchrun to collect ``pid`` (it polls every 0.1 s), so the next
@@ -194,3 +209,8 @@ class FailureWatch:
             except ChildProcessError:
                 return
             self._done.wait(0.02)
+
+
+def _exit_code(info: Any) -> int:
+    """A ``waitid`` result as an exit code, or minus the signal that killed the process."""
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
