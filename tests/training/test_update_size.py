@@ -63,11 +63,13 @@ class SlowPlugin:
 
 
 def test_the_size_that_fits_is_fewer_never_more() -> None:
-    # 64 episodes in 120 s; 600 s hold 5 such updates: 15 need 21 episodes each.
-    assert fitted_episodes(64, 120.0, 600.0, 15) == 21
+    # 64 episodes in 120 s; the 480 s left hold 4 more such updates: 14 need 18 episodes
+    # each (21, from the whole 600 s, would make 13 updates in all).
+    assert fitted_episodes(64, 120.0, 600.0, 15) == 18
     assert fitted_episodes(64, 30.0, 600.0, 15) is None  # 20 updates fit already
     assert fitted_episodes(64, 600.0, 600.0, 15) == MIN_EPISODES  # never below the floor
     assert fitted_episodes(64, 120.0, 600.0, 15, group_size=8) == 16  # whole groups
+    assert fitted_episodes(64, 120.0, 600.0, 1) is None  # one update: nothing to fit
     assert fitted_episodes(4, 120.0, 600.0, 15) is None  # nothing smaller is allowed
     # A first update cut to 16 episodes (30 s) sizes the rest of a 64-episode default.
     assert fitted_episodes(16, 30.0, 600.0, 15, wanted=64) == 21

@@ -3,7 +3,8 @@
 so that a slow CPU or a slow env still gets a learning curve instead of a handful of
 steps. The first collection ends once it has used its share of the budget (and holds
 :data:`MIN_EPISODES`), with its episodes in progress carried on; after the first update,
-its measured cost per episode sets the size of the rest. The choice is said in the run's
+its measured cost per episode sets the size of the rest, so that what is left of the
+budget holds the other ``min_updates - 1``. The choice is said in the run's
 first lines and written to ``config.yaml`` (and every checkpoint's config, so a resumed
 run keeps it); an ``algorithm.episodes_per_update`` the user set (``--set``, a config
 file, a dict in Python) is kept as it is, and so is every value of a resumed run."""
@@ -30,15 +31,17 @@ def fitted_episodes(
     episodes: int, first_seconds: float, budget_seconds: float, min_updates: int,
     group_size: int = 1, wanted: int | None = None,
 ) -> int | None:
-    """The episodes per update that let ``budget_seconds`` hold ``min_updates`` updates,
-    when the first update (``episodes`` of them, ``first_seconds`` long) says it holds
-    fewer of ``wanted`` (default: ``episodes``) each; None when the budget already holds
-    them (or nothing smaller is allowed)."""
+    """The episodes per update that let what the first update (``episodes`` of them,
+    ``first_seconds`` long) left of ``budget_seconds`` hold the other ``min_updates - 1``
+    updates, when at the first one's cost per episode it holds fewer of ``wanted``
+    (default: ``episodes``) each; None when it already holds them (or nothing smaller is
+    allowed)."""
     wanted = episodes if wanted is None else wanted
     per_episode = first_seconds / max(episodes, 1)
-    if per_episode <= 0 or budget_seconds / (per_episode * wanted) >= min_updates:
+    left, updates_left = max(budget_seconds - first_seconds, 0.0), min_updates - 1
+    if per_episode <= 0 or updates_left < 1 or left / (per_episode * wanted) >= updates_left:
         return None
-    fitted = math.floor(budget_seconds / min_updates / per_episode)
+    fitted = math.floor(left / updates_left / per_episode)
     floor = max(MIN_EPISODES, group_size)
     fitted = max(floor, fitted - fitted % group_size)
     return fitted if fitted < wanted else None
@@ -91,8 +94,9 @@ def fit_to_budget(
     agent.resolved.sources[KEY] = SOURCE
     return (
         f"update size: {fitted} episodes per update, not {episodes}: the first update "
-        f"({first_episodes} episodes) took {first_seconds:.0f} s, and "
-        f"{budget_seconds / 60:g} min hold {min_updates} updates of {fitted} "
+        f"({first_episodes} episodes) took {first_seconds:.0f} s, and the "
+        f"{max(budget_seconds - first_seconds, 0) / 60:.1f} min left hold "
+        f"{min_updates - 1} more of {fitted} "
         f"(--set {KEY}={episodes} keeps {episodes}; training.min_updates=null turns this off)"
     )
 
