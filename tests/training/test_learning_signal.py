@@ -185,6 +185,9 @@ def blackjack_signal_after(history: list[dict]) -> LearningSignal:
     [
         ([episode([1], reward=-1.0) for _ in range(4)], {}, "no-reward",
          "every episode of the last 3 updates (12 episodes) returned -1"),
+        ([episode([1], reward=1.0) for _ in range(4)], {}, "no-reward",
+         "returned +1: no return differs from another, so there is nothing to learn from; "
+         "if +1 is the most an episode can earn, the policy has learnt it"),
         ([episode([0, 1], reward=float(i), terminated=False) for i in range(4)], {},
          "all-truncated", "was cut by its time limit before it ended"),
         ([episode([0, 1], reward=float(i)) for i in range(4)],
@@ -228,3 +231,19 @@ def test_a_baseline_that_earns_is_named_to_warm_start_from() -> None:
     # Random play that earns, or an untrained model that does: nothing to say.
     assert before_training(agent, untrained, [EvalResult("random", 8, 0.1, 0.1)]) is None
     assert before_training(agent, EvalResult("agent", 8, 0.0, 0.3), [random, walk]) is None
+
+
+def test_a_run_that_warm_starts_is_not_told_to_warm_start() -> None:
+    from llamagym_blackjack.agent import BlackjackAgent
+
+    from llamagym.resolver.layers import resolve_agent_config
+
+    batch = [episode([1], reward=-1.0) for _ in range(4)]
+    told = run_updates(blackjack_signal(), [batch] * WINDOW)[0]["message"]
+    assert "--warm-start basic-strategy" in told
+    config = resolve_agent_config(
+        BlackjackAgent, [("--set", {"algorithm": {"warm_start": {"baseline": "basic-strategy"}}})]
+    )
+    warm = LearningSignal(BlackjackAgent(config=config))
+    message = run_updates(warm, [batch] * WINDOW)[0]["message"]
+    assert "--warm-start" not in message and message.endswith("try a larger budget (--minutes)")

@@ -138,7 +138,9 @@ class Advice:
         self.option_names = set(type(options).model_fields) if options is not None else set()
 
     def warm_start(self) -> str | None:
-        if not self.baselines:
+        warm = getattr(self.config.algorithm, "warm_start", None)  # the algorithm's: a dict
+        warm = warm.get("baseline") if isinstance(warm, dict) else getattr(warm, "baseline", None)
+        if not self.baselines or warm is not None:  # none, or this run already does
             return None
         if len(self.baselines) > 1 and self.expert in self.baselines:
             others = ", ".join(name for name in self.baselines if name != self.expert)
@@ -204,8 +206,13 @@ def diagnose(window: Sequence[UpdateSignal], advice: Advice) -> list[Finding]:
             else f"every episode of {last} ({total.episodes} episodes) returned "
             f"{low:+.4g}: no return differs from another"
         )
+        solved = (
+            f"if {low:+.4g} is the most an episode can earn, the policy has learnt it "
+            "(llamagym eval --checkpoint RUN says how it plays greedily); else "
+            if low > 0 else ""
+        )
         findings.append(Finding("no-reward", (
-            f"{what}, so there is nothing to learn from; "
+            f"{what}, so there is nothing to learn from; {solved}"
             + _try(advice.warm_start(), advice.easier_task(), advice.larger_budget())
         )))
     if total.episodes and total.truncated == total.episodes:
