@@ -36,6 +36,7 @@ from llamagym import distributed
 from llamagym.display import printable
 from llamagym.resolver.layers import expert_baseline
 from llamagym.task import Task
+from llamagym.training.loop.baseline_warm_start import warm_start_baseline
 
 logger = logging.getLogger(__name__)
 
@@ -136,11 +137,10 @@ class Advice:
         options = getattr(agent, "options", None)
         self.options = options
         self.option_names = set(type(options).model_fields) if options is not None else set()
+        self.warm_started = warm_start_baseline(agent) is not None
 
     def warm_start(self) -> str | None:
-        warm = getattr(self.config.algorithm, "warm_start", None)  # the algorithm's: a dict
-        warm = warm.get("baseline") if isinstance(warm, dict) else getattr(warm, "baseline", None)
-        if not self.baselines or warm is not None:  # none, or this run already does
+        if not self.baselines or self.warm_started:  # none, or this run already does
             return None
         if len(self.baselines) > 1 and self.expert in self.baselines:
             others = ", ".join(name for name in self.baselines if name != self.expert)
