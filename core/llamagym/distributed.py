@@ -75,6 +75,8 @@ PROCESS_LOST_EXIT_CODE = 3
 ARRIVALS_KEY = "llamagym/collectives/"
 HEARTBEAT_KEY = "llamagym/heartbeat/"
 HEARTBEAT_SECONDS = 1.0
+#: How long leaving the run waits for a heartbeat caught in a store call.
+HEARTBEAT_JOIN_SECONDS = 5.0
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 T = TypeVar("T")
@@ -212,8 +214,7 @@ def start(device: str, sharding: bool = False) -> str:
             f"not all {launched_processes()} processes joined the run within {timeout:g} s "
             f"({_reason(error)}; {TIMEOUT_VARIABLE} sets the limit)"
         ) from None
-    store = dist.distributed_c10d._get_default_store()
-    threading.Thread(target=_beat, args=(store, rank()), daemon=True).start()
+    start_heartbeat(dist.distributed_c10d._get_default_store(), rank())
     if sharding and state.is_main_process:
         warn_if_not_sharded(str(state.distributed_type))
     if world_size() != launched_processes():
@@ -250,7 +251,8 @@ def barrier() -> None:
 
 
 def finish() -> None:
-    """Leave the process group (after the run's last collective)."""
+    """Leave the process group (after the run's last collective), the heartbeat first."""
+    stop_heartbeat()
     if world_size() > 1:
         dist.destroy_process_group()
 
@@ -278,14 +280,42 @@ def _agreed(collective: Callable[[], T]) -> T:
         raise ProcessLostError(lost) from None
 
 
-def _beat(store: Any, rank: int) -> None:
-    """Count up this process's heartbeat in the store every second, from a thread that
+_heartbeat: tuple[threading.Thread, threading.Event] | None = None
+
+
+def start_heartbeat(store: Any, rank: int) -> None:
+    """Count up this process's heartbeat in ``store`` every second, from a thread that
     keeps going while the main thread waits in a collective (and stops with the process
-    when it is stopped or frozen), until the store is gone."""
+    when it is stopped or frozen), until :func:`stop_heartbeat` or the store is gone."""
+    global _heartbeat
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=_beat, args=(store, rank, stop), name="llamagym-heartbeat", daemon=True
+    )
+    thread.start()
+    _heartbeat = thread, stop
+
+
+def stop_heartbeat() -> None:
+    """End the heartbeat thread before the interpreter does. A daemon thread that comes
+    back from a store call while Python shuts down is ended there by the interpreter,
+    inside C++ that may not be ended so: the process aborts (SIGABRT, "terminate called
+    without an active exception") after a run that went well. A store call that hangs
+    (its server gone) is waited for at most a few heartbeats."""
+    global _heartbeat
+    if _heartbeat is None:
+        return
+    thread, stop = _heartbeat
+    _heartbeat = None
+    stop.set()
+    thread.join(timeout=HEARTBEAT_JOIN_SECONDS)
+
+
+def _beat(store: Any, rank: int, stop: threading.Event) -> None:
     with contextlib.suppress(RuntimeError):
-        while True:
+        while not stop.is_set():
             store.add(f"{HEARTBEAT_KEY}{rank}", 1)
-            time.sleep(HEARTBEAT_SECONDS)
+            stop.wait(HEARTBEAT_SECONDS)
 
 
 def _lost(store: Any, error: Exception) -> str:

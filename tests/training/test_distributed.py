@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -190,6 +192,67 @@ def test_processes_agree_on_counts_stops_and_gradients() -> None:
         assert answer["broadcast"] == [0.0, 0.0]  # rank 0's weights
     # (1 + 2) / 2 after the first averaging; the skipped second one left it alone.
     assert answers[0]["grad"] == answers[1]["grad"] == [1.5, 1.5, 1.5]
+
+
+# -- leaving a run: the heartbeat ends before the interpreter ----------------------------
+LEAVING = textwrap.dedent(
+    """
+    import datetime, sys, time
+    import torch.distributed as dist
+    from llamagym import distributed
+
+    store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), 1, False,
+                          timeout=datetime.timedelta(seconds=1))
+    distributed.start_heartbeat(store, 0)
+    time.sleep(0.3)
+    print(sys.argv[2], flush=True)
+    sys.stdin.readline()  # the store's server is stopped now: the next beat waits for it
+    time.sleep(1.5)
+    distributed.finish()
+
+    class SlowShutdown:  # a shutdown as long as a big process's, past the beat's timeout
+        def __del__(self, clock=time.monotonic):
+            start = clock()
+            while clock() - start < 3.0:
+                pass
+
+    keep = SlowShutdown()
+    """
+)
+STORE_SERVER = (
+    "import time, torch.distributed as d; s = d.TCPStore('127.0.0.1', {port}, 1, True); "
+    "print('up', flush=True); time.sleep(120)"
+)
+
+
+def test_a_process_leaving_the_run_ends_its_heartbeat_before_python_ends(tmp_path) -> None:
+    """A heartbeat caught in a store call when the interpreter shuts down aborted a run
+    that had gone well (SIGABRT, "terminate called without an active exception")."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-c", STORE_SERVER.format(port=port)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert server.stdout.readline().strip() == "up"
+        leaving = subprocess.Popen(
+            [sys.executable, "-c", LEAVING, str(port), "beating"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert leaving.stdout.readline().strip() == "beating"
+        server.send_signal(signal.SIGSTOP)
+        leaving.stdin.write("go\n")
+        leaving.stdin.flush()
+        time.sleep(2.5)  # the beat comes back while the process is still shutting down
+        server.send_signal(signal.SIGCONT)
+        _, err = leaving.communicate(timeout=60)
+        assert leaving.returncode == 0, err[-2000:]
+        assert "terminate called" not in err
+    finally:
+        server.kill()
+        server.wait()
 
 
 def test_one_process_needs_no_process_group() -> None:
