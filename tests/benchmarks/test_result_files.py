@@ -47,7 +47,6 @@ RETROFITTED = frozenset({
     "cartpole.json",
     "distributed.json",
     "learning.json",
-    "parsers.json",
     "reference_memory.json",
     "scaling.json",
     "smollm2-blackjack-generate-2threads-distinct-pairs.json",
