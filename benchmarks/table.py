@@ -386,7 +386,7 @@ def env_plugins_section(result: Mapping[str, Any]) -> str:
     budget = result.get("budget") or {}
     trained = (f", {budget['minutes']:g} min of training per agent" if budget.get("minutes")
                else ", an episode budget per agent" if budget.get("episodes") else "")
-    heading = (f"### TextArena and BabyAI: what a small model learns ({result['model']}"
+    heading = (f"### Env plugins: what a small model learns ({result['model']}"
                f"{', zero-shot only' if result['zero_shot_only'] else trained}, "
                f"{_commit_name(result)})")
     note = (f"Greedy evaluation, {count} episodes per policy on the same seeds "
