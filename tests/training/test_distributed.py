@@ -210,7 +210,7 @@ LEAVING = textwrap.dedent(
     time.sleep(1.5)
     distributed.finish()
 
-    class SlowShutdown:  # a shutdown as long as a big process's, past the beat's timeout
+    class SlowShutdown:  # a shutdown as long as a big process's: the beat returns in it
         def __del__(self, clock=time.monotonic):
             start = clock()
             while clock() - start < 3.0:
@@ -225,7 +225,7 @@ STORE_SERVER = (
 )
 
 
-def test_a_process_leaving_the_run_ends_its_heartbeat_before_python_ends(tmp_path) -> None:
+def test_a_process_leaving_the_run_ends_its_heartbeat_before_python_ends() -> None:
     """A heartbeat caught in a store call when the interpreter shuts down aborted a run
     that had gone well (SIGABRT, "terminate called without an active exception")."""
     port = free_port()
