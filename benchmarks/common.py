@@ -268,14 +268,16 @@ def parse_result(stdout: str) -> dict[str, Any] | None:
 
 
 def run_command(
-    command: Sequence[str], threads: int, timeout: float = WORKER_TIMEOUT_SECONDS
+    command: Sequence[str], threads: int, timeout: float = WORKER_TIMEOUT_SECONDS,
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Run one worker command and return the JSON it printed."""
+    """Run one worker command (``env`` on top of :func:`worker_environment`) and return
+    the JSON it printed."""
     try:
         completed = subprocess.run(
             list(command),
             cwd=REPO_ROOT,
-            env=worker_environment(threads),
+            env={**worker_environment(threads), **(env or {})},
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -294,11 +296,14 @@ def run_command(
 
 
 def run_worker(
-    part: str, spec: Mapping[str, Any], threads: int, timeout: float = WORKER_TIMEOUT_SECONDS
+    part: str, spec: Mapping[str, Any], threads: int, timeout: float = WORKER_TIMEOUT_SECONDS,
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Run ``benchmarks.<part>``'s worker with ``spec`` in a fresh interpreter."""
+    """Run ``benchmarks.<part>``'s worker with ``spec`` in a fresh interpreter (as a
+    module from the repository root: run as a file, the script's folder would come first
+    on sys.path, and a neighbour such as ``textworld.py`` would shadow the package)."""
     command = [sys.executable, "-m", f"benchmarks.{part}", "--worker", json.dumps(dict(spec))]
-    return run_command(command, threads, timeout)
+    return run_command(command, threads, timeout, env)
 
 
 def worker_main(argv: Sequence[str] | None, work: Any) -> int:

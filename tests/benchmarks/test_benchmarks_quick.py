@@ -191,3 +191,29 @@ def test_every_script_all_runs_exists_and_takes_quick(benchmarks):
         )
         assert shown.returncode == 0 and "--quick" in shown.stdout, (name, shown.stderr[-500:])
         assert "--allow-dirty" in shown.stdout, name
+
+
+def test_real_model_runs_an_experiment_of_its_table_through_its_workers(tmp_path):
+    """`real_model.py blackjack` with the tiny model: the experiment its table names
+    trains a run as a user types it, and its two measurements (the zero-shot model, the
+    final checkpoint valued exactly over Blackjack's 280 states) each answer from a fresh
+    process of `real_model_workers.py`, into the result file the table names."""
+    output = tmp_path / "result.json"
+    completed = subprocess.run(
+        [sys.executable, "benchmarks/real_model.py", "blackjack", "--model", "tiny", "--quick",
+         "--episodes", "32", "--threads", "1", "--keep-runs", str(tmp_path / "runs"),
+         "--output", str(output)],
+        cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = json.loads(output.read_text())
+    assert result["command"].startswith("python benchmarks/real_model.py blackjack")
+    (seed,) = result["seeds"]
+    assert seed["updates"] >= 1 and seed["episodes"] >= 32
+    for measured in (result["zero_shot"], seed):
+        assert -1.0 <= measured["exact"] <= 1.0
+        hit = measured["hit_probability"]["dealer 10"]
+        assert set(hit) == {str(total) for total in range(4, 21)}
+        assert all(0.0 <= p <= 1.0 for p in hit.values())
+    assert len(seed["transcript_greedy"]) == 5
